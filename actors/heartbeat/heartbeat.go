@@ -1,0 +1,109 @@
+// Package heartbeat keeps one worker_instance row alive for a Consume session.
+//
+// The row is how the fleet knows this process is doing the group's work: its
+// expires_at is the heartbeat, and every range lease the instance owns is
+// renewed with it, so a live instance keeps its ranges however long a batch
+// takes, and a dead one loses them one TTL after its last beat. If a renewal
+// finds the row gone, the instance was declared dead by someone else; the
+// actor says so on Lost, and registers again.
+package heartbeat
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/store"
+)
+
+// Config is what the actor needs; every field is required.
+type Config struct {
+	Store          *store.Store
+	StreamID       int64
+	WorkerConfigID int64
+	InstanceID     string
+	DeclaredBy     string
+	TTL            time.Duration
+	Clock          clock.Clock
+	Logger         *slog.Logger
+	// DBNow returns the explicit database time for a statement (nil in
+	// production, the mock clock's time in simulations).
+	DBNow func() store.Now
+	// Lost receives a value each time the instance's row was found gone.
+	// It must be buffered or drained; a full channel drops the report.
+	Lost chan<- struct{}
+	// Graceful reports, at stop, whether to give the row back.
+	Graceful func() bool
+}
+
+// Actor is the heartbeat actor.
+type Actor struct {
+	cfg        Config
+	registered bool
+	failing    bool
+}
+
+// New returns a heartbeat actor.
+func New(cfg Config) *Actor { return &Actor{cfg: cfg} }
+
+// Interval is how often the actor beats: a third of the TTL, so two beats
+// may fail before the instance is seen as dead.
+func (a *Actor) Interval() time.Duration { return a.cfg.TTL / 3 }
+
+// Step registers the row on first use and renews it after.
+func (a *Actor) Step(ctx context.Context) error {
+	if !a.registered {
+		if err := a.cfg.Store.InsertInstance(ctx, a.cfg.InstanceID, a.cfg.WorkerConfigID, a.cfg.DeclaredBy, a.cfg.TTL, a.cfg.DBNow()); err != nil {
+			return err
+		}
+		a.registered = true
+		return nil
+	}
+	found, err := a.cfg.Store.RenewInstance(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow())
+	if err != nil {
+		return err
+	}
+	if !found {
+		a.registered = false
+		select {
+		case a.cfg.Lost <- struct{}{}:
+		default:
+		}
+		a.cfg.Logger.Warn("worker instance row was gone at renewal; registering again", "instance", a.cfg.InstanceID)
+		return a.Step(ctx)
+	}
+	return nil
+}
+
+// Serve beats every Interval until ctx ends, then gives the row back when the
+// stop is graceful. A failed beat is logged once per outage and retried at
+// the next tick: a database restart must not end the session.
+func (a *Actor) Serve(ctx context.Context) error {
+	t := a.cfg.Clock.Ticker(a.Interval())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			if a.cfg.Graceful() && a.registered {
+				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				if err := a.cfg.Store.DeleteInstance(dctx, a.cfg.InstanceID); err != nil {
+					a.cfg.Logger.Warn("could not give the worker instance row back; it lapses at its TTL",
+						"instance", a.cfg.InstanceID, "error", err)
+				}
+			}
+			return ctx.Err()
+		case <-t.C:
+			err := a.Step(ctx)
+			switch {
+			case err != nil && !a.failing && ctx.Err() == nil:
+				a.failing = true
+				a.cfg.Logger.Warn("heartbeat failed; retrying every interval", "instance", a.cfg.InstanceID, "error", err)
+			case err == nil && a.failing:
+				a.failing = false
+				a.cfg.Logger.Info("heartbeat recovered", "instance", a.cfg.InstanceID)
+			}
+		}
+	}
+}

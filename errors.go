@@ -1,0 +1,35 @@
+package sqlstreams
+
+import (
+	"errors"
+
+	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/c1702965/sqlstreams/internal/topic"
+)
+
+// Sentinel errors, checked with errors.Is. Errors carry the offending name or
+// limit but never a payload.
+var (
+	// ErrInvalidName: a stream or group name outside the allowed alphabet.
+	ErrInvalidName = errors.New("invalid name")
+	// ErrInvalidConfig: a config or options field out of range.
+	ErrInvalidConfig = errors.New("invalid config")
+	// ErrInvalidSchema: ClientConfig.Schema is not a plain identifier.
+	ErrInvalidSchema = store.ErrInvalidIdentifier
+	// ErrInvalidRoutingKey: a routing key breaking the topic word rules.
+	ErrInvalidRoutingKey = topic.ErrInvalidRoutingKey
+	// ErrInvalidKey: a message or idempotency key too long or with control characters.
+	ErrInvalidKey = errors.New("invalid key")
+	// ErrMessageTooLarge: an encoded payload over the stream's MaxMessageBytes.
+	ErrMessageTooLarge = errors.New("message too large")
+	// ErrEncode: a payload that does not encode as JSON.
+	ErrEncode = errors.New("payload does not encode")
+	// ErrDecode: a stored payload that does not decode into the consumer's type.
+	ErrDecode = errors.New("payload does not decode")
+	// ErrSchemaVersion: a message of another schema version than the consumer reads.
+	ErrSchemaVersion = errors.New("schema version mismatch")
+	// ErrNotRegistered: a stream used before any process registered it.
+	ErrNotRegistered = store.ErrNotFound
+	// ErrGroupStream: a group name already registered on another stream.
+	ErrGroupStream = store.ErrGroupStream
+)

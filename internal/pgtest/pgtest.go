@@ -1,0 +1,152 @@
+// Package pgtest gives tests a PostgreSQL database without any setup: each
+// test binary gets its own throwaway cluster (see pgcluster), and each test
+// its own schema, so tests can run in parallel without seeing each other's
+// tables.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/c1702965/sqlstreams/internal/pgcluster"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// EnvURL names the variable that points tests at an existing database
+// instead, for environments that provide one (or to debug against a server
+// that outlives the test run).
+const EnvURL = "SQLSTREAMS_TEST_DATABASE_URL"
+
+var dbURL string
+
+// Main is meant to be the whole body of TestMain. It starts the cluster
+// before any test runs and stops it afterwards even when tests fail, so the
+// server's lifetime is exactly the test binary's.
+func Main(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if u := os.Getenv(EnvURL); u != "" {
+		dbURL = u
+		return m.Run()
+	}
+	// Fail loudly and at once: skipping every test when PostgreSQL is not
+	// installed would make a broken environment look green.
+	if _, err := pgcluster.FindBinaries(); err != nil {
+		fmt.Fprintln(os.Stderr, "pgtest:", err)
+		os.Exit(1)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pgtest: start PostgreSQL:", err)
+		return 1
+	}
+	defer func() {
+		if err := c.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: stop PostgreSQL:", err)
+		}
+	}()
+
+	// The postmaster runs in its own session, so Ctrl-C or a CI
+	// cancellation would not reach it; stop it ourselves rather than leave
+	// it for the next run's sweep.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	go func() {
+		s := <-sigs
+		fmt.Fprintf(os.Stderr, "pgtest: %v: stopping PostgreSQL\n", s)
+		_ = c.Stop()
+		os.Exit(1)
+	}()
+
+	dbURL = c.URL("postgres")
+	return m.Run()
+}
+
+// URL returns the URL of the database the tests use.
+func URL() string {
+	if dbURL == "" {
+		panic("pgtest: no database; call pgtest.Main(m) from TestMain")
+	}
+	return dbURL
+}
+
+// maxIdent is PostgreSQL's NAMEDATALEN-1; longer names are silently
+// truncated, which could make two "unique" names collide.
+const maxIdent = 63
+
+// Schema returns a new schema name for t and drops that schema when t ends.
+// The name starts with the test's name so leftovers are easy to attribute,
+// and ends with a random suffix so that reruns and parallel tests never
+// collide. The schema is not created, because the code under test creates
+// its own schema through its migrations.
+func Schema(t testing.TB) string {
+	t.Helper()
+	name := schemaName(t.Name())
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, URL())
+		if err != nil {
+			t.Errorf("pgtest: drop schema %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "drop schema if exists "+pgx.Identifier{name}.Sanitize()+" cascade"); err != nil {
+			t.Errorf("pgtest: drop schema %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+func schemaName(testName string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(testName) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		case !strings.HasSuffix(b.String(), "_"):
+			b.WriteByte('_')
+		}
+	}
+	base := strings.Trim(b.String(), "_")
+	// Identifiers must start with a letter, and pg_ is reserved for
+	// system schemas.
+	switch {
+	case base == "":
+		base = "t"
+	case base[0] < 'a' || base[0] > 'z' || strings.HasPrefix(base, "pg_"):
+		base = "t_" + base
+	}
+	var rnd [5]byte
+	_, _ = rand.Read(rnd[:]) // never fails, see crypto/rand.Read
+	suffix := "_" + hex.EncodeToString(rnd[:])
+	if len(base) > maxIdent-len(suffix) {
+		base = strings.TrimRight(base[:maxIdent-len(suffix)], "_")
+	}
+	return base + suffix
+}
+
+// Pool returns a connection pool on URL() that is closed when t ends.
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), URL())
+	if err != nil {
+		t.Fatalf("pgtest: pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}

@@ -1,0 +1,343 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Position orders the log: the producing transaction's id first, then the
+// row's id. Claims hand out only positions whose transaction has ended.
+type Position struct {
+	Xid int64
+	ID  int64
+}
+
+// Less orders positions as the log does.
+func (p Position) Less(q Position) bool {
+	return p.Xid < q.Xid || (p.Xid == q.Xid && p.ID < q.ID)
+}
+
+// NewMessage is a message about to be written.
+type NewMessage struct {
+	Version        int
+	RoutingKey     string
+	Key            string
+	IdempotencyKey string
+	Payload        []byte // JSON
+	Options        []byte // JSON or empty
+}
+
+// Produced reports what happened to one NewMessage.
+type Produced struct {
+	ID        int64
+	Duplicate bool // an earlier message holds the idempotency key; nothing was written
+}
+
+// Message is a message read from the log.
+type Message struct {
+	Position
+	ProducedAt time.Time
+	Version    int
+	RoutingKey string
+	Key        string
+	Payload    []byte
+	Options    []byte
+}
+
+// Produce writes msgs in one round trip: unkeyed messages in one multi-row
+// insert, each idempotent message in its own statement of the same batch. On
+// a pool the batch is one implicit transaction; on a caller's transaction the
+// messages exist exactly when it commits.
+func (st *Store) Produce(ctx context.Context, q Querier, streamID int64, msgs []NewMessage, now Now) ([]Produced, error) {
+	if q == nil {
+		q = st.pool
+	}
+	t := st.streamTables(streamID)
+	out := make([]Produced, len(msgs))
+	var (
+		plainIdx                     []int
+		versions                     []int32
+		rks, keys, payloads, options []string
+		batch                        pgx.Batch
+		keyedIdx                     []int
+	)
+	for i, m := range msgs {
+		if m.IdempotencyKey != "" {
+			keyedIdx = append(keyedIdx, i)
+			batch.Queue(t.insertKeyed, now, m.IdempotencyKey, m.Version, m.RoutingKey, m.Key, string(m.Payload), string(m.Options))
+			continue
+		}
+		plainIdx = append(plainIdx, i)
+		versions = append(versions, int32(m.Version))
+		rks = append(rks, m.RoutingKey)
+		keys = append(keys, m.Key)
+		payloads = append(payloads, string(m.Payload))
+		options = append(options, string(m.Options))
+	}
+	if len(keyedIdx) == 0 {
+		return out, st.insertPlain(ctx, q, t, now, plainIdx, versions, rks, keys, payloads, options, out)
+	}
+	if len(plainIdx) > 0 {
+		batch.Queue(t.insertBatch, now, versions, rks, keys, payloads, options)
+	}
+	br := q.SendBatch(ctx, &batch)
+	for _, i := range keyedIdx {
+		if err := br.QueryRow().Scan(&out[i].ID, &out[i].Duplicate); err != nil {
+			_ = br.Close()
+			return nil, fmt.Errorf("produce idempotent message: %w", err)
+		}
+	}
+	if len(plainIdx) > 0 {
+		rows, err := br.Query()
+		if err != nil {
+			_ = br.Close()
+			return nil, fmt.Errorf("produce: %w", err)
+		}
+		if err := scanIDs(rows, plainIdx, out); err != nil {
+			_ = br.Close()
+			return nil, err
+		}
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("produce: %w", err)
+	}
+	return out, nil
+}
+
+func (st *Store) insertPlain(ctx context.Context, q Querier, t *tables, now Now, idx []int, versions []int32, rks, keys, payloads, options []string, out []Produced) error {
+	rows, err := q.Query(ctx, t.insertBatch, now, versions, rks, keys, payloads, options)
+	if err != nil {
+		return fmt.Errorf("produce: %w", err)
+	}
+	return scanIDs(rows, idx, out)
+}
+
+// scanIDs assigns returned ids in ascending order: identity values follow the
+// insert's ORDER BY, so the i-th smallest id belongs to the i-th message.
+func scanIDs(rows pgx.Rows, idx []int, out []Produced) error {
+	defer rows.Close()
+	ids := make([]int64, 0, len(idx))
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return fmt.Errorf("produce: scan id: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("produce: %w", err)
+	}
+	if len(ids) != len(idx) {
+		return fmt.Errorf("produce: %d ids returned for %d messages", len(ids), len(idx))
+	}
+	slices.Sort(ids)
+	for j, i := range idx {
+		out[i].ID = ids[j]
+	}
+	return nil
+}
+
+// Range is a leased slice of one group's log.
+type Range struct {
+	ID       int64
+	Token    string
+	Reclaims int
+	Messages []Message
+}
+
+// ClaimArgs are the inputs of a claim.
+type ClaimArgs struct {
+	StreamID int64
+	GroupID  int64
+	Owner    string // worker_instance id
+	Limit    int
+	Lease    time.Duration
+	Now      Now
+}
+
+// ClaimRange hands out the next range of final positions, or ok=false when
+// none is available.
+func (st *Store) ClaimRange(ctx context.Context, a ClaimArgs) (r Range, ok bool, err error) {
+	t := st.streamTables(a.StreamID)
+	rows, err := st.pool.Query(ctx, t.claim, a.GroupID, a.Limit, a.Now, a.Owner, a.Lease)
+	if err != nil {
+		return r, false, fmt.Errorf("claim range: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var m Message
+		var payload, options string
+		if err := rows.Scan(&r.ID, &r.Token, &m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, &payload, &options); err != nil {
+			return r, false, fmt.Errorf("claim range: scan: %w", err)
+		}
+		m.Payload, m.Options = []byte(payload), []byte(options)
+		r.Messages = append(r.Messages, m)
+	}
+	if err := rows.Err(); err != nil {
+		return r, false, fmt.Errorf("claim range: %w", err)
+	}
+	return r, len(r.Messages) > 0, nil
+}
+
+// ReclaimRange takes over one expired lease of the group with a new token.
+func (st *Store) ReclaimRange(ctx context.Context, a ClaimArgs) (r Range, ok bool, err error) {
+	t := st.streamTables(a.StreamID)
+	rows, err := st.pool.Query(ctx, t.reclaim, a.GroupID, a.Now, a.Owner, a.Lease)
+	if err != nil {
+		return r, false, fmt.Errorf("reclaim range: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			m                         Message
+			ver                       *int32
+			rk, key, payload, options *string
+			mxid, mid                 *int64
+			at                        *time.Time
+		)
+		if err := rows.Scan(&r.ID, &r.Token, &r.Reclaims, &mxid, &mid, &at, &ver, &rk, &key, &payload, &options); err != nil {
+			return r, false, fmt.Errorf("reclaim range: scan: %w", err)
+		}
+		ok = true
+		if mid == nil { // a lease over positions that no longer exist
+			continue
+		}
+		m.Xid, m.ID, m.ProducedAt, m.Version = *mxid, *mid, *at, int(*ver)
+		m.RoutingKey, m.Key, m.Payload, m.Options = *rk, *key, []byte(*payload), []byte(*options)
+		r.Messages = append(r.Messages, m)
+	}
+	if err := rows.Err(); err != nil {
+		return r, false, fmt.Errorf("reclaim range: %w", err)
+	}
+	return r, ok, nil
+}
+
+// Failure is a message that failed in a range being committed.
+type Failure struct {
+	Position
+	Error string
+}
+
+// ErrLeaseLost reports a commit or release whose lease was taken over by a
+// reclaimer; nothing of the range was written.
+var ErrLeaseLost = errors.New("range lease lost")
+
+// CommitRange settles a range: deletes the lease by its token and writes the
+// failures as exception rows, in one statement.
+func (st *Store) CommitRange(ctx context.Context, streamID, rangeID int64, token string, failures []Failure, backoff time.Duration, now Now) error {
+	t := st.streamTables(streamID)
+	xids := make([]int64, len(failures))
+	ids := make([]int64, len(failures))
+	errs := make([]string, len(failures))
+	for i, f := range failures {
+		xids[i], ids[i], errs[i] = f.Xid, f.ID, f.Error
+	}
+	var n int
+	if err := st.pool.QueryRow(ctx, t.commit, rangeID, token, now, backoff, xids, ids, errs).Scan(&n); err != nil {
+		return fmt.Errorf("commit range %d: %w", rangeID, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("commit range %d: %w", rangeID, ErrLeaseLost)
+	}
+	return nil
+}
+
+// ReleaseRange hands a range back for immediate reclaim, dropping its settled
+// prefix (everything up to and including lo; nil keeps the bound).
+func (st *Store) ReleaseRange(ctx context.Context, streamID, rangeID int64, token string, lo *Position, now Now) error {
+	t := st.streamTables(streamID)
+	var xid, id *int64
+	if lo != nil {
+		xid, id = &lo.Xid, &lo.ID
+	}
+	tag, err := st.pool.Exec(ctx, t.release, rangeID, token, xid, id, now)
+	if err != nil {
+		return fmt.Errorf("release range %d: %w", rangeID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("release range %d: %w", rangeID, ErrLeaseLost)
+	}
+	return nil
+}
+
+// Gate reports, for a claim that found nothing, whether committed rows wait
+// behind an open transaction (the gate's xmin).
+type Gate struct {
+	Xmin    int64
+	Pending bool
+}
+
+// GateProbe tells an empty claim apart from a stalled one.
+func (st *Store) GateProbe(ctx context.Context, streamID, groupID int64) (Gate, error) {
+	t := st.streamTables(streamID)
+	var g Gate
+	if err := st.pool.QueryRow(ctx, t.gateProbe, groupID).Scan(&g.Xmin, &g.Pending); err != nil {
+		return g, fmt.Errorf("gate probe: %w", err)
+	}
+	return g, nil
+}
+
+// Blocker is a session holding the oldest open transaction.
+type Blocker struct {
+	PID             int
+	ApplicationName string
+	XactStart       time.Time
+	State           string
+}
+
+// GateBlockers lists sessions whose transaction id is the gate's xmin: the
+// transactions a stalled claim waits for. Query text is never read.
+func (st *Store) GateBlockers(ctx context.Context, xmin int64) ([]Blocker, error) {
+	rows, err := st.pool.Query(ctx, `-- store.GateBlockers
+SELECT pid, coalesce(application_name, ''), coalesce(xact_start, now()), coalesce(state, '')
+FROM pg_catalog.pg_stat_activity
+WHERE backend_xid IS NOT NULL AND backend_xid::text::bigint = ($1::bigint & 4294967295)`, xmin)
+	if err != nil {
+		return nil, fmt.Errorf("gate blockers: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Blocker, error) {
+		var b Blocker
+		err := r.Scan(&b.PID, &b.ApplicationName, &b.XactStart, &b.State)
+		return b, err
+	})
+}
+
+// CountLog counts a stream's messages (tests, demo and inspect only).
+func (st *Store) CountLog(ctx context.Context, streamID int64) (int64, error) {
+	var n int64
+	err := st.pool.QueryRow(ctx, st.streamTables(streamID).countLog).Scan(&n)
+	return n, err
+}
+
+// CountExceptions counts a group's exception rows.
+func (st *Store) CountExceptions(ctx context.Context, streamID, groupID int64) (int64, error) {
+	var n int64
+	err := st.pool.QueryRow(ctx, st.streamTables(streamID).countException, groupID).Scan(&n)
+	return n, err
+}
+
+// Lease is one outstanding range lease, for inspection and tests.
+type Lease struct {
+	ID       int64
+	Token    string
+	Owner    string
+	Reclaims int
+}
+
+// RangeLeases lists a group's outstanding leases.
+func (st *Store) RangeLeases(ctx context.Context, streamID, groupID int64) ([]Lease, error) {
+	rows, err := st.pool.Query(ctx, st.streamTables(streamID).rangeLeases, groupID)
+	if err != nil {
+		return nil, fmt.Errorf("range leases: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Lease, error) {
+		var l Lease
+		err := r.Scan(&l.ID, &l.Token, &l.Owner, &l.Reclaims)
+		return l, err
+	})
+}

@@ -1,0 +1,122 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"strings"
+
+	"github.com/c1702965/sqlstreams/migrations"
+	"github.com/jackc/pgx/v5"
+)
+
+// lockKey derives the advisory-lock key that serializes migrations of one
+// schema (and, with a suffix, of one stream's tables) across processes.
+func lockKey(parts ...string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("sqlstreams"))
+	for _, p := range parts {
+		h.Write([]byte{0})
+		h.Write([]byte(p))
+	}
+	return int64(h.Sum64())
+}
+
+func (st *Store) render(sql, prefix string) string {
+	r := strings.NewReplacer("{{schema}}", st.s, "{{t}}", prefix)
+	return r.Replace(sql)
+}
+
+// Migrate brings the shared tables up to the newest embedded version. It holds
+// a transaction-scoped advisory lock for the whole run, so concurrent
+// migrators queue behind each other and the later ones find nothing to do.
+func (st *Store) Migrate(ctx context.Context) (applied int, err error) {
+	ms, err := migrations.Schema()
+	if err != nil {
+		return 0, err
+	}
+	err = pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "-- store.Migrate\nSELECT pg_advisory_xact_lock($1)", lockKey(st.schema)); err != nil {
+			return fmt.Errorf("advisory lock: %w", err)
+		}
+		if _, err := tx.Exec(ctx, st.sql(`-- store.Migrate
+CREATE SCHEMA IF NOT EXISTS %[1]s`)); err != nil {
+			return fmt.Errorf("create schema: %w", err)
+		}
+		if _, err := tx.Exec(ctx, st.sql(`-- store.Migrate
+CREATE TABLE IF NOT EXISTS %[1]s.schema_migration (
+    version     int         PRIMARY KEY,
+    name        text        NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+)`)); err != nil {
+			return fmt.Errorf("create migration table: %w", err)
+		}
+		var current int
+		if err := tx.QueryRow(ctx, st.sql(`-- store.Migrate
+SELECT coalesce(max(version), 0) FROM %[1]s.schema_migration`)).Scan(&current); err != nil {
+			return fmt.Errorf("read migration version: %w", err)
+		}
+		for _, m := range ms {
+			if m.Version <= current {
+				continue
+			}
+			if _, err := tx.Exec(ctx, st.render(m.SQL, "")); err != nil {
+				return fmt.Errorf("apply migration %s: %w", m.Name, err)
+			}
+			if _, err := tx.Exec(ctx, st.sql(`-- store.Migrate
+INSERT INTO %[1]s.schema_migration (version, name) VALUES ($1, $2)`), m.Version, m.Name); err != nil {
+				return fmt.Errorf("record migration %s: %w", m.Name, err)
+			}
+			applied++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("migrate schema %s: %w", st.schema, err)
+	}
+	return applied, nil
+}
+
+// SchemaVersion reports the newest applied shared-table migration.
+func (st *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var v int
+	err := st.pool.QueryRow(ctx, st.sql(`-- store.SchemaVersion
+SELECT coalesce(max(version), 0) FROM %[1]s.schema_migration`)).Scan(&v)
+	return v, err
+}
+
+// applyStreamTemplates creates or upgrades one stream's tables inside tx,
+// under the stream's own advisory lock.
+func (st *Store) applyStreamTemplates(ctx context.Context, tx pgx.Tx, streamID int64) error {
+	ms, err := migrations.Stream()
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, "-- store.applyStreamTemplates\nSELECT pg_advisory_xact_lock($1)",
+		lockKey(st.schema, fmt.Sprint(streamID))); err != nil {
+		return fmt.Errorf("advisory lock: %w", err)
+	}
+	var current int
+	if err := tx.QueryRow(ctx, st.sql(`-- store.applyStreamTemplates
+SELECT coalesce(max(version), 0) FROM %[1]s.stream_migration WHERE stream_id = $1`), streamID).Scan(&current); err != nil {
+		return fmt.Errorf("read stream template version: %w", err)
+	}
+	prefix := tablePrefix(streamID)
+	for _, m := range ms {
+		if m.Version <= current {
+			continue
+		}
+		if _, err := tx.Exec(ctx, st.render(m.SQL, prefix)); err != nil {
+			return fmt.Errorf("apply stream template %s: %w", m.Name, err)
+		}
+		if _, err := tx.Exec(ctx, st.sql(`-- store.applyStreamTemplates
+INSERT INTO %[1]s.stream_migration (stream_id, version) VALUES ($1, $2)`), streamID, m.Version); err != nil {
+			return fmt.Errorf("record stream template %s: %w", m.Name, err)
+		}
+	}
+	return nil
+}
+
+// tablePrefix names a stream's tables by its numeric id, so any valid stream
+// name maps to a short, quote-free identifier.
+func tablePrefix(streamID int64) string { return fmt.Sprintf("stream_%d", streamID) }

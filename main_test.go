@@ -1,0 +1,137 @@
+package sqlstreams
+
+import (
+	"bufio"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/c1702965/sqlstreams/internal/pgtest"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// env is one test's client on its own schema.
+type env struct {
+	t      *testing.T
+	pool   *pgxpool.Pool
+	client *Client
+	logs   *logSink
+}
+
+func newEnv(t *testing.T, cfg *ClientConfig) *env {
+	t.Helper()
+	schema := pgtest.Schema(t)
+	pool := pgtest.Pool(t)
+	sink := &logSink{}
+	c := ClientConfig{}
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Schema = schema
+	if c.Logger == nil {
+		c.Logger = slog.New(sink)
+	}
+	client, err := NewClient(context.Background(), pool, &c)
+	require.NoError(t, err)
+	return &env{t: t, pool: pool, client: client, logs: sink}
+}
+
+// logSink is a slog.Handler that keeps records for assertions and can signal
+// when a message is logged.
+type logSink struct {
+	mu      sync.Mutex
+	records []slog.Record
+	waiters map[string]chan struct{}
+}
+
+func (s *logSink) Enabled(context.Context, slog.Level) bool { return true }
+func (s *logSink) WithAttrs([]slog.Attr) slog.Handler       { return s }
+func (s *logSink) WithGroup(string) slog.Handler            { return s }
+func (s *logSink) Handle(_ context.Context, r slog.Record) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.records = append(s.records, r.Clone())
+	if ch, ok := s.waiters[r.Message]; ok {
+		close(ch)
+		delete(s.waiters, r.Message)
+	}
+	return nil
+}
+
+// messages returns the logged messages at level or above.
+func (s *logSink) messages(level slog.Level) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, r := range s.records {
+		if r.Level >= level {
+			out = append(out, r.Message)
+		}
+	}
+	return out
+}
+
+// record returns the first record with msg.
+func (s *logSink) record(msg string) (slog.Record, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.records {
+		if r.Message == msg {
+			return r, true
+		}
+	}
+	return slog.Record{}, false
+}
+
+// conformance reads one of the shared conformance files: lines between bars,
+// '#' comments skipped.
+func conformance(t *testing.T, name string) []string {
+	t.Helper()
+	dir, err := os.Getwd()
+	require.NoError(t, err)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			break
+		}
+		parent := filepath.Dir(dir)
+		require.NotEqual(t, parent, dir, "go.mod not found above the test directory")
+		dir = parent
+	}
+	path := filepath.Join(dir, "..", "shared", "conformance", name)
+	f, err := os.Open(path)
+	require.NoError(t, err, "the shared conformance files must sit beside the checkout")
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") || !strings.HasPrefix(line, "|") {
+			continue
+		}
+		out = append(out, strings.TrimSuffix(strings.TrimPrefix(line, "|"), "|"))
+	}
+	require.NoError(t, sc.Err())
+	require.NotEmpty(t, out)
+	return out
+}
+
+// within fails the test if ch is not closed or sent on before a generous
+// bound. It is a safety net against hangs, not a timing assertion.
+func within[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(60 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+		panic("unreachable")
+	}
+}

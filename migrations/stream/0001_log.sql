@@ -1,0 +1,63 @@
+-- One stream's own tables. {{t}} is the stream's table prefix (stream_<id>).
+
+-- The log. A message's position is (xid, id): xid is the producing
+-- transaction's id, and claims read only xids below the snapshot's xmin, so a
+-- position handed out is final (see docs/decisions/0001-claim-gate.md).
+CREATE TABLE {{schema}}.{{t}}_log (
+    id           bigint      GENERATED ALWAYS AS IDENTITY,
+    xid          bigint      NOT NULL DEFAULT (pg_current_xact_id()::text::bigint),
+    produced_at  timestamptz NOT NULL,
+    version      int         NOT NULL,
+    routing_key  text,
+    message_key  text,
+    payload      jsonb       NOT NULL,
+    options      jsonb,
+    PRIMARY KEY (xid, id)
+) WITH (fillfactor = 100);
+
+-- Idempotent produce: a caller key maps to the message it first produced.
+CREATE TABLE {{schema}}.{{t}}_idempotency (
+    key         text        PRIMARY KEY,
+    message_id  bigint      NOT NULL,
+    created_at  timestamptz NOT NULL
+);
+
+-- Per group: the head is the highest position handed out in a range.
+CREATE TABLE {{schema}}.{{t}}_cursor (
+    group_id    bigint      PRIMARY KEY,
+    head_xid    bigint      NOT NULL,
+    head_id     bigint      NOT NULL,
+    updated_at  timestamptz NOT NULL
+);
+
+-- A leased range: positions in ((lo_xid, lo_id), (hi_xid, hi_id)]. The row
+-- exists until the range is committed; token fences a lost lease.
+CREATE TABLE {{schema}}.{{t}}_range (
+    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    group_id    bigint      NOT NULL,
+    lo_xid      bigint      NOT NULL,
+    lo_id       bigint      NOT NULL,
+    hi_xid      bigint      NOT NULL,
+    hi_id       bigint      NOT NULL,
+    token       uuid        NOT NULL,
+    owner       uuid        NOT NULL,
+    claimed_at  timestamptz NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    reclaims    int         NOT NULL DEFAULT 0
+);
+CREATE INDEX {{t}}_range_group_idx ON {{schema}}.{{t}}_range (group_id, expires_at);
+CREATE INDEX {{t}}_range_owner_idx ON {{schema}}.{{t}}_range (owner);
+
+-- A message that failed for a group. Retries and dead letters build on it.
+CREATE TABLE {{schema}}.{{t}}_exception (
+    group_id       bigint      NOT NULL,
+    message_xid    bigint      NOT NULL,
+    message_id     bigint      NOT NULL,
+    status         text        NOT NULL,
+    attempts       int         NOT NULL,
+    last_error     text        NOT NULL,
+    can_run_after  timestamptz NOT NULL,
+    created_at     timestamptz NOT NULL,
+    updated_at     timestamptz NOT NULL,
+    PRIMARY KEY (group_id, message_xid, message_id)
+);

@@ -1,0 +1,266 @@
+package sqlstreams
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"sync"
+	"unicode"
+
+	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/c1702965/sqlstreams/internal/topic"
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultMaxMessageBytes is a stream's MaxMessageBytes unless declared.
+const DefaultMaxMessageBytes = 1 << 20
+
+// MaxMessageBytesLimit is the largest MaxMessageBytes a stream may declare.
+const MaxMessageBytesLimit = 64 << 20
+
+// MaxKeyBytes bounds message keys and idempotency keys.
+const MaxKeyBytes = 255
+
+// StreamConfig is a stream's stored config, declared at Register. Newest
+// declaration wins.
+type StreamConfig struct {
+	// MaxMessageBytes is the largest encoded payload Produce accepts.
+	// Default DefaultMaxMessageBytes (1 MiB); at most MaxMessageBytesLimit.
+	MaxMessageBytes int `json:"max_message_bytes,omitempty"`
+}
+
+func (c *StreamConfig) validate() error {
+	if c == nil {
+		return nil
+	}
+	if c.MaxMessageBytes < 0 || c.MaxMessageBytes > MaxMessageBytesLimit {
+		return fmt.Errorf("%w: StreamConfig.MaxMessageBytes %d outside 0..%d", ErrInvalidConfig, c.MaxMessageBytes, MaxMessageBytesLimit)
+	}
+	return nil
+}
+
+func (c StreamConfig) withDefaults() StreamConfig {
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	return c
+}
+
+var nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+func validateName(kind, name string) error {
+	if !nameRe.MatchString(name) {
+		return fmt.Errorf("%w: %s name %q must be 1-128 of letters, digits, '.', '_', '-', starting with a letter or digit", ErrInvalidName, kind, name)
+	}
+	return nil
+}
+
+func validateKey(kind, key string) error {
+	if len(key) > MaxKeyBytes {
+		return fmt.Errorf("%w: %s of %d bytes exceeds %d", ErrInvalidKey, kind, len(key), MaxKeyBytes)
+	}
+	for _, r := range key {
+		if unicode.IsControl(r) || r == unicode.ReplacementChar {
+			return fmt.Errorf("%w: %s %q holds a control character or invalid UTF-8", ErrInvalidKey, kind, key)
+		}
+	}
+	return nil
+}
+
+// StreamHandle is a typed handle on a stream. It is cheap; make one per use or
+// keep one, it is safe for concurrent use.
+type StreamHandle[T any] struct {
+	c       *Client
+	name    string
+	version int
+
+	mu  sync.Mutex
+	row *store.StreamRow
+	cfg StreamConfig // effective (defaults filled)
+}
+
+// Stream returns the handle of the stream called name, carrying messages of
+// type T. Nothing is checked until the handle is used.
+func Stream[T any](c *Client, name string) *StreamHandle[T] {
+	return &StreamHandle[T]{c: c, name: name, version: schemaVersion[T]()}
+}
+
+// Name returns the stream's name.
+func (s *StreamHandle[T]) Name() string { return s.name }
+
+// Register creates the stream and its tables, or reuses them, and stores cfg
+// (nil declares the defaults). A declaration that changes the stored config
+// is logged as a warning naming the change.
+func (s *StreamHandle[T]) Register(ctx context.Context, cfg *StreamConfig) error {
+	if err := validateName("stream", s.name); err != nil {
+		return err
+	}
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	var declared StreamConfig
+	if cfg != nil {
+		declared = *cfg
+	}
+	doc, err := json.Marshal(declared)
+	if err != nil {
+		return fmt.Errorf("register stream %q: encode config: %w", s.name, err)
+	}
+	row, old, changed, err := s.c.store.RegisterStream(ctx, s.name, doc, declaredBy(), s.c.dbNow())
+	if err != nil {
+		return err
+	}
+	if changed && !bytes.Equal(old, []byte("{}")) {
+		s.c.cfg.Logger.Warn("stream config redeclared; newest wins", "code", "SQL0059", "stream", s.name,
+			"old", string(old), "new", string(doc))
+	}
+	s.mu.Lock()
+	s.row, s.cfg = &row, declared.withDefaults()
+	s.mu.Unlock()
+	return nil
+}
+
+// resolve returns the stream's row and effective config, reading them once.
+func (s *StreamHandle[T]) resolve(ctx context.Context) (store.StreamRow, StreamConfig, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.row != nil {
+		return *s.row, s.cfg, nil
+	}
+	if err := validateName("stream", s.name); err != nil {
+		return store.StreamRow{}, StreamConfig{}, err
+	}
+	row, err := s.c.store.LookupStream(ctx, s.name)
+	if err != nil {
+		return row, StreamConfig{}, err
+	}
+	var cfg StreamConfig
+	if err := json.Unmarshal(row.Config, &cfg); err != nil {
+		return row, cfg, fmt.Errorf("stream %q: stored config: %w", s.name, err)
+	}
+	s.row, s.cfg = &row, cfg.withDefaults()
+	return row, s.cfg, nil
+}
+
+// ProduceOptions ride one Produce or ProduceBatch call. nil means defaults.
+type ProduceOptions struct {
+	// RoutingKey is the message's routing key: dot-separated words of
+	// letters, digits, '_' and '-'. Empty means none. Produce only.
+	RoutingKey string
+	// Key is the message key consumers' per-key concurrency works on. Produce only.
+	Key string
+	// IdempotencyKey makes the produce idempotent: a repeated key writes
+	// nothing and reports Duplicate. Produce only.
+	IdempotencyKey string
+	// Message holds the producer's defaults, merged under each message's own
+	// options and stored with the message.
+	Message *MessageOptions
+	// Tx, if set, produces inside the caller's transaction: the messages
+	// exist exactly when it commits.
+	Tx pgx.Tx
+}
+
+// Produced reports one produced message.
+type Produced struct {
+	// ID is the message's id. For a Duplicate it is the id of the message
+	// that holds the key, or 0 if that message is not yet visible.
+	ID int64
+	// Duplicate is true when an earlier message holds the idempotency key
+	// and nothing was written.
+	Duplicate bool
+}
+
+// BatchItem is one message of a ProduceBatch.
+type BatchItem[T any] struct {
+	Msg            T
+	RoutingKey     string
+	Key            string
+	IdempotencyKey string
+	Message        *MessageOptions
+}
+
+// Produce writes one message.
+func (s *StreamHandle[T]) Produce(ctx context.Context, msg T, opts *ProduceOptions) (Produced, error) {
+	var o ProduceOptions
+	if opts != nil {
+		o = *opts
+	}
+	out, err := s.produce(ctx, []BatchItem[T]{{Msg: msg, RoutingKey: o.RoutingKey, Key: o.Key, IdempotencyKey: o.IdempotencyKey}}, &o)
+	if err != nil {
+		return Produced{}, err
+	}
+	return out[0], nil
+}
+
+// ProduceBatch writes items in one round trip, atomically: all or none. The
+// results are in the order of items.
+func (s *StreamHandle[T]) ProduceBatch(ctx context.Context, items []BatchItem[T], opts *ProduceOptions) ([]Produced, error) {
+	var o ProduceOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.RoutingKey != "" || o.Key != "" || o.IdempotencyKey != "" {
+		return nil, fmt.Errorf("%w: ProduceBatch takes RoutingKey, Key and IdempotencyKey per item, not in ProduceOptions", ErrInvalidConfig)
+	}
+	if len(items) == 0 {
+		return nil, nil
+	}
+	return s.produce(ctx, items, &o)
+}
+
+// produce validates and encodes everything before writing anything.
+func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *ProduceOptions) ([]Produced, error) {
+	row, cfg, err := s.resolve(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("produce to %q: %w", s.name, err)
+	}
+	if err := o.Message.validate(); err != nil {
+		return nil, err
+	}
+	msgs := make([]store.NewMessage, len(items))
+	for i := range items {
+		it := &items[i]
+		if err := topic.ValidateRoutingKey(it.RoutingKey); err != nil {
+			return nil, fmt.Errorf("produce to %q: message %d: %w", s.name, i, err)
+		}
+		if err := validateKey("message key", it.Key); err != nil {
+			return nil, fmt.Errorf("produce to %q: message %d: %w", s.name, i, err)
+		}
+		if err := validateKey("idempotency key", it.IdempotencyKey); err != nil {
+			return nil, fmt.Errorf("produce to %q: message %d: %w", s.name, i, err)
+		}
+		if err := it.Message.validate(); err != nil {
+			return nil, fmt.Errorf("produce to %q: message %d: %w", s.name, i, err)
+		}
+		payload, err := json.Marshal(it.Msg)
+		if err != nil {
+			return nil, fmt.Errorf("produce to %q: message %d: %w: %T: %v", s.name, i, ErrEncode, it.Msg, err)
+		}
+		if len(payload) > cfg.MaxMessageBytes {
+			return nil, fmt.Errorf("produce to %q: message %d: %w: %d bytes encoded, limit %d", s.name, i, ErrMessageTooLarge, len(payload), cfg.MaxMessageBytes)
+		}
+		opts, err := it.Message.merge(o.Message).encode()
+		if err != nil {
+			return nil, fmt.Errorf("produce to %q: message %d: encode options: %w", s.name, i, err)
+		}
+		msgs[i] = store.NewMessage{
+			Version: s.version, RoutingKey: it.RoutingKey, Key: it.Key,
+			IdempotencyKey: it.IdempotencyKey, Payload: payload, Options: opts,
+		}
+	}
+	var q store.Querier
+	if o.Tx != nil {
+		q = o.Tx
+	}
+	res, err := s.c.store.Produce(ctx, q, row.ID, msgs, s.c.dbNow())
+	if err != nil {
+		return nil, fmt.Errorf("produce to %q: %w", s.name, err)
+	}
+	out := make([]Produced, len(res))
+	for i, r := range res {
+		out[i] = Produced{ID: r.ID, Duplicate: r.Duplicate}
+	}
+	return out, nil
+}
