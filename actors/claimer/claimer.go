@@ -331,7 +331,11 @@ func (a *Actor) HandBack(ctx context.Context) error {
 // value and stack, never a crash.
 func (a *Actor) work(ctx context.Context) {
 	for j := range a.jobs {
-		a.outcomes <- Outcome{RangeID: j.rangeID, Index: j.index, Err: a.run(ctx, j.msg)}
+		err := ctx.Err() // past the drain deadline no new handler starts
+		if err == nil {
+			err = a.run(ctx, j.msg)
+		}
+		a.outcomes <- Outcome{RangeID: j.rangeID, Index: j.index, Err: err}
 	}
 }
 

@@ -1,0 +1,248 @@
+package sqlstreams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"log/slog"
+
+	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/stretchr/testify/require"
+)
+
+// collector records deliveries and signals when want distinct messages
+// have been handled successfully.
+type collector struct {
+	mu    sync.Mutex
+	seen  map[string]int
+	want  int
+	done  chan struct{}
+	fired bool
+}
+
+func newCollector(want int) *collector {
+	return &collector{seen: map[string]int{}, want: want, done: make(chan struct{})}
+}
+
+func (c *collector) add(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seen[id]++
+	if !c.fired && len(c.seen) >= c.want {
+		c.fired = true
+		close(c.done)
+	}
+}
+
+func (c *collector) duplicates() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d := 0
+	for _, n := range c.seen {
+		d += n - 1
+	}
+	return d
+}
+
+// session is one running Consume call owned by a test.
+type session struct {
+	cancel context.CancelFunc
+	done   chan error
+	id     chan string
+}
+
+func consume[T any](t *testing.T, c *Consumer[T], h Handler[T], opts *ConsumeOptions) *session {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &session{cancel: cancel, done: make(chan error, 1), id: make(chan string, 1)}
+	ctx = context.WithValue(ctx, hooksKey{}, func(id string) { s.id <- id })
+	go func() { s.done <- c.Consume(ctx, h, opts) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-s.done:
+		case <-time.After(60 * time.Second):
+			t.Errorf("Consume did not return after cancel")
+		}
+	})
+	return s
+}
+
+// stop cancels the session and waits for Consume to return.
+func (s *session) stop(t *testing.T) error {
+	t.Helper()
+	s.cancel()
+	err := within(t, s.done, "Consume to return")
+	s.done <- err // let the cleanup see it too
+	return err
+}
+
+func fast() *ConsumeOptions {
+	return &ConsumeOptions{BatchLimit: 50, MessageConcurrency: 4, ClaimPollRate: 5 * time.Millisecond}
+}
+
+func (e *env) produceN(s *StreamHandle[order], prefix string, n int) {
+	e.t.Helper()
+	items := make([]BatchItem[order], n)
+	for i := range items {
+		items[i] = BatchItem[order]{Msg: order{OrderID: fmt.Sprintf("%s-%d", prefix, i), Amount: i}}
+	}
+	_, err := s.ProduceBatch(context.Background(), items, nil)
+	require.NoError(e.t, err)
+}
+
+func (e *env) leases(c *Consumer[order]) []store.Lease {
+	e.t.Helper()
+	l, err := e.client.store.RangeLeases(context.Background(), c.group.StreamID, c.group.ID)
+	require.NoError(e.t, err)
+	return l
+}
+
+func (e *env) exceptions(c *Consumer[order]) int64 {
+	e.t.Helper()
+	n, err := e.client.store.CountExceptions(context.Background(), c.group.StreamID, c.group.ID)
+	require.NoError(e.t, err)
+	return n
+}
+
+func TestSeveralInstancesShareTheWork(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	s := e.stream("orders")
+	c, err := s.Consumer("billing").Register(ctx, nil)
+	require.NoError(t, err)
+
+	const n = 1000
+	col := newCollector(n)
+	h := func(ctx context.Context, o *order) error {
+		info, ok := MessageInfo(ctx)
+		require.True(t, ok)
+		require.Equal(t, "billing", info.Group)
+		col.add(o.OrderID)
+		return nil
+	}
+	a := consume(t, c, h, fast())
+	b := consume(t, c, h, fast())
+	for i := range 10 {
+		e.produceN(s, fmt.Sprint("batch", i), n/10)
+	}
+	within(t, col.done, "all messages")
+	require.NoError(t, a.stop(t))
+	require.NoError(t, b.stop(t))
+
+	require.Zero(t, col.duplicates(), "no overlap between instances in the steady state")
+	require.Empty(t, e.leases(c), "every range committed")
+	require.Zero(t, e.exceptions(c))
+	st := c.Stats()
+	require.EqualValues(t, n, st.Succeeded)
+	require.Zero(t, st.LeasesLost)
+	require.Empty(t, e.logs.messages(slog.LevelWarn), "steady state logs nothing at warn")
+}
+
+func TestFanOutToGroups(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	s := e.stream("orders")
+	e.produceN(s, "m", 200)
+	var cols []*collector
+	for _, g := range []string{"g1", "g2", "g3"} {
+		c, err := s.Consumer(g).Register(ctx, nil)
+		require.NoError(t, err)
+		col := newCollector(200)
+		cols = append(cols, col)
+		consume(t, c, func(_ context.Context, o *order) error { col.add(o.OrderID); return nil }, fast())
+	}
+	for _, col := range cols {
+		within(t, col.done, "each group gets every message")
+	}
+}
+
+func TestStartHeadSkipsExistingMessages(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	s := e.stream("orders")
+	e.produceN(s, "old", 20)
+	c, err := s.Consumer("late").Register(ctx, &ConsumerConfig{Start: StartHead})
+	require.NoError(t, err)
+	e.produceN(s, "new", 5)
+	got := make(chan string, 100)
+	consume(t, c, func(_ context.Context, o *order) error { got <- o.OrderID; return nil }, fast())
+	for range 5 {
+		id := within(t, got, "new message")
+		require.Contains(t, id, "new-")
+	}
+	// Redeclaring with another Start changes nothing and says so.
+	_, err = s.Consumer("late").Register(ctx, &ConsumerConfig{Start: StartBeginning})
+	require.NoError(t, err)
+	_, ok := e.logs.record("consumer group Start differs from the one its cursor was created with; Start is read only at creation")
+	require.True(t, ok)
+	_, err = s.Consumer("late").Register(ctx, &ConsumerConfig{Start: "middle"})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	_, err = Stream[order](e.client, "other").Consumer("late").Register(ctx, nil)
+	require.Error(t, err)
+}
+
+func TestGroupOnAnotherStreamIsRefused(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	e.stream("a")
+	b := e.stream("b")
+	_, err := Stream[order](e.client, "a").Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+	_, err = b.Consumer("g").Register(ctx, nil)
+	require.ErrorIs(t, err, ErrGroupStream)
+	_, err = b.Consumer("bad name").Register(ctx, nil)
+	require.ErrorIs(t, err, ErrInvalidName)
+}
+
+func TestFailuresPanicsAndBadPayloadsBecomeExceptionRows(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	s := e.stream("orders")
+	c, err := s.Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+	e.produceN(s, "m", 30)
+	// Another schema version on the same stream.
+	_, err = Stream[orderV2](e.client, "orders").Produce(ctx, orderV2{OrderID: "v2"}, nil)
+	require.NoError(t, err)
+
+	col := newCollector(30) // the v2 message never reaches the handler
+	sess := consume(t, c, func(_ context.Context, o *order) error {
+		defer col.add(o.OrderID)
+		switch o.OrderID {
+		case "m-3":
+			return errors.New("card declined")
+		case "m-7":
+			panic("handler bug")
+		}
+		return nil
+	}, fast())
+	within(t, col.done, "every v1 message handled")
+	require.NoError(t, sess.stop(t))
+	require.Empty(t, e.leases(c))
+	require.EqualValues(t, 3, e.exceptions(c))
+
+	var lastErr string
+	require.NoError(t, e.pool.QueryRow(ctx, fmt.Sprintf(
+		"SELECT x.last_error FROM %s.stream_%d_exception x JOIN %s.stream_%d_log m ON m.id = x.message_id WHERE m.payload->>'order_id' = 'm-7'",
+		e.client.Schema(), c.group.StreamID, e.client.Schema(), c.group.StreamID)).Scan(&lastErr))
+	require.Contains(t, lastErr, "handler panic: handler bug")
+	require.Contains(t, lastErr, "goroutine", "the stack is kept")
+	require.EqualValues(t, 3, c.Stats().Failed)
+}
+
+func TestConsumeRejectsBadOptions(t *testing.T) {
+	e := newEnv(t, nil)
+	s := e.stream("orders")
+	c, err := s.Consumer("g").Register(context.Background(), nil)
+	require.NoError(t, err)
+	h := func(context.Context, *order) error { return nil }
+	for _, o := range []*ConsumeOptions{{BatchLimit: -1}, {BatchLimit: 10, QueueSize: 5}, {InstanceTTL: time.Millisecond}, {MessageConcurrency: -2}} {
+		require.ErrorIs(t, c.Consume(context.Background(), h, o), ErrInvalidConfig)
+	}
+	require.ErrorIs(t, c.Consume(context.Background(), nil, nil), ErrInvalidConfig)
+}

@@ -1,0 +1,342 @@
+package sqlstreams
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/actors/claimer"
+	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/pgtest"
+	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/stretchr/testify/require"
+)
+
+// The late-commit interleaving, forced: transaction 1 produces first (lower
+// xid, lower id) and commits last. A cursor that reads "ids above the last
+// one seen" would hand out B, move past A, and lose A for good.
+func TestLateCommitIsNotSkipped(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	s := e.stream("orders")
+	c, err := s.Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+	args := store.ClaimArgs{StreamID: c.group.StreamID, GroupID: c.group.ID, Owner: engine.NewID(), Limit: 100, Lease: time.Minute}
+
+	tx1, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx1.Rollback(ctx)
+	a, err := s.Produce(ctx, order{OrderID: "A"}, &ProduceOptions{Tx: tx1})
+	require.NoError(t, err)
+
+	tx2, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	b, err := s.Produce(ctx, order{OrderID: "B"}, &ProduceOptions{Tx: tx2})
+	require.NoError(t, err)
+	require.Less(t, a.ID, b.ID)
+	require.NoError(t, tx2.Commit(ctx))
+
+	// B is committed but sits behind A's open transaction: nothing is handed out.
+	_, ok, err := e.client.store.ClaimRange(ctx, args)
+	require.NoError(t, err)
+	require.False(t, ok, "a claim must not pass an open transaction's position")
+	g, err := e.client.store.GateProbe(ctx, c.group.StreamID, c.group.ID)
+	require.NoError(t, err)
+	require.True(t, g.Pending, "the probe sees committed rows waiting behind the gate")
+
+	require.NoError(t, tx1.Commit(ctx))
+	r, ok, err := e.client.store.ClaimRange(ctx, args)
+	require.NoError(t, err)
+	require.True(t, ok)
+	var ids []int64
+	for _, m := range r.Messages {
+		ids = append(ids, m.ID)
+	}
+	require.Equal(t, []int64{a.ID, b.ID}, ids, "both arrive, in commit-safe order")
+	require.NoError(t, e.client.store.CommitRange(ctx, c.group.StreamID, r.ID, r.Token, nil, 0, nil))
+	_, ok, err = e.client.store.ClaimRange(ctx, args)
+	require.NoError(t, err)
+	require.False(t, ok)
+}
+
+// A producer transaction left open stalls delivery; the stall is logged with
+// the blocking session and counted, and nothing is lost when it commits.
+func TestOpenTransactionStallIsVisible(t *testing.T) {
+	mock := clock.NewMock()
+	mock.Set(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	e := newEnv(t, &ClientConfig{Clock: mock})
+	ctx := context.Background()
+	s := e.stream("orders")
+	c, err := s.Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+
+	tx1, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx1.Rollback(ctx)
+	_, err = tx1.Exec(ctx, "SET application_name = 'slow-producer'")
+	require.NoError(t, err)
+	_, err = s.Produce(ctx, order{OrderID: "late"}, &ProduceOptions{Tx: tx1})
+	require.NoError(t, err)
+	e.produceN(s, "after", 3)
+
+	stats := &claimer.Stats{}
+	cl := claimer.New(claimer.Config{
+		Store: e.client.store, StreamID: c.group.StreamID, GroupID: c.group.ID, InstanceID: engine.NewID(),
+		Handler: func(context.Context, *store.Message) error { return nil },
+		BatchLimit: 10, QueueSize: 20, Concurrency: 1, PollRate: time.Second, Lease: time.Minute,
+		StallAfter: 10 * time.Second, ShutdownTimeout: time.Second, Clock: mock,
+		Logger: slog.New(e.logs), DBNow: engine.DBNow(mock), Stats: stats,
+	})
+	n, err := cl.Claim(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	mock.Add(5 * time.Second)
+	_, err = cl.Claim(ctx)
+	require.NoError(t, err)
+	require.Zero(t, stats.Stalls.Load(), "not yet past StallAfter")
+	mock.Add(6 * time.Second)
+	_, err = cl.Claim(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, stats.Stalls.Load())
+	rec, ok := e.logs.record("delivery stalled: committed messages wait behind an open transaction")
+	require.True(t, ok)
+	attrs := map[string]string{}
+	rec.Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value.String(); return true })
+	require.Equal(t, "slow-producer", attrs["blocker_application"])
+	require.Equal(t, rec.Level, slog.LevelWarn)
+
+	require.NoError(t, tx1.Commit(ctx))
+	n, err = cl.Claim(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 4, n, "the late message and the ones behind it all arrive")
+	_, ok = e.logs.record("delivery resumed after a stall")
+	require.True(t, ok)
+}
+
+// The lease token fences a slow instance whose range was reclaimed: its
+// commit writes nothing.
+func TestLeaseFenceRejectsTheOldOwner(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	s := e.stream("orders")
+	c, err := s.Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+	e.produceN(s, "m", 5)
+	st := e.client.store
+	ownerA, ownerB := engine.NewID(), engine.NewID()
+	argsA := store.ClaimArgs{StreamID: c.group.StreamID, GroupID: c.group.ID, Owner: ownerA, Limit: 10, Lease: time.Minute}
+	argsB := argsA
+	argsB.Owner = ownerB
+
+	ra, ok, err := st.ClaimRange(ctx, argsA)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, ok, err = st.ReclaimRange(ctx, argsB)
+	require.NoError(t, err)
+	require.False(t, ok, "a live lease is not reclaimed")
+
+	require.NoError(t, st.ExpireOwnedRanges(ctx, ownerA, c.group.StreamID, nil))
+	rb, ok, err := st.ReclaimRange(ctx, argsB)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, ra.ID, rb.ID)
+	require.NotEqual(t, ra.Token, rb.Token)
+	require.Equal(t, 1, rb.Reclaims)
+	require.Len(t, rb.Messages, 5)
+
+	fail := []store.Failure{{Position: ra.Messages[0].Position, Error: "late"}}
+	err = st.CommitRange(ctx, c.group.StreamID, ra.ID, ra.Token, fail, 0, nil)
+	require.ErrorIs(t, err, store.ErrLeaseLost)
+	require.ErrorIs(t, st.ReleaseRange(ctx, c.group.StreamID, ra.ID, ra.Token, nil, nil), store.ErrLeaseLost)
+	require.Zero(t, e.exceptions(c), "a fenced commit writes nothing")
+	require.Len(t, e.leases(c), 1)
+
+	require.NoError(t, st.CommitRange(ctx, c.group.StreamID, rb.ID, rb.Token, nil, 0, nil))
+	require.Empty(t, e.leases(c))
+}
+
+// An instance that stops without a graceful shutdown (as a crash would)
+// leaves its range leased; once the lease expires another instance
+// reclaims and delivers it.
+func TestKilledInstanceRangeIsReclaimed(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	s := e.stream("orders")
+	c, err := s.Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+	e.produceN(s, "m", 10)
+
+	started := make(chan struct{})
+	var once sync.Once
+	a := consume(t, c, func(ctx context.Context, o *order) error {
+		once.Do(func() { close(started) })
+		<-ctx.Done()
+		return ctx.Err()
+	}, &ConsumeOptions{BatchLimit: 10, MessageConcurrency: 1, ClaimPollRate: 5 * time.Millisecond, DisableGracefulShutdown: true})
+	aID := within(t, a.id, "instance id")
+	within(t, started, "handler to start")
+	require.NoError(t, a.stop(t))
+
+	leases := e.leases(c)
+	require.Len(t, leases, 1, "the killed instance's range is still leased")
+	require.Equal(t, aID, leases[0].Owner)
+	require.Zero(t, e.exceptions(c), "nothing was committed")
+
+	require.NoError(t, e.client.store.ExpireInstanceLeases(ctx, aID, c.group.StreamID))
+	col := newCollector(10)
+	b := consume(t, c, func(_ context.Context, o *order) error { col.add(o.OrderID); return nil }, fast())
+	within(t, col.done, "the reclaimed range")
+	require.NoError(t, b.stop(t))
+	require.Empty(t, e.leases(c))
+	require.EqualValues(t, 1, c.Stats().Reclaimed)
+	require.Zero(t, col.duplicates())
+}
+
+// Graceful shutdown lets in-flight handlers finish, commits, and leaves
+// nothing leased.
+func TestGracefulShutdownDrains(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	s := e.stream("orders")
+	c, err := s.Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+	e.produceN(s, "m", 4)
+
+	release := make(chan struct{})
+	started := make(chan struct{}, 4)
+	col := newCollector(4)
+	a := consume(t, c, func(ctx context.Context, o *order) error {
+		started <- struct{}{}
+		<-release
+		col.add(o.OrderID)
+		return nil
+	}, &ConsumeOptions{BatchLimit: 4, MessageConcurrency: 4, ClaimPollRate: 5 * time.Millisecond})
+	for range 4 {
+		within(t, started, "handlers to start")
+	}
+	a.cancel()
+	close(release)
+	require.NoError(t, within(t, a.done, "Consume to drain and return"))
+	a.done <- nil
+	require.Empty(t, e.leases(c), "drained range committed")
+	require.Zero(t, e.exceptions(c))
+	within(t, col.done, "all handled")
+
+	var live int
+	require.NoError(t, e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.client.Schema()+".worker_instance").Scan(&live))
+	require.Zero(t, live, "a graceful stop gives the instance row back")
+}
+
+// At ShutdownTimeout the drain stops waiting: the settled prefix is
+// committed and the rest handed back with its lease expired, so another
+// instance takes it at once.
+func TestShutdownTimeoutHandsBackUnfinishedWork(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	s := e.stream("orders")
+	c, err := s.Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+	e.produceN(s, "m", 10)
+
+	stuck := make(chan struct{})
+	a := consume(t, c, func(ctx context.Context, o *order) error {
+		if o.OrderID == "m-1" {
+			close(stuck)
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}, &ConsumeOptions{BatchLimit: 10, MessageConcurrency: 1, ClaimPollRate: 5 * time.Millisecond, ShutdownTimeout: 50 * time.Millisecond})
+	within(t, stuck, "the stuck handler")
+	require.NoError(t, a.stop(t))
+	require.Len(t, e.leases(c), 1)
+
+	got := make(chan string, 20)
+	col := newCollector(9)
+	b := consume(t, c, func(_ context.Context, o *order) error { got <- o.OrderID; col.add(o.OrderID); return nil }, fast())
+	within(t, col.done, "the handed-back rest")
+	require.NoError(t, b.stop(t))
+	close(got)
+	for id := range got {
+		require.NotEqual(t, "m-0", id, "the settled prefix is not delivered again")
+	}
+	require.Empty(t, e.leases(c))
+}
+
+// A separate process is killed (SIGKILL) mid-range; after its lease expires
+// this process reclaims and delivers the range.
+func TestKilledProcessRangeIsReclaimed(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	s := e.stream("orders")
+	c, err := s.Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+	e.produceN(s, "m", 20)
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestChildConsumer$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "SQLSTREAMS_CHILD_SCHEMA="+e.client.Schema(), "SQLSTREAMS_TEST_DATABASE_URL="+pgtest.URL())
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	var childID string
+	for childID == "" || !strings.HasPrefix(within(t, lines, "child output"), "HANDLING") {
+		if childID == "" {
+			l := within(t, lines, "child instance id")
+			childID, _ = strings.CutPrefix(l, "INSTANCE ")
+		}
+	}
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	for range lines { // drain until the pipe closes
+	}
+
+	leases := e.leases(c)
+	require.Len(t, leases, 1)
+	require.Equal(t, childID, leases[0].Owner)
+	require.NoError(t, e.client.store.ExpireInstanceLeases(ctx, childID, c.group.StreamID))
+
+	col := newCollector(20)
+	b := consume(t, c, func(_ context.Context, o *order) error { col.add(o.OrderID); return nil }, fast())
+	within(t, col.done, "the dead process's range")
+	require.NoError(t, b.stop(t))
+	require.Empty(t, e.leases(c))
+	require.EqualValues(t, 1, c.Stats().Reclaimed)
+}
+
+// TestChildConsumer is the process TestKilledProcessRangeIsReclaimed kills.
+func TestChildConsumer(t *testing.T) {
+	schema := os.Getenv("SQLSTREAMS_CHILD_SCHEMA")
+	if schema == "" {
+		t.Skip("helper process of TestKilledProcessRangeIsReclaimed")
+	}
+	ctx := context.Background()
+	client, err := NewClient(ctx, pgtest.Pool(t), &ClientConfig{Schema: schema})
+	require.NoError(t, err)
+	c, err := Stream[order](client, "orders").Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+	hctx := context.WithValue(ctx, hooksKey{}, func(id string) { fmt.Println("INSTANCE " + id) })
+	var once sync.Once
+	_ = c.Consume(hctx, func(ctx context.Context, o *order) error {
+		once.Do(func() { fmt.Println("HANDLING " + o.OrderID) })
+		select {} // until killed
+	}, &ConsumeOptions{BatchLimit: 20, MessageConcurrency: 1})
+}
