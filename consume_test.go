@@ -110,11 +110,7 @@ func (e *env) exceptions(c *Consumer[order]) int64 {
 }
 
 func TestSeveralInstancesShareTheWork(t *testing.T) {
-	e := newEnv(t, nil)
-	ctx := context.Background()
-	s := e.stream("orders")
-	c, err := s.Consumer("billing").Register(ctx, nil)
-	require.NoError(t, err)
+	e, s, c := setup(t, nil, "billing", 0)
 
 	const n = 1000
 	col := newCollector(n)
@@ -200,14 +196,10 @@ func TestGroupOnAnotherStreamIsRefused(t *testing.T) {
 }
 
 func TestFailuresPanicsAndBadPayloadsBecomeExceptionRows(t *testing.T) {
-	e := newEnv(t, nil)
+	e, _, c := setup(t, nil, "g", 30)
 	ctx := context.Background()
-	s := e.stream("orders")
-	c, err := s.Consumer("g").Register(ctx, nil)
-	require.NoError(t, err)
-	e.produceN(s, "m", 30)
 	// Another schema version on the same stream.
-	_, err = Stream[orderV2](e.client, "orders").Produce(ctx, orderV2{OrderID: "v2"}, nil)
+	_, err := Stream[orderV2](e.client, "orders").Produce(ctx, orderV2{OrderID: "v2"}, nil)
 	require.NoError(t, err)
 
 	col := newCollector(30) // the v2 message never reaches the handler

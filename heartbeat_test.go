@@ -18,12 +18,8 @@ import (
 func TestHeartbeatStepRenewsLeasesAndReportsLoss(t *testing.T) {
 	mock := clock.NewMock()
 	mock.Set(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	e := newEnv(t, &ClientConfig{Clock: mock})
+	e, _, c := setup(t, &ClientConfig{Clock: mock}, "g", 3)
 	ctx := context.Background()
-	s := e.stream("orders")
-	c, err := s.Consumer("g").Register(ctx, nil)
-	require.NoError(t, err)
-	e.produceN(s, "m", 3)
 
 	id := engine.NewID()
 	lost := make(chan struct{}, 1)

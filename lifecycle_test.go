@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,11 +27,8 @@ import (
 // xid, lower id) and commits last. A cursor that reads "ids above the last
 // one seen" would hand out B, move past A, and lose A for good.
 func TestLateCommitIsNotSkipped(t *testing.T) {
-	e := newEnv(t, nil)
+	e, s, c := setup(t, nil, "g", 0)
 	ctx := context.Background()
-	s := e.stream("orders")
-	c, err := s.Consumer("g").Register(ctx, nil)
-	require.NoError(t, err)
 	args := store.ClaimArgs{StreamID: c.group.StreamID, GroupID: c.group.ID, Owner: engine.NewID(), Limit: 100, Lease: time.Minute}
 
 	tx1, err := e.pool.Begin(ctx)
@@ -72,11 +72,8 @@ func TestLateCommitIsNotSkipped(t *testing.T) {
 func TestOpenTransactionStallIsVisible(t *testing.T) {
 	mock := clock.NewMock()
 	mock.Set(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	e := newEnv(t, &ClientConfig{Clock: mock})
+	e, s, c := setup(t, &ClientConfig{Clock: mock}, "g", 0)
 	ctx := context.Background()
-	s := e.stream("orders")
-	c, err := s.Consumer("g").Register(ctx, nil)
-	require.NoError(t, err)
 
 	tx1, err := e.pool.Begin(ctx)
 	require.NoError(t, err)
@@ -90,7 +87,7 @@ func TestOpenTransactionStallIsVisible(t *testing.T) {
 	stats := &claimer.Stats{}
 	cl := claimer.New(claimer.Config{
 		Store: e.client.store, StreamID: c.group.StreamID, GroupID: c.group.ID, InstanceID: engine.NewID(),
-		Handler: func(context.Context, *store.Message) error { return nil },
+		Handler:    func(context.Context, *store.Message) error { return nil },
 		BatchLimit: 10, QueueSize: 20, Concurrency: 1, PollRate: time.Second, Lease: time.Minute,
 		StallAfter: 10 * time.Second, ShutdownTimeout: time.Second, Clock: mock,
 		Logger: slog.New(e.logs), DBNow: engine.DBNow(mock), Stats: stats,
@@ -124,12 +121,8 @@ func TestOpenTransactionStallIsVisible(t *testing.T) {
 // The lease token fences a slow instance whose range was reclaimed: its
 // commit writes nothing.
 func TestLeaseFenceRejectsTheOldOwner(t *testing.T) {
-	e := newEnv(t, nil)
+	e, _, c := setup(t, nil, "g", 5)
 	ctx := context.Background()
-	s := e.stream("orders")
-	c, err := s.Consumer("g").Register(ctx, nil)
-	require.NoError(t, err)
-	e.produceN(s, "m", 5)
 	st := e.client.store
 	ownerA, ownerB := engine.NewID(), engine.NewID()
 	argsA := store.ClaimArgs{StreamID: c.group.StreamID, GroupID: c.group.ID, Owner: ownerA, Limit: 10, Lease: time.Minute}
@@ -167,12 +160,8 @@ func TestLeaseFenceRejectsTheOldOwner(t *testing.T) {
 // leaves its range leased; once the lease expires another instance
 // reclaims and delivers it.
 func TestKilledInstanceRangeIsReclaimed(t *testing.T) {
-	e := newEnv(t, nil)
+	e, _, c := setup(t, nil, "g", 10)
 	ctx := context.Background()
-	s := e.stream("orders")
-	c, err := s.Consumer("g").Register(ctx, nil)
-	require.NoError(t, err)
-	e.produceN(s, "m", 10)
 
 	started := make(chan struct{})
 	var once sync.Once
@@ -203,12 +192,8 @@ func TestKilledInstanceRangeIsReclaimed(t *testing.T) {
 // Graceful shutdown lets in-flight handlers finish, commits, and leaves
 // nothing leased.
 func TestGracefulShutdownDrains(t *testing.T) {
-	e := newEnv(t, nil)
+	e, _, c := setup(t, nil, "g", 4)
 	ctx := context.Background()
-	s := e.stream("orders")
-	c, err := s.Consumer("g").Register(ctx, nil)
-	require.NoError(t, err)
-	e.produceN(s, "m", 4)
 
 	release := make(chan struct{})
 	started := make(chan struct{}, 4)
@@ -239,12 +224,7 @@ func TestGracefulShutdownDrains(t *testing.T) {
 // committed and the rest handed back with its lease expired, so another
 // instance takes it at once.
 func TestShutdownTimeoutHandsBackUnfinishedWork(t *testing.T) {
-	e := newEnv(t, nil)
-	ctx := context.Background()
-	s := e.stream("orders")
-	c, err := s.Consumer("g").Register(ctx, nil)
-	require.NoError(t, err)
-	e.produceN(s, "m", 10)
+	e, _, c := setup(t, nil, "g", 10)
 
 	stuck := make(chan struct{})
 	a := consume(t, c, func(ctx context.Context, o *order) error {
@@ -271,43 +251,62 @@ func TestShutdownTimeoutHandsBackUnfinishedWork(t *testing.T) {
 	require.Empty(t, e.leases(c))
 }
 
-// A separate process is killed (SIGKILL) mid-range; after its lease expires
-// this process reclaims and delivers the range.
-func TestKilledProcessRangeIsReclaimed(t *testing.T) {
-	e := newEnv(t, nil)
-	ctx := context.Background()
-	s := e.stream("orders")
-	c, err := s.Consumer("g").Register(ctx, nil)
-	require.NoError(t, err)
-	e.produceN(s, "m", 20)
+// child is a consumer running in another process: this test binary,
+// re-run as TestChildConsumer. Its stdout lines arrive on lines.
+type child struct {
+	cmd   *exec.Cmd
+	lines chan string
+	stdin io.WriteCloser
+}
 
+func spawn(t *testing.T, e *env, mode string) *child {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestChildConsumer$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "SQLSTREAMS_CHILD_SCHEMA="+e.client.Schema(), "SQLSTREAMS_TEST_DATABASE_URL="+pgtest.URL())
+	cmd.Env = append(os.Environ(), "SQLSTREAMS_CHILD_SCHEMA="+e.client.Schema(), "SQLSTREAMS_CHILD_MODE="+mode,
+		"SQLSTREAMS_TEST_DATABASE_URL="+pgtest.URL())
 	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	in, err := cmd.StdinPipe()
 	require.NoError(t, err)
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-
-	lines := make(chan string)
+	c := &child{cmd: cmd, lines: make(chan string, 1024), stdin: in}
+	done := make(chan struct{})
 	go func() {
-		defer close(lines)
+		defer close(done)
+		defer close(c.lines)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
-			lines <- sc.Text()
+			c.lines <- sc.Text()
 		}
 	}()
-	var childID string
-	for childID == "" || !strings.HasPrefix(within(t, lines, "child output"), "HANDLING") {
-		if childID == "" {
-			l := within(t, lines, "child instance id")
-			childID, _ = strings.CutPrefix(l, "INSTANCE ")
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); <-done })
+	return c
+}
+
+// next returns the child's next line with the given prefix, minus the prefix.
+func (c *child) next(t *testing.T, prefix string) string {
+	t.Helper()
+	for {
+		l, ok := <-c.lines
+		require.True(t, ok, "child exited before printing %q", prefix)
+		if rest, found := strings.CutPrefix(l, prefix); found {
+			return rest
 		}
 	}
-	require.NoError(t, cmd.Process.Kill())
-	_ = cmd.Wait()
-	for range lines { // drain until the pipe closes
-	}
+}
+
+// A separate process is killed (SIGKILL) mid-range; after its lease expires
+// this process reclaims and delivers the range.
+func TestKilledProcessRangeIsReclaimed(t *testing.T) {
+	e, _, c := setup(t, nil, "g", 20)
+	ctx := context.Background()
+
+	ch := spawn(t, e, "block")
+	childID := ch.next(t, "INSTANCE ")
+	ch.next(t, "HANDLING ")
+	require.NoError(t, ch.cmd.Process.Kill())
+	_ = ch.cmd.Wait()
 
 	leases := e.leases(c)
 	require.Len(t, leases, 1)
@@ -322,21 +321,105 @@ func TestKilledProcessRangeIsReclaimed(t *testing.T) {
 	require.EqualValues(t, 1, c.Stats().Reclaimed)
 }
 
-// TestChildConsumer is the process TestKilledProcessRangeIsReclaimed kills.
+// Two processes share one group's work: every message is handled once,
+// and each process handles some. Each holds one range at a time, and each
+// one's first handler waits for the other to be handling too, so the split
+// does not depend on timing.
+func TestProcessesShareTheWork(t *testing.T) {
+	e, s, c := setup(t, nil, "g", 0)
+	ch := spawn(t, e, "share")
+	ch.next(t, "INSTANCE ")
+
+	const n = 400
+	col := newCollector(n)
+	childGot := make(chan struct{})
+	var parentCount int
+	var mu sync.Mutex
+	var tellChild sync.Once
+	a := consume(t, c, func(ctx context.Context, o *order) error {
+		tellChild.Do(func() { _, _ = io.WriteString(ch.stdin, "GO\n") })
+		select {
+		case <-childGot:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		mu.Lock()
+		parentCount++
+		mu.Unlock()
+		col.add(o.OrderID)
+		return nil
+	}, &ConsumeOptions{BatchLimit: 10, QueueSize: 10, MessageConcurrency: 2, ClaimPollRate: 5 * time.Millisecond})
+	e.produceN(s, "m", n)
+
+	childCount := 0
+	for {
+		select {
+		case l, ok := <-ch.lines:
+			require.True(t, ok, "child exited early")
+			if id, found := strings.CutPrefix(l, "GOT "); found {
+				if childCount == 0 {
+					close(childGot)
+				}
+				childCount++
+				col.add(id)
+			}
+			continue
+		case <-col.done:
+		}
+		break
+	}
+	require.NoError(t, ch.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, ch.cmd.Wait(), "the child stops gracefully")
+	require.NoError(t, a.stop(t))
+
+	require.Zero(t, col.duplicates(), "no message handled by both processes")
+	require.Positive(t, childCount)
+	mu.Lock()
+	require.Positive(t, parentCount)
+	mu.Unlock()
+	require.Empty(t, e.leases(c))
+}
+
+// TestChildConsumer is the other process of the tests above.
 func TestChildConsumer(t *testing.T) {
 	schema := os.Getenv("SQLSTREAMS_CHILD_SCHEMA")
 	if schema == "" {
-		t.Skip("helper process of TestKilledProcessRangeIsReclaimed")
+		t.Skip("helper process of TestKilledProcessRangeIsReclaimed and TestProcessesShareTheWork")
 	}
-	ctx := context.Background()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
 	client, err := NewClient(ctx, pgtest.Pool(t), &ClientConfig{Schema: schema})
 	require.NoError(t, err)
 	c, err := Stream[order](client, "orders").Consumer("g").Register(ctx, nil)
 	require.NoError(t, err)
 	hctx := context.WithValue(ctx, hooksKey{}, func(id string) { fmt.Println("INSTANCE " + id) })
 	var once sync.Once
-	_ = c.Consume(hctx, func(ctx context.Context, o *order) error {
-		once.Do(func() { fmt.Println("HANDLING " + o.OrderID) })
-		select {} // until killed
-	}, &ConsumeOptions{BatchLimit: 20, MessageConcurrency: 1})
+	var mu sync.Mutex
+	switch os.Getenv("SQLSTREAMS_CHILD_MODE") {
+	case "block":
+		_ = c.Consume(hctx, func(ctx context.Context, o *order) error {
+			once.Do(func() { fmt.Println("HANDLING " + o.OrderID) })
+			select {} // until killed
+		}, &ConsumeOptions{BatchLimit: 20, MessageConcurrency: 1})
+	case "share":
+		goSignal := make(chan struct{})
+		go func() { // the parent says GO once it is handling a range too
+			sc := bufio.NewScanner(os.Stdin)
+			if sc.Scan() && sc.Text() == "GO" {
+				close(goSignal)
+			}
+		}()
+		err := c.Consume(hctx, func(ctx context.Context, o *order) error {
+			select {
+			case <-goSignal:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			fmt.Println("GOT " + o.OrderID)
+			return nil
+		}, &ConsumeOptions{BatchLimit: 10, QueueSize: 10, MessageConcurrency: 2, ClaimPollRate: 5 * time.Millisecond})
+		require.NoError(t, err)
+	}
 }

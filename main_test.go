@@ -135,3 +135,17 @@ func within[T any](t *testing.T, ch <-chan T, what string) T {
 		panic("unreachable")
 	}
 }
+
+// setup is the common fixture: a client on its own schema, the stream
+// "orders", the group named group, and n messages "m-0".."m-<n-1>".
+func setup(t *testing.T, cfg *ClientConfig, group string, n int) (*env, *StreamHandle[order], *Consumer[order]) {
+	t.Helper()
+	e := newEnv(t, cfg)
+	s := e.stream("orders")
+	c, err := s.Consumer(group).Register(context.Background(), nil)
+	require.NoError(t, err)
+	if n > 0 {
+		e.produceN(s, "m", n)
+	}
+	return e, s, c
+}

@@ -26,12 +26,18 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/benbjohnson/clock"
 )
 
 // ErrNoBinaries is wrapped by FindBinaries so callers can tell "PostgreSQL is
 // not installed here" (skip or explain) from a cluster that failed to start
 // (a real bug).
 var ErrNoBinaries = errors.New("PostgreSQL server binaries (initdb, pg_ctl) not found")
+
+// wall is the clock for the few waits a process supervisor cannot avoid; it
+// is injected like every other clock in the project.
+var wall clock.Clock = clock.New()
 
 // libGlob is where Debian and Ubuntu install the server binaries, which they
 // deliberately keep off PATH. It is a variable only so tests can point it at
@@ -420,7 +426,7 @@ func (x *executor) shutdown(dir, mode string) error {
 		if !alive(pid) {
 			return nil
 		}
-		time.Sleep(50 * time.Millisecond)
+		wall.Sleep(50 * time.Millisecond)
 	}
 	return errors.Join(append(errs, fmt.Errorf("postmaster %d survived SIGKILL", pid))...)
 }
@@ -461,7 +467,7 @@ func (x *executor) stale(dir string) bool {
 	pid, perr := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil || perr != nil || pid <= 0 {
 		// Either a Start that crashed early or one that is just starting.
-		return time.Since(fi.ModTime()) > ownerlessGrace
+		return wall.Since(fi.ModTime()) > ownerlessGrace
 	}
 	return !alive(pid)
 }

@@ -1,0 +1,271 @@
+// Command bench is the sqlstreams benchmark harness. It is its own module so
+// that nothing it needs becomes a dependency of the library.
+//
+//	cd bench && go run . [-n 200000] [-runs 3] [-url postgres://...]
+//
+// Against a fresh database (a private, durable PostgreSQL it starts and
+// removes, unless -url or SQLSTREAMS_DATABASE_URL names a server, on which it
+// creates and drops a database of its own) it runs every workload -runs times,
+// prints a progress line while running, and writes the medians, the ratios to
+// the raw-PostgreSQL baselines and the machine it ran on to
+// results/latest.md and results/latest.json. See ../BENCHMARKS.md.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+type config struct {
+	n, runs, singles, rate int
+	latencyFor             time.Duration
+	url, only, cpuprofile  string
+	resultsDir             string
+	allowShared            bool
+}
+
+func main() {
+	var c config
+	flag.IntVar(&c.n, "n", 200000, "backlog size: rows for the raw baselines, batched produce and burn-down")
+	flag.IntVar(&c.runs, "runs", 3, "runs of each workload; medians are reported")
+	flag.StringVar(&c.url, "url", "", "PostgreSQL server to use (default $SQLSTREAMS_DATABASE_URL, else a private throwaway cluster); a fresh database is created on it and dropped at the end")
+	flag.IntVar(&c.singles, "singles", 20000, "messages of the single-Produce workload")
+	flag.IntVar(&c.rate, "rate", 500, "latency workload: messages produced per second")
+	flag.DurationVar(&c.latencyFor, "latency-for", 10*time.Second, "latency workload: how long to produce")
+	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency (default all)")
+	flag.StringVar(&c.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the whole run to this file")
+	flag.StringVar(&c.resultsDir, "results", "results", "directory for latest.md and latest.json")
+	flag.BoolVar(&c.allowShared, "allow-port-5432", false, "allow a -url on port 5432 (refused by default: that is usually a shared server)")
+	flag.Parse()
+	if c.n < 1000 || c.runs < 1 || c.singles < 4 || c.rate < 1 || c.latencyFor <= 0 {
+		fmt.Fprintln(os.Stderr, "bench: -n must be at least 1000, -runs, -singles, -rate and -latency-for positive")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, c)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func (c config) want(workload string) bool {
+	return c.only == "" || slices.Contains(strings.Split(c.only, ","), workload)
+}
+
+func run(ctx context.Context, c config) (err error) {
+	if c.cpuprofile != "" {
+		f, err := os.Create(c.cpuprofile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+	}
+	rep := newReport(c)
+
+	serverURL := c.url
+	if serverURL == "" {
+		serverURL = os.Getenv("SQLSTREAMS_DATABASE_URL")
+	}
+	if serverURL == "" {
+		fmt.Println("starting a private durable PostgreSQL (pass -url or set SQLSTREAMS_DATABASE_URL to use your own)...")
+		cl, err := startCluster(ctx)
+		if err != nil {
+			return err
+		}
+		defer cl.stop()
+		serverURL = cl.url()
+		rep.Database = fmt.Sprintf("private cluster: initdb in %s, 127.0.0.1:%d, removed at the end", cl.dir, cl.port)
+	} else {
+		rep.Database = "-url " + redact(serverURL)
+	}
+	admin, err := pgx.ParseConfig(serverURL)
+	if err != nil {
+		return fmt.Errorf("database url: %w", err)
+	}
+	if admin.Port == 5432 && !c.allowShared {
+		return errors.New("refusing a server on port 5432, which is usually a shared one (the benchmark creates and drops a database and loads it hard); pass -allow-port-5432 if you mean it")
+	}
+
+	// A fresh database for this run.
+	dbName := "sqlstreams_bench_" + time.Now().UTC().Format("20060102_150405")
+	conn, err := pgx.ConnectConfig(ctx, admin)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+dbName); err != nil {
+		_ = conn.Close(ctx)
+		return fmt.Errorf("create a fresh database (the role needs CREATEDB): %w", err)
+	}
+	defer func() {
+		if _, err := conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+dbName+" WITH (FORCE)"); err != nil {
+			fmt.Fprintln(os.Stderr, "drop benchmark database:", err)
+		}
+		_ = conn.Close(context.Background())
+	}()
+
+	pcfg, err := pgxpool.ParseConfig(serverURL)
+	if err != nil {
+		return err
+	}
+	pcfg.ConnConfig.Database = dbName
+	pcfg.MaxConns = 32
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer pool.Close()
+	if err := rep.describeServer(ctx, pool); err != nil {
+		return err
+	}
+	fmt.Printf("PostgreSQL %s (fsync=%s, synchronous_commit=%s, shared_buffers=%s, wal_level=%s); database %s\n",
+		rep.Postgres.Version, rep.Postgres.Settings["fsync"], rep.Postgres.Settings["synchronous_commit"],
+		rep.Postgres.Settings["shared_buffers"], rep.Postgres.Settings["wal_level"], dbName)
+	fmt.Printf("payload %d bytes of JSON per message; -n %d, -runs %d\n", len(payloadJSON), c.n, c.runs)
+
+	b := &bench{c: c, pool: pool, rep: rep, logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	started := time.Now()
+	if c.want("raw") {
+		if err := b.raw(ctx, pcfg.ConnConfig); err != nil {
+			return fmt.Errorf("raw baselines: %w", err)
+		}
+	}
+	if c.want("produce") || c.want("burndown") || c.want("latency") {
+		if err := b.streams(ctx); err != nil {
+			return err
+		}
+	}
+	rep.Elapsed = time.Since(started).Round(time.Second).String()
+	rep.finish()
+	rep.print(os.Stdout)
+	return rep.write(c.resultsDir)
+}
+
+// bench carries what every workload needs.
+type bench struct {
+	c      config
+	pool   *pgxpool.Pool
+	rep    *report
+	logger *slog.Logger
+}
+
+// checkpoint starts a timed run with a clean WAL, so no run pays for an
+// earlier one's checkpoint. Without the privilege it is skipped.
+func (b *bench) checkpoint(ctx context.Context) {
+	_, _ = b.pool.Exec(ctx, "CHECKPOINT")
+}
+
+// progress prints a line every two seconds while a run goes on.
+func progress(label, unit string, total int64, done *atomic.Int64) (stop func()) {
+	start := time.Now()
+	quit, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(2 * time.Second)
+		defer t.Stop()
+		last, lastAt := int64(0), start
+		for {
+			select {
+			case <-quit:
+				return
+			case now := <-t.C:
+				d := done.Load()
+				fmt.Printf("  %-34s %5.1fs  %8d/%d %s  %8.0f %s/s now\n", label, now.Sub(start).Seconds(), d, total, unit,
+					float64(d-last)/now.Sub(lastAt).Seconds(), unit)
+				last, lastAt = d, now
+			}
+		}
+	}()
+	return func() { close(quit); <-exited }
+}
+
+func redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		if strings.Contains(s, "password") {
+			return "(a connection string holding a password)"
+		}
+		return s
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}
+
+// Order is the message of every workload: one JSON object of about 1 KB.
+// SentAt is zero except in the latency workload.
+type Order struct {
+	SentAt   int64       `json:"sent_at"`
+	OrderID  int64       `json:"order_id"`
+	Customer string      `json:"customer"`
+	Email    string      `json:"email"`
+	Currency string      `json:"currency"`
+	Lines    []OrderLine `json:"lines"`
+	Shipping Address     `json:"shipping"`
+	Note     string      `json:"note"`
+}
+
+type OrderLine struct {
+	SKU      string `json:"sku"`
+	Title    string `json:"title"`
+	Quantity int    `json:"quantity"`
+	Cents    int64  `json:"cents"`
+}
+
+type Address struct {
+	Name    string `json:"name"`
+	Street  string `json:"street"`
+	City    string `json:"city"`
+	Postal  string `json:"postal"`
+	Country string `json:"country"`
+}
+
+// payloadJSONSize is the encoded size of the benchmark's message.
+const payloadJSONSize = 1024
+
+var (
+	baseOrder   = newOrder()
+	payloadJSON = mustJSON(baseOrder) // the raw baselines insert exactly these bytes
+)
+
+func newOrder() Order {
+	o := Order{OrderID: 4711, Customer: "cust-0042", Email: "customer.0042@example.com", Currency: "EUR",
+		Shipping: Address{Name: "Ada Lovelace", Street: "12 Analytical Engine Street", City: "London", Postal: "NW1 2DB", Country: "GB"}}
+	for i := range 6 {
+		o.Lines = append(o.Lines, OrderLine{SKU: fmt.Sprintf("SKU-%06d", 1000+i), Title: fmt.Sprintf("Benchmark item number %d, standard edition", i),
+			Quantity: 1 + i%3, Cents: int64(1999 + 250*i)})
+	}
+	if pad := payloadJSONSize - len(mustJSON(o)); pad > 0 {
+		o.Note = strings.Repeat("x", pad)
+	}
+	return o
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
