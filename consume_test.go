@@ -115,7 +115,7 @@ func TestSeveralInstancesShareTheWork(t *testing.T) {
 	const n = 1000
 	col := newCollector(n)
 	h := func(ctx context.Context, o *order) error {
-		info, ok := MessageInfo(ctx)
+		info, ok := MetaFromContext(ctx)
 		require.True(t, ok)
 		require.Equal(t, "billing", info.Group)
 		col.add(o.OrderID)

@@ -239,7 +239,7 @@ func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
 		if m.Version != c.version {
 			return fmt.Errorf("%w: message %d is version %d, consumer reads %d", ErrSchemaVersion, m.ID, m.Version, c.version)
 		}
-		info := &Info{ID: m.ID, Stream: c.s.name, Group: c.group.Name, RoutingKey: m.RoutingKey, Key: m.Key,
+		info := &Meta{ID: m.ID, Stream: c.s.name, Group: c.group.Name, RoutingKey: m.RoutingKey, Key: m.Key,
 			Version: m.Version, ProducedAt: m.ProducedAt}
 		if len(m.Options) > 0 {
 			if err := json.Unmarshal(m.Options, &info.Options); err != nil {
@@ -258,7 +258,7 @@ func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
 		if timeout == 0 {
 			timeout = DefaultMessageTimeout
 		}
-		hctx, cancel := c.s.c.cfg.Clock.WithTimeout(context.WithValue(ctx, infoKey{}, info), timeout)
+		hctx, cancel := c.s.c.cfg.Clock.WithTimeout(context.WithValue(ctx, metaKey{}, info), timeout)
 		defer cancel()
 		return h(hctx, &msg)
 	}

@@ -156,8 +156,8 @@ func (o *MessageOptions) encode() ([]byte, error) {
 	return b, nil
 }
 
-// Info describes the message a handler is running.
-type Info struct {
+// Meta describes the message a handler is running.
+type Meta struct {
 	ID         int64
 	Stream     string
 	Group      string
@@ -168,13 +168,14 @@ type Info struct {
 	Options    MessageOptions
 }
 
-type infoKey struct{}
+type metaKey struct{}
 
-// MessageInfo returns the Info of the message whose handler ctx belongs to.
-func MessageInfo(ctx context.Context) (Info, bool) {
-	i, ok := ctx.Value(infoKey{}).(*Info)
+// MetaFromContext returns the Meta of the message whose handler ctx belongs
+// to; ok is false outside a handler.
+func MetaFromContext(ctx context.Context) (Meta, bool) {
+	m, ok := ctx.Value(metaKey{}).(*Meta)
 	if !ok {
-		return Info{}, false
+		return Meta{}, false
 	}
-	return *i, true
+	return *m, true
 }
