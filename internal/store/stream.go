@@ -78,15 +78,17 @@ WHERE NOT EXISTS (SELECT 1 FROM k)`),
 		// One statement, one round trip: lock the cursor, read the next
 		// positions that are final (xid below the snapshot's xmin), move the
 		// head and write the lease.
+		// The bounds reach the log scan as scalar subqueries (InitPlan
+		// parameters) because only then does the planner use them as index
+		// conditions; a join against cur would scan the log from its start.
 		claim: r.Replace(`-- store.ClaimRange
 WITH cur AS (
     SELECT head_xid, head_id FROM {s}.{t}_cursor WHERE group_id = $1 FOR UPDATE
-), gate AS (
-    SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin
 ), batch AS (
     SELECT m.xid, m.id, m.produced_at, m.version, m.routing_key, m.message_key, m.payload, m.options
-    FROM {s}.{t}_log m, cur, gate
-    WHERE (m.xid, m.id) > (cur.head_xid, cur.head_id) AND m.xid < gate.xmin
+    FROM {s}.{t}_log m
+    WHERE (m.xid, m.id) > ((SELECT head_xid FROM cur), (SELECT head_id FROM cur))
+      AND m.xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
     ORDER BY m.xid, m.id
     LIMIT $2
 ), last AS (
@@ -123,8 +125,12 @@ WITH r AS (
 SELECT upd.id, upd.token::text, upd.reclaims, m.xid, m.id, m.produced_at, m.version,
        coalesce(m.routing_key, ''), coalesce(m.message_key, ''), m.payload::text, coalesce(m.options::text, '')
 FROM upd
-LEFT JOIN {s}.{t}_log m
-       ON (m.xid, m.id) > (upd.lo_xid, upd.lo_id) AND (m.xid, m.id) <= (upd.hi_xid, upd.hi_id)
+LEFT JOIN (
+    SELECT l.xid, l.id, l.produced_at, l.version, l.routing_key, l.message_key, l.payload, l.options
+    FROM {s}.{t}_log l
+    WHERE (l.xid, l.id) > ((SELECT lo_xid FROM upd), (SELECT lo_id FROM upd))
+      AND (l.xid, l.id) <= ((SELECT hi_xid FROM upd), (SELECT hi_id FROM upd))
+) m ON true
 ORDER BY m.xid, m.id`),
 
 		// Deleting the lease by its token is the fence: zero rows means a
@@ -154,8 +160,10 @@ UPDATE {s}.{t}_range SET expires_at = coalesce($2, now()) + $3::interval WHERE o
 
 		gateProbe: r.Replace(`-- store.GateProbe
 SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
-       EXISTS (SELECT 1 FROM {s}.{t}_log m WHERE (m.xid, m.id) > (c.head_xid, c.head_id))
-FROM {s}.{t}_cursor c WHERE c.group_id = $1`),
+       coalesce((SELECT true FROM {s}.{t}_log m
+               WHERE (m.xid, m.id) > ((SELECT head_xid FROM {s}.{t}_cursor WHERE group_id = $1),
+                                      (SELECT head_id FROM {s}.{t}_cursor WHERE group_id = $1))
+               ORDER BY m.xid, m.id LIMIT 1), false)`),
 
 		countLog: r.Replace(`-- store.CountLog
 SELECT count(*) FROM {s}.{t}_log`),

@@ -1,0 +1,63 @@
+package store
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/c1702965/sqlstreams/internal/pgtest"
+	"github.com/stretchr/testify/require"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// The claim path must reach the log through its (xid, id) index with the
+// cursor's bounds as index conditions. A join against the cursor row plans as
+// a scan from the start of the log with a join filter, which makes every
+// claim cost the whole backlog: this test pins the plan shape, not a timing.
+func TestClaimPathPlansUseTheLogIndex(t *testing.T) {
+	ctx := context.Background()
+	st, err := New(pgtest.Pool(t), pgtest.Schema(t))
+	require.NoError(t, err)
+	_, err = st.Migrate(ctx)
+	require.NoError(t, err)
+	row, _, _, err := st.RegisterStream(ctx, "s", []byte(`{}`), "test", nil)
+	require.NoError(t, err)
+	g, err := st.RegisterGroup(ctx, row.ID, "g", StartBeginning, nil)
+	require.NoError(t, err)
+	msgs := make([]NewMessage, 2000)
+	for i := range msgs {
+		msgs[i] = NewMessage{Version: 1, Payload: []byte(`{"a":1}`)}
+	}
+	_, err = st.Produce(ctx, nil, row.ID, msgs, nil)
+	require.NoError(t, err)
+	_, err = st.Pool().Exec(ctx, "ANALYZE "+st.s+"."+tablePrefix(row.ID)+"_log")
+	require.NoError(t, err)
+
+	tb := st.streamTables(row.ID)
+	owner := "00000000-0000-4000-8000-000000000001"
+	for name, q := range map[string]struct {
+		sql  string
+		args []any
+	}{
+		"claim":   {tb.claim, []any{g.ID, 100, nil, owner, time.Minute}},
+		"reclaim": {tb.reclaim, []any{g.ID, nil, owner, time.Minute}},
+		"gate":    {tb.gateProbe, []any{g.ID}},
+	} {
+		rows, err := st.Pool().Query(ctx, "EXPLAIN (COSTS OFF) "+q.sql, q.args...)
+		require.NoError(t, err, name)
+		var plan []string
+		for rows.Next() {
+			var line string
+			require.NoError(t, rows.Scan(&line))
+			plan = append(plan, line)
+		}
+		require.NoError(t, rows.Err())
+		text := strings.Join(plan, "\n")
+		logTable := tablePrefix(row.ID) + "_log"
+		require.NotContains(t, text, "Seq Scan on "+logTable, "%s plan:\n%s", name, text)
+		require.NotContains(t, text, "Join Filter: (ROW(", "%s plan:\n%s", name, text)
+		require.Regexp(t, `Index Cond: \(+ROW\((\w+\.)?xid, (\w+\.)?id\) > ROW\(\$`, text, "%s plan:\n%s", name, text)
+	}
+}
