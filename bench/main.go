@@ -37,7 +37,7 @@ type config struct {
 	latencyFor             time.Duration
 	url, only, cpuprofile  string
 	resultsDir             string
-	allowShared            bool
+	allowShared, keep      bool
 }
 
 func main() {
@@ -51,6 +51,7 @@ func main() {
 	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency (default all)")
 	flag.StringVar(&c.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the whole run to this file")
 	flag.StringVar(&c.resultsDir, "results", "results", "directory for latest.md and latest.json")
+	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
 	flag.BoolVar(&c.allowShared, "allow-port-5432", false, "allow a -url on port 5432 (refused by default: that is usually a shared server)")
 	flag.Parse()
 	if c.n < 1000 || c.runs < 1 || c.singles < 4 || c.rate < 1 || c.latencyFor <= 0 {
@@ -118,6 +119,11 @@ func run(ctx context.Context, c config) (err error) {
 		return fmt.Errorf("create a fresh database (the role needs CREATEDB): %w", err)
 	}
 	defer func() {
+		if c.keep && !strings.HasPrefix(rep.Database, "private") { // a private cluster goes anyway
+			fmt.Printf("kept database %s\n", dbName)
+			_ = conn.Close(context.Background())
+			return
+		}
 		if _, err := conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+dbName+" WITH (FORCE)"); err != nil {
 			fmt.Fprintln(os.Stderr, "drop benchmark database:", err)
 		}

@@ -1,0 +1,20 @@
+module github.com/c1702965/sqlstreams/bench
+
+go 1.26
+
+require (
+	github.com/c1702965/sqlstreams v0.0.0
+	github.com/jackc/pgx/v5 v5.13.0
+)
+
+require (
+	github.com/benbjohnson/clock v1.3.5 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/thejerf/suture/v4 v4.0.6 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
+)
+
+replace github.com/c1702965/sqlstreams => ../

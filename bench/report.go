@@ -1,0 +1,360 @@
+package main
+
+// The report: what ran where, the runs, their medians, the ratios to the raw
+// baselines and the floors; printed, and written as results/latest.md and
+// results/latest.json.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+type report struct {
+	Date     string              `json:"date"`
+	Command  string              `json:"command"`
+	Via      string              `json:"via,omitempty"`
+	Library  string              `json:"library_revision"`
+	Database string              `json:"database"`
+	Elapsed  string              `json:"elapsed"`
+	Machine  machine             `json:"machine"`
+	Go       goInfo              `json:"go"`
+	Postgres pgInfo              `json:"postgres"`
+	Params   params              `json:"params"`
+	Results  []*throughputResult `json:"throughput"`
+	Latency  []*latencyResult    `json:"latency"`
+	Ratios   []ratio             `json:"ratios"`
+}
+
+type machine struct {
+	NProc    int    `json:"nproc"`
+	MemoryMB int64  `json:"memory_mb"`
+	CPU      string `json:"cpu_model"`
+	Kernel   string `json:"kernel"`
+}
+
+type goInfo struct {
+	Version    string `json:"version"`
+	GOOS       string `json:"goos"`
+	GOARCH     string `json:"goarch"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+}
+
+type pgInfo struct {
+	Version  string            `json:"version"`
+	Full     string            `json:"full_version"`
+	Settings map[string]string `json:"settings"`
+}
+
+type params struct {
+	N            int    `json:"n"`
+	Runs         int    `json:"runs"`
+	Singles      int    `json:"singles"`
+	PayloadBytes int    `json:"payload_bytes"`
+	LatencyRate  int    `json:"latency_rate"`
+	LatencyFor   string `json:"latency_for"`
+	Only         string `json:"only,omitempty"`
+}
+
+type throughputResult struct {
+	Key    string    `json:"key"`
+	Name   string    `json:"name"`
+	Unit   string    `json:"unit"`
+	Runs   []float64 `json:"runs"`
+	Median float64   `json:"median"`
+}
+
+func (t *throughputResult) add(_ string, v float64) { t.Runs = append(t.Runs, v) }
+
+type latencyRun struct {
+	Label          string  `json:"label"`
+	Messages       int     `json:"messages"`
+	ProducedPerSec float64 `json:"produced_per_sec"`
+	P50ms          float64 `json:"p50_ms"`
+	P99ms          float64 `json:"p99_ms"`
+	MaxMs          float64 `json:"max_ms"`
+}
+
+type latencyResult struct {
+	Key           string       `json:"key"`
+	Name          string       `json:"name"`
+	ClaimPollRate string       `json:"claim_poll_rate"`
+	Rate          int          `json:"rate"`
+	For           string       `json:"for"`
+	Runs          []latencyRun `json:"runs"`
+	// Medians over the runs of each run's percentile.
+	P50ms float64 `json:"median_p50_ms"`
+	P99ms float64 `json:"median_p99_ms"`
+	MaxMs float64 `json:"median_max_ms"`
+}
+
+type ratio struct {
+	Name  string  `json:"name"`
+	Of    string  `json:"of"`
+	To    string  `json:"to"`
+	Value float64 `json:"value"`
+	Floor float64 `json:"floor,omitempty"`
+	Met   *bool   `json:"floor_met,omitempty"`
+}
+
+func newReport(c config) *report {
+	r := &report{
+		Date:    time.Now().UTC().Format(time.RFC3339),
+		Command: "cd bench && go run ." + quoteArgs(os.Args[1:]),
+		Library: gitRevision(),
+		Machine: describeMachine(),
+		Go:      goInfo{Version: runtime.Version(), GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, GOMAXPROCS: runtime.GOMAXPROCS(0)},
+		Params: params{N: c.n, Runs: c.runs, Singles: c.singles, PayloadBytes: len(payloadJSON),
+			LatencyRate: c.rate, LatencyFor: c.latencyFor.String(), Only: c.only},
+	}
+	if os.Getenv("MAKELEVEL") != "" {
+		r.Via = "make bench"
+		if f := os.Getenv("BENCHFLAGS"); f != "" {
+			r.Via += " BENCHFLAGS='" + f + "'"
+		}
+	}
+	return r
+}
+
+func quoteArgs(args []string) string {
+	var sb strings.Builder
+	for _, a := range args {
+		sb.WriteByte(' ')
+		if strings.ContainsAny(a, " '\"$\\") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		if strings.Contains(a, "://") {
+			a = redact(a)
+		}
+		sb.WriteString(a)
+	}
+	return sb.String()
+}
+
+func gitRevision() string {
+	out, err := exec.Command("git", "-C", "..", "describe", "--always", "--dirty").Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func describeMachine() machine {
+	m := machine{NProc: runtime.NumCPU()}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+		_ = f.Close()
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			var kb int64
+			if _, err := fmt.Sscanf(line, "MemTotal: %d kB", &kb); err == nil {
+				m.MemoryMB = kb / 1024
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	return m
+}
+
+var pgSettings = []string{"fsync", "synchronous_commit", "full_page_writes", "wal_level", "shared_buffers",
+	"max_connections", "max_wal_size", "checkpoint_timeout", "wal_sync_method"}
+
+func (r *report) describeServer(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := pool.QueryRow(ctx, "SELECT current_setting('server_version'), version()").Scan(&r.Postgres.Version, &r.Postgres.Full); err != nil {
+		return fmt.Errorf("server version: %w", err)
+	}
+	r.Postgres.Settings = map[string]string{}
+	for _, s := range pgSettings {
+		var v string
+		if err := pool.QueryRow(ctx, "SELECT current_setting($1)", s).Scan(&v); err != nil {
+			return fmt.Errorf("setting %s: %w", s, err)
+		}
+		r.Postgres.Settings[s] = v
+	}
+	return nil
+}
+
+func (r *report) throughput(key, name, unit string) *throughputResult {
+	t := &throughputResult{Key: key, Name: name, Unit: unit}
+	r.Results = append(r.Results, t)
+	return t
+}
+
+func (r *report) latency(key, name string, poll time.Duration, rate int, dur time.Duration) *latencyResult {
+	l := &latencyResult{Key: key, Name: name, ClaimPollRate: poll.String(), Rate: rate, For: dur.String()}
+	r.Latency = append(r.Latency, l)
+	return l
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(xs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func (r *report) find(key string) *throughputResult {
+	for _, t := range r.Results {
+		if t.Key == key && len(t.Runs) > 0 {
+			return t
+		}
+	}
+	return nil
+}
+
+// finish computes the medians and the ratios.
+func (r *report) finish() {
+	for _, t := range r.Results {
+		t.Median = median(t.Runs)
+	}
+	for _, l := range r.Latency {
+		var p50, p99, mx []float64
+		for _, run := range l.Runs {
+			p50, p99, mx = append(p50, run.P50ms), append(p99, run.P99ms), append(mx, run.MaxMs)
+		}
+		l.P50ms, l.P99ms, l.MaxMs = median(p50), median(p99), median(mx)
+	}
+	add := func(name, of, to string, floor float64) {
+		a, b := r.find(of), r.find(to)
+		if a == nil || b == nil || b.Median == 0 {
+			return
+		}
+		q := ratio{Name: name, Of: of, To: to, Value: a.Median / b.Median, Floor: floor}
+		if floor > 0 {
+			met := q.Value >= floor
+			q.Met = &met
+		}
+		r.Ratios = append(r.Ratios, q)
+	}
+	add("batched produce / raw batched INSERT", "produce_batch", "raw_insert", 0.60)
+	add("single produce / raw batched INSERT", "produce_single", "raw_insert", 0)
+	add("burn-down 4 instances / raw keyset drain", "burndown_4", "raw_drain", 0.15)
+	add("burn-down 1 instance / raw keyset drain", "burndown_1", "raw_drain", 0)
+	add("burn-down 4 instances / 1 instance", "burndown_4", "burndown_1", 0)
+}
+
+func (q ratio) verdict() string {
+	switch {
+	case q.Met == nil:
+		return "-"
+	case *q.Met:
+		return fmt.Sprintf("floor %.0f%%: met", q.Floor*100)
+	default:
+		return fmt.Sprintf("floor %.0f%%: MISSED", q.Floor*100)
+	}
+}
+
+func (r *report) print(w io.Writer) {
+	fmt.Fprintln(w, "\nresults (median of runs):")
+	for _, t := range r.Results {
+		fmt.Fprintf(w, "  %-72s %9.0f %s\n", t.Name, t.Median, t.Unit)
+	}
+	for _, l := range r.Latency {
+		fmt.Fprintf(w, "  %-72s p50 %.1f ms  p99 %.1f ms  max %.1f ms\n", l.Name, l.P50ms, l.P99ms, l.MaxMs)
+	}
+	if len(r.Ratios) > 0 {
+		fmt.Fprintln(w, "ratios:")
+	}
+	for _, q := range r.Ratios {
+		fmt.Fprintf(w, "  %-72s %6.1f%%   %s\n", q.Name, q.Value*100, q.verdict())
+	}
+}
+
+func (r *report) markdown() string {
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	p("# sqlstreams benchmark results\n\n")
+	p("- date: %s\n- command: `%s`", r.Date, r.Command)
+	if r.Via != "" {
+		p(" (via `%s`)", r.Via)
+	}
+	p("\n- library revision: %s\n- database: %s\n- elapsed: %s\n", r.Library, r.Database, r.Elapsed)
+	p("- machine: %d CPUs (%s), %d MB memory, kernel %s\n", r.Machine.NProc, r.Machine.CPU, r.Machine.MemoryMB, r.Machine.Kernel)
+	p("- Go: %s %s/%s, GOMAXPROCS %d\n", r.Go.Version, r.Go.GOOS, r.Go.GOARCH, r.Go.GOMAXPROCS)
+	p("- PostgreSQL: %s;", r.Postgres.Version)
+	for _, s := range pgSettings {
+		p(" %s=%s", s, r.Postgres.Settings[s])
+	}
+	p("\n- parameters: -n %d, -runs %d, -singles %d, payload %d bytes of JSON, latency at %d msg/s for %s\n\n",
+		r.Params.N, r.Params.Runs, r.Params.Singles, r.Params.PayloadBytes, r.Params.LatencyRate, r.Params.LatencyFor)
+	if len(r.Results) > 0 {
+		p("| workload | median | unit | runs |\n|---|---:|---|---|\n")
+		for _, t := range r.Results {
+			runs := make([]string, len(t.Runs))
+			for i, v := range t.Runs {
+				runs[i] = fmt.Sprintf("%.0f", v)
+			}
+			p("| %s | %.0f | %s | %s |\n", t.Name, t.Median, t.Unit, strings.Join(runs, ", "))
+		}
+		p("\n")
+	}
+	if len(r.Latency) > 0 {
+		p("| latency workload | p50 ms | p99 ms | max ms | runs (p50/p99/max ms, achieved msg/s) |\n|---|---:|---:|---:|---|\n")
+		for _, l := range r.Latency {
+			runs := make([]string, len(l.Runs))
+			for i, run := range l.Runs {
+				runs[i] = fmt.Sprintf("%.1f/%.1f/%.1f @%.0f", run.P50ms, run.P99ms, run.MaxMs, run.ProducedPerSec)
+			}
+			p("| %s, %d msg/s for %s | %.1f | %.1f | %.1f | %s |\n", l.Name, l.Rate, l.For, l.P50ms, l.P99ms, l.MaxMs, strings.Join(runs, "; "))
+		}
+		p("\n")
+	}
+	if len(r.Ratios) > 0 {
+		p("| ratio (of medians) | value | floor |\n|---|---:|---|\n")
+		for _, q := range r.Ratios {
+			p("| %s | %.1f%% | %s |\n", q.Name, q.Value*100, q.verdict())
+		}
+	}
+	return b.String()
+}
+
+// write replaces results/latest.md and latest.json, each through a temporary
+// file so a reader never sees half a file.
+func (r *report) write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var js bytes.Buffer
+	enc := json.NewEncoder(&js)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(r); err != nil {
+		return err
+	}
+	for name, body := range map[string][]byte{"latest.md": []byte(r.markdown()), "latest.json": js.Bytes()} {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path+".tmp", body, 0o644); err != nil {
+			return err
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("wrote %s and %s\n", filepath.Join(dir, "latest.md"), filepath.Join(dir, "latest.json"))
+	return nil
+}

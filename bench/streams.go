@@ -1,0 +1,329 @@
+package main
+
+// The sqlstreams workloads: produce (single and batched), burn-down of a
+// backlog by one and by four instances of a group, and end-to-end latency.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/c1702965/sqlstreams"
+)
+
+const (
+	produceWorkers  = 4
+	produceBatchLen = 100
+	burnTimeout     = 15 * time.Minute
+)
+
+// burnOptions are the burn-down's instance options.
+var burnOptions = sqlstreams.ConsumeOptions{BatchLimit: 1000, QueueSize: 2000, MessageConcurrency: 8, ClaimPollRate: 5 * time.Millisecond}
+
+func (b *bench) streams(ctx context.Context) error {
+	client, err := sqlstreams.NewClient(ctx, b.pool, &sqlstreams.ClientConfig{Schema: "sqlstreams_bench", Logger: b.logger})
+	if err != nil {
+		return err
+	}
+	newStream := func(name string) (*sqlstreams.StreamHandle[Order], error) {
+		s := sqlstreams.Stream[Order](client, name)
+		return s, s.Register(ctx, nil)
+	}
+	var backlog *sqlstreams.StreamHandle[Order]
+	if b.c.want("produce") {
+		single := b.rep.throughput("produce_single", fmt.Sprintf("sqlstreams Produce, single messages, %d goroutines, %d messages", produceWorkers, b.c.singles), "msg/s")
+		for r := 1; r <= b.c.runs; r++ {
+			s, err := newStream(fmt.Sprintf("bench.single.%d", r))
+			if err != nil {
+				return err
+			}
+			b.checkpoint(ctx)
+			label := fmt.Sprintf("produce single run %d/%d", r, b.c.runs)
+			rate, err := produceSingle(ctx, s, b.c.singles, label)
+			if err != nil {
+				return err
+			}
+			single.add(label, rate)
+		}
+		batch := b.rep.throughput("produce_batch", fmt.Sprintf("sqlstreams ProduceBatch, %d items/call, %d goroutines", produceBatchLen, produceWorkers), "msg/s")
+		for r := 1; r <= b.c.runs; r++ {
+			s, err := newStream(fmt.Sprintf("bench.batch.%d", r))
+			if err != nil {
+				return err
+			}
+			b.checkpoint(ctx)
+			label := fmt.Sprintf("produce batch run %d/%d", r, b.c.runs)
+			rate, err := produceBatch(ctx, s, b.c.n, label)
+			if err != nil {
+				return err
+			}
+			batch.add(label, rate)
+			backlog = s // the last run's stream holds exactly n messages
+		}
+	}
+	if b.c.want("burndown") {
+		if backlog == nil {
+			if backlog, err = newStream("bench.backlog"); err != nil {
+				return err
+			}
+			if _, err := produceBatch(ctx, backlog, b.c.n, "backlog (not timed)"); err != nil {
+				return err
+			}
+		}
+		fmt.Printf("burn-down reads stream %q (%d messages) with a fresh group per run\n", backlog.Name(), b.c.n)
+		one := b.rep.throughput("burndown_1", "sqlstreams burn-down, 1 instance", "msg/s")
+		four := b.rep.throughput("burndown_4", "sqlstreams burn-down, 4 instances in one process", "msg/s")
+		for r := 1; r <= b.c.runs; r++ {
+			for _, inst := range []int{1, 4} {
+				b.checkpoint(ctx)
+				label := fmt.Sprintf("burn-down %d instance(s) run %d/%d", inst, r, b.c.runs)
+				rate, err := burnDown(ctx, backlog, fmt.Sprintf("burn%d-run%d", inst, r), inst, b.c.n, label)
+				if err != nil {
+					return err
+				}
+				if inst == 1 {
+					one.add(label, rate)
+				} else {
+					four.add(label, rate)
+				}
+			}
+		}
+	}
+	if b.c.want("latency") {
+		polls := []time.Duration{sqlstreams.DefaultClaimPollRate, 10 * time.Millisecond}
+		lat := make([]*latencyResult, len(polls))
+		for i, p := range polls {
+			name := fmt.Sprintf("end-to-end latency, 1 instance, ClaimPollRate %s", p)
+			if p == sqlstreams.DefaultClaimPollRate {
+				name += " (default)"
+			}
+			lat[i] = b.rep.latency(fmt.Sprintf("latency_poll_%s", p), name, p, b.c.rate, b.c.latencyFor)
+		}
+		for r := 1; r <= b.c.runs; r++ {
+			for i, p := range polls {
+				s, err := newStream(fmt.Sprintf("bench.latency.%s.%d", p, r))
+				if err != nil {
+					return err
+				}
+				b.checkpoint(ctx)
+				label := fmt.Sprintf("latency poll %s run %d/%d", p, r, b.c.runs)
+				run, err := latency(ctx, s, p, b.c.rate, b.c.latencyFor, label)
+				if err != nil {
+					return err
+				}
+				lat[i].Runs = append(lat[i].Runs, run)
+			}
+		}
+	}
+	return nil
+}
+
+// produceSingle sends n messages with one Produce call each from
+// produceWorkers goroutines.
+func produceSingle(ctx context.Context, s *sqlstreams.StreamHandle[Order], n int, label string) (float64, error) {
+	return parallel(ctx, n, 1, label, func(ctx context.Context, k int) error {
+		_, err := s.Produce(ctx, baseOrder, nil)
+		return err
+	})
+}
+
+// produceBatch sends n messages with ProduceBatch calls of produceBatchLen
+// items from produceWorkers goroutines.
+func produceBatch(ctx context.Context, s *sqlstreams.StreamHandle[Order], n int, label string) (float64, error) {
+	items := make([]sqlstreams.BatchItem[Order], produceBatchLen)
+	for i := range items {
+		items[i].Msg = baseOrder
+	}
+	return parallel(ctx, n, produceBatchLen, label, func(ctx context.Context, k int) error {
+		_, err := s.ProduceBatch(ctx, items[:k], nil)
+		return err
+	})
+}
+
+// parallel runs call from produceWorkers goroutines until n messages, in
+// calls of per messages, are written, and returns messages per second.
+func parallel(ctx context.Context, n, per int, label string, call func(ctx context.Context, k int) error) (float64, error) {
+	calls := (n + per - 1) / per
+	var next, done atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, produceWorkers)
+	stop := progress(label, "msgs", int64(n), &done)
+	start := time.Now()
+	for range produceWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				c := int(next.Add(1)) - 1
+				if c >= calls {
+					return
+				}
+				k := min(per, n-c*per)
+				if err := call(ctx, k); err != nil {
+					errs <- err
+					next.Store(int64(calls))
+					return
+				}
+				done.Add(int64(k))
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	stop()
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, err
+	}
+	return report1(label, "msgs", n, elapsed), nil
+}
+
+// burnDown times a fresh group consuming the whole backlog of n messages
+// with the given number of Consume calls, from the first Consume call until
+// the n-th handler call.
+func burnDown(ctx context.Context, s *sqlstreams.StreamHandle[Order], group string, instances, n int, label string) (float64, error) {
+	cons, err := s.Consumer(group).Register(ctx, &sqlstreams.ConsumerConfig{Start: sqlstreams.StartBeginning})
+	if err != nil {
+		return 0, err
+	}
+	var count atomic.Int64
+	all := make(chan struct{})
+	handler := func(ctx context.Context, m *Order) error {
+		if count.Add(1) == int64(n) {
+			close(all)
+		}
+		return nil
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, instances)
+	stop := progress(label, "msgs", int64(n), &count)
+	start := time.Now()
+	for range instances {
+		go func() {
+			opts := burnOptions
+			errs <- cons.Consume(cctx, handler, &opts)
+		}()
+	}
+	var elapsed time.Duration
+	returned, failed := 0, error(nil)
+	select {
+	case <-all:
+		elapsed = time.Since(start)
+	case err := <-errs: // an instance stopped before the backlog was done
+		returned, failed = 1, fmt.Errorf("an instance returned early: %v", err)
+	case <-time.After(burnTimeout):
+		failed = fmt.Errorf("timed out after %s with %d of %d handled", burnTimeout, count.Load(), n)
+	case <-ctx.Done():
+		failed = ctx.Err()
+	}
+	stop()
+	cancel()
+	for ; returned < instances; returned++ {
+		if err := <-errs; err != nil && failed == nil && !errors.Is(err, context.Canceled) {
+			failed = err
+		}
+	}
+	if failed != nil {
+		return 0, fmt.Errorf("%s: %w", label, failed)
+	}
+	st := cons.Stats()
+	if st.Failed > 0 {
+		return 0, fmt.Errorf("%s: %d handler failures", label, st.Failed)
+	}
+	rate := report1(label, "msgs", n, elapsed)
+	if extra := count.Load() - int64(n); extra > 0 {
+		fmt.Printf("  %-34s note: %d messages delivered more than once\n", "", extra)
+	}
+	return rate, nil
+}
+
+// latency produces single messages at rate per second for dur to a fresh
+// stream that one instance consumes, each message carrying the time its
+// Produce call started, and reports the spread of time-to-handler.
+func latency(ctx context.Context, s *sqlstreams.StreamHandle[Order], poll time.Duration, rate int, dur time.Duration, label string) (latencyRun, error) {
+	// Group names are unique in a schema, across streams.
+	cons, err := s.Consumer("latency-"+s.Name()).Register(ctx, nil)
+	if err != nil {
+		return latencyRun{}, err
+	}
+	total := int(float64(rate) * dur.Seconds())
+	var mu sync.Mutex
+	samples := make([]time.Duration, 0, total)
+	var handled atomic.Int64
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	consumed := make(chan error, 1)
+	go func() {
+		consumed <- cons.Consume(cctx, func(ctx context.Context, m *Order) error {
+			d := time.Since(time.Unix(0, m.SentAt))
+			mu.Lock()
+			samples = append(samples, d)
+			mu.Unlock()
+			handled.Add(1)
+			return nil
+		}, &sqlstreams.ConsumeOptions{ClaimPollRate: poll})
+	}()
+	time.Sleep(time.Second) // let the instance come up before the clock starts
+
+	stop := progress(label, "msgs", int64(total), &handled)
+	defer stop()
+	// A scheduler releases one message every 1/rate; a few workers send them
+	// so that one slow commit does not hold the schedule up.
+	due := make(chan struct{}, total)
+	var wg sync.WaitGroup
+	perr := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range due {
+				o := baseOrder
+				o.SentAt = time.Now().UnixNano()
+				if _, err := s.Produce(ctx, o, nil); err != nil {
+					perr <- err
+					return
+				}
+			}
+		}()
+	}
+	interval := time.Second / time.Duration(rate)
+	start := time.Now()
+	for i := range total {
+		if w := time.Until(start.Add(time.Duration(i) * interval)); w > 0 {
+			time.Sleep(w)
+		}
+		due <- struct{}{}
+	}
+	close(due)
+	wg.Wait()
+	produceFor := time.Since(start)
+	close(perr)
+	if err := <-perr; err != nil {
+		return latencyRun{}, err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for handled.Load() < int64(total) && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	if err := <-consumed; err != nil && !errors.Is(err, context.Canceled) {
+		return latencyRun{}, err
+	}
+	if h := handled.Load(); h < int64(total) {
+		return latencyRun{}, fmt.Errorf("%s: %d of %d messages handled 30s after the last produce", label, h, total)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	slices.Sort(samples)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	pct := func(p float64) time.Duration { return samples[int(p*float64(len(samples)-1)+0.5)] }
+	r := latencyRun{Label: label, Messages: len(samples), ProducedPerSec: float64(total) / produceFor.Seconds(),
+		P50ms: ms(pct(0.50)), P99ms: ms(pct(0.99)), MaxMs: ms(samples[len(samples)-1])}
+	fmt.Printf("  %-34s %d msgs at %.0f msg/s: p50 %.1f ms, p99 %.1f ms, max %.1f ms\n", label, r.Messages, r.ProducedPerSec, r.P50ms, r.P99ms, r.MaxMs)
+	return r, nil
+}
