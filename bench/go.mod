@@ -3,12 +3,12 @@ module github.com/c1702965/sqlstreams/bench
 go 1.26
 
 require (
+	github.com/benbjohnson/clock v1.3.5
 	github.com/c1702965/sqlstreams v0.0.0
 	github.com/jackc/pgx/v5 v5.13.0
 )
 
 require (
-	github.com/benbjohnson/clock v1.3.5 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect

@@ -94,7 +94,7 @@ func rawInsert(ctx context.Context, conns []*pgx.Conn, n int, label string) (flo
 	var once sync.Once
 	var wg sync.WaitGroup
 	stop := progress(label, "rows", int64(n), &done)
-	start := time.Now()
+	start := wall.Now()
 	for _, conn := range conns {
 		wg.Add(1)
 		go func() {
@@ -118,7 +118,7 @@ func rawInsert(ctx context.Context, conns []*pgx.Conn, n int, label string) (flo
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
+	elapsed := wall.Since(start)
 	stop()
 	if firstErr != nil {
 		return 0, fmt.Errorf("insert: %w", firstErr)
@@ -132,7 +132,7 @@ func rawDrain(ctx context.Context, conn *pgx.Conn, n int, label string) (float64
 	var done atomic.Int64
 	stop := progress(label, "rows", int64(n), &done)
 	defer stop()
-	start := time.Now()
+	start := wall.Now()
 	var cursor int64
 	for {
 		rows, err := conn.Query(ctx, "SELECT id, payload FROM bench_raw.t WHERE id > $1 ORDER BY id LIMIT $2", cursor, rawDrainBatch)
@@ -159,7 +159,7 @@ func rawDrain(ctx context.Context, conn *pgx.Conn, n int, label string) (float64
 		}
 		done.Add(int64(got))
 	}
-	elapsed := time.Since(start)
+	elapsed := wall.Since(start)
 	if d := done.Load(); d != int64(n) {
 		return 0, fmt.Errorf("drained %d rows, want %d", d, n)
 	}

@@ -111,7 +111,7 @@ type ratio struct {
 
 func newReport(c config) *report {
 	r := &report{
-		Date:    time.Now().UTC().Format(time.RFC3339),
+		Date:    wall.Now().UTC().Format(time.RFC3339),
 		Command: "cd bench && go run ." + quoteArgs(os.Args[1:]),
 		Library: gitRevision(),
 		Machine: describeMachine(),

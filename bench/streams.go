@@ -152,7 +152,7 @@ func parallel(ctx context.Context, n, per int, label string, call func(ctx conte
 	var wg sync.WaitGroup
 	errs := make(chan error, produceWorkers)
 	stop := progress(label, "msgs", int64(n), &done)
-	start := time.Now()
+	start := wall.Now()
 	for range produceWorkers {
 		wg.Add(1)
 		go func() {
@@ -173,7 +173,7 @@ func parallel(ctx context.Context, n, per int, label string, call func(ctx conte
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
+	elapsed := wall.Since(start)
 	stop()
 	close(errs)
 	if err := <-errs; err != nil {
@@ -202,7 +202,7 @@ func burnDown(ctx context.Context, s *sqlstreams.StreamHandle[Order], group stri
 	defer cancel()
 	errs := make(chan error, instances)
 	stop := progress(label, "msgs", int64(n), &count)
-	start := time.Now()
+	start := wall.Now()
 	for range instances {
 		go func() {
 			opts := burnOptions
@@ -213,10 +213,10 @@ func burnDown(ctx context.Context, s *sqlstreams.StreamHandle[Order], group stri
 	returned, failed := 0, error(nil)
 	select {
 	case <-all:
-		elapsed = time.Since(start)
+		elapsed = wall.Since(start)
 	case err := <-errs: // an instance stopped before the backlog was done
 		returned, failed = 1, fmt.Errorf("an instance returned early: %v", err)
-	case <-time.After(burnTimeout):
+	case <-wall.After(burnTimeout):
 		failed = fmt.Errorf("timed out after %s with %d of %d handled", burnTimeout, count.Load(), n)
 	case <-ctx.Done():
 		failed = ctx.Err()
@@ -260,7 +260,7 @@ func latency(ctx context.Context, s *sqlstreams.StreamHandle[Order], poll time.D
 	consumed := make(chan error, 1)
 	go func() {
 		consumed <- cons.Consume(cctx, func(ctx context.Context, m *Order) error {
-			d := time.Since(time.Unix(0, m.SentAt))
+			d := wall.Since(time.Unix(0, m.SentAt))
 			mu.Lock()
 			samples = append(samples, d)
 			mu.Unlock()
@@ -268,7 +268,7 @@ func latency(ctx context.Context, s *sqlstreams.StreamHandle[Order], poll time.D
 			return nil
 		}, &sqlstreams.ConsumeOptions{ClaimPollRate: poll})
 	}()
-	time.Sleep(time.Second) // let the instance come up before the clock starts
+	wall.Sleep(time.Second) // let the instance come up before the clock starts
 
 	stop := progress(label, "msgs", int64(total), &handled)
 	defer stop()
@@ -283,7 +283,7 @@ func latency(ctx context.Context, s *sqlstreams.StreamHandle[Order], poll time.D
 			defer wg.Done()
 			for range due {
 				o := baseOrder
-				o.SentAt = time.Now().UnixNano()
+				o.SentAt = wall.Now().UnixNano()
 				if _, err := s.Produce(ctx, o, nil); err != nil {
 					perr <- err
 					return
@@ -292,23 +292,23 @@ func latency(ctx context.Context, s *sqlstreams.StreamHandle[Order], poll time.D
 		}()
 	}
 	interval := time.Second / time.Duration(rate)
-	start := time.Now()
+	start := wall.Now()
 	for i := range total {
 		if w := time.Until(start.Add(time.Duration(i) * interval)); w > 0 {
-			time.Sleep(w)
+			wall.Sleep(w)
 		}
 		due <- struct{}{}
 	}
 	close(due)
 	wg.Wait()
-	produceFor := time.Since(start)
+	produceFor := wall.Since(start)
 	close(perr)
 	if err := <-perr; err != nil {
 		return latencyRun{}, err
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for handled.Load() < int64(total) && time.Now().Before(deadline) && ctx.Err() == nil {
-		time.Sleep(5 * time.Millisecond)
+	deadline := wall.Now().Add(30 * time.Second)
+	for handled.Load() < int64(total) && wall.Now().Before(deadline) && ctx.Err() == nil {
+		wall.Sleep(5 * time.Millisecond)
 	}
 	cancel()
 	if err := <-consumed; err != nil && !errors.Is(err, context.Canceled) {
