@@ -171,11 +171,9 @@ func (st *Store) ClaimRange(ctx context.Context, a ClaimArgs) (r Range, ok bool,
 	defer rows.Close()
 	for rows.Next() {
 		var m Message
-		var payload, options string
-		if err := rows.Scan(&r.ID, &r.Token, &m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, &payload, &options); err != nil {
+		if err := rows.Scan(&r.ID, &r.Token, &m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, &m.Payload, &m.Options); err != nil {
 			return r, false, fmt.Errorf("claim range: scan: %w", err)
 		}
-		m.Payload, m.Options = []byte(payload), []byte(options)
 		r.Messages = append(r.Messages, m)
 	}
 	if err := rows.Err(); err != nil {
@@ -194,21 +192,20 @@ func (st *Store) ReclaimRange(ctx context.Context, a ClaimArgs) (r Range, ok boo
 	defer rows.Close()
 	for rows.Next() {
 		var (
-			m                         Message
-			ver                       *int32
-			rk, key, payload, options *string
-			mxid, mid                 *int64
-			at                        *time.Time
+			m         Message
+			ver       *int32
+			rk, key   *string
+			mxid, mid *int64
+			at        *time.Time
 		)
-		if err := rows.Scan(&r.ID, &r.Token, &r.Reclaims, &mxid, &mid, &at, &ver, &rk, &key, &payload, &options); err != nil {
+		if err := rows.Scan(&r.ID, &r.Token, &r.Reclaims, &mxid, &mid, &at, &ver, &rk, &key, &m.Payload, &m.Options); err != nil {
 			return r, false, fmt.Errorf("reclaim range: scan: %w", err)
 		}
 		ok = true
 		if mid == nil { // a lease over positions that no longer exist
 			continue
 		}
-		m.Xid, m.ID, m.ProducedAt, m.Version = *mxid, *mid, *at, int(*ver)
-		m.RoutingKey, m.Key, m.Payload, m.Options = *rk, *key, []byte(*payload), []byte(*options)
+		m.Xid, m.ID, m.ProducedAt, m.Version, m.RoutingKey, m.Key = *mxid, *mid, *at, int(*ver), *rk, *key
 		r.Messages = append(r.Messages, m)
 	}
 	if err := rows.Err(); err != nil {
