@@ -9,6 +9,7 @@ import (
 
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
@@ -29,6 +30,31 @@ type ConsumerConfig struct {
 	// Start places a new group's cursor. Default StartBeginning. A later
 	// declaration's Start changes nothing.
 	Start Start
+	// Message holds the group's defaults, filling whatever a produced
+	// message left unset. Library defaults fill the rest.
+	Message *MessageOptions
+	// MessageMin and MessageMax are floors and ceilings on every resolved
+	// field, whichever layer set it. Unset fields are unbounded.
+	MessageMin, MessageMax *MessageOptions
+	// ConcurrencyOverride, when set, replaces every message's Concurrency.
+	// It is pinned when a message is claimed: a claimed message finishes
+	// under the policy it was claimed with.
+	ConcurrencyOverride Concurrency
+	// ExceptionInitialBackoff is the wait before a failed message's first
+	// retry. Default 1s.
+	ExceptionInitialBackoff time.Duration
+	// MaxRangeReclaims is how many times a range may be reclaimed from dead
+	// holders before it is quarantined (split into exception rows). Default
+	// 3; NoRetries quarantines on the first reclaim.
+	MaxRangeReclaims int
+}
+
+// policyGroup is the group layer the engine resolves messages against.
+func (c ConsumerConfig) policyGroup() policy.Group {
+	return policy.Group{
+		Message: c.Message.layer(), Min: c.MessageMin.layer(), Max: c.MessageMax.layer(),
+		Override: c.ConcurrencyOverride, InitialBackoff: c.ExceptionInitialBackoff, MaxRangeReclaims: c.MaxRangeReclaims,
+	}
 }
 
 func (c *ConsumerConfig) withDefaults() ConsumerConfig {
@@ -45,6 +71,20 @@ func (c *ConsumerConfig) withDefaults() ConsumerConfig {
 func (c ConsumerConfig) validate() error {
 	if c.Start != StartBeginning && c.Start != StartHead {
 		return fmt.Errorf("%w: ConsumerConfig.Start %q: want %q or %q", ErrInvalidConfig, c.Start, StartBeginning, StartHead)
+	}
+	for name, o := range map[string]*MessageOptions{"ConsumerConfig.Message": c.Message,
+		"ConsumerConfig.MessageMin": c.MessageMin, "ConsumerConfig.MessageMax": c.MessageMax} {
+		if err := o.validate(name); err != nil {
+			return err
+		}
+	}
+	switch {
+	case !c.ConcurrencyOverride.Valid():
+		return fmt.Errorf("%w: ConsumerConfig.ConcurrencyOverride %q: want parallel, exclusive or ordered", ErrInvalidConfig, c.ConcurrencyOverride)
+	case c.ExceptionInitialBackoff < 0:
+		return fmt.Errorf("%w: ConsumerConfig.ExceptionInitialBackoff must not be negative", ErrInvalidConfig)
+	case c.MaxRangeReclaims < NoRetries:
+		return fmt.Errorf("%w: ConsumerConfig.MaxRangeReclaims must be positive, 0 (default) or NoRetries", ErrInvalidConfig)
 	}
 	return nil
 }
@@ -75,6 +115,10 @@ type ConsumeOptions struct {
 	// StallWarning is how long claims may find committed messages held back
 	// by an open transaction before the stall is logged. Default 10s.
 	StallWarning time.Duration
+	// TimeoutGrace is how long a handler may run past its Timeout (its
+	// context already cancelled) before it is abandoned and the instance
+	// moves on. Default 1s.
+	TimeoutGrace time.Duration
 }
 
 // Default instance options.
@@ -85,8 +129,10 @@ const (
 	DefaultInstanceTTL        = 30 * time.Second
 	DefaultShutdownTimeout    = 30 * time.Second
 	DefaultStallWarning       = 10 * time.Second
-	// DefaultExceptionBackoff delays the first retry of a failed message.
-	DefaultExceptionBackoff = 5 * time.Second
+	DefaultTimeoutGrace       = time.Second
+	// keyBusyDelay is how long a keyed message parks before trying a busy
+	// key again.
+	keyBusyDelay = 100 * time.Millisecond
 )
 
 func (o *ConsumeOptions) withDefaults() ConsumeOptions {
@@ -115,6 +161,9 @@ func (o *ConsumeOptions) withDefaults() ConsumeOptions {
 	if out.StallWarning == 0 {
 		out.StallWarning = DefaultStallWarning
 	}
+	if out.TimeoutGrace == 0 {
+		out.TimeoutGrace = DefaultTimeoutGrace
+	}
 	return out
 }
 
@@ -130,7 +179,7 @@ func (o ConsumeOptions) validate() error {
 		return fmt.Errorf("%w: ConsumeOptions.ClaimPollRate %s is below 1ms", ErrInvalidConfig, o.ClaimPollRate)
 	case o.InstanceTTL < time.Second:
 		return fmt.Errorf("%w: ConsumeOptions.InstanceTTL %s is below 1s", ErrInvalidConfig, o.InstanceTTL)
-	case o.ShutdownTimeout < 0 || o.StallWarning < 0:
+	case o.ShutdownTimeout < 0 || o.StallWarning < 0 || o.TimeoutGrace < 0:
 		return fmt.Errorf("%w: ConsumeOptions durations must not be negative", ErrInvalidConfig)
 	}
 	return nil
@@ -185,23 +234,41 @@ func (h *ConsumerHandle[T]) Register(ctx context.Context, cfg *ConsumerConfig) (
 // Name returns the group's name.
 func (c *Consumer[T]) Name() string { return c.group.Name }
 
-// Stats is a snapshot of a Consumer's counters over all its sessions.
+// Stats is a snapshot of a Consumer's counters over all its sessions in
+// this process.
 type Stats struct {
-	Claimed, Reclaimed, Succeeded, Failed, Committed, LeasesLost, Stalls int64
+	Claimed     int64 // messages handed to handlers from ranges
+	Reclaimed   int64 // ranges taken over from a dead holder
+	Quarantined int64 // ranges split into exception rows
+	Succeeded   int64
+	Failed      int64 // failed attempts: errors, panics, timeouts
+	Dead        int64 // messages that became dead letters
+	Delayed     int64 // Delay results that spent no retry
+	Deferred    int64 // keyed messages parked behind a busy or blocked key
+	Retried     int64 // exception attempts started
+	Panics      int64
+	TimedOut    int64
+	Abandoned   int64 // handlers that ignored their context past TimeoutGrace
+	Committed   int64 // ranges committed
+	LeasesLost  int64 // writes fenced off by a reclaimer
+	Stalls      int64 // claims held back by an open transaction past StallWarning
 }
 
 // Stats returns the consumer's counters.
 func (c *Consumer[T]) Stats() Stats {
 	s := &c.stats
 	return Stats{
-		Claimed: s.Claimed.Load(), Reclaimed: s.Reclaimed.Load(), Succeeded: s.Succeeded.Load(),
-		Failed: s.Failed.Load(), Committed: s.Committed.Load(), LeasesLost: s.LeasesLost.Load(), Stalls: s.Stalls.Load(),
+		Claimed: s.Claimed.Load(), Reclaimed: s.Reclaimed.Load(), Quarantined: s.Quarantined.Load(),
+		Succeeded: s.Succeeded.Load(), Failed: s.Failed.Load(), Dead: s.Dead.Load(), Delayed: s.Delayed.Load(),
+		Deferred: s.Deferred.Load(), Retried: s.Retried.Load(), Panics: s.Panics.Load(), TimedOut: s.TimedOut.Load(),
+		Abandoned: s.Abandoned.Load(), Committed: s.Committed.Load(), LeasesLost: s.LeasesLost.Load(), Stalls: s.Stalls.Load(),
 	}
 }
 
-// Handler handles one message. nil is success; an error is a failure,
-// recorded as an exception row for the group. A panic is a failure, never a
-// crash.
+// Handler handles one message. nil is success. An error is a failure: the
+// message is retried on its curve, then dead. Terminal(err) is dead at once;
+// Delay(d) runs it again after d without spending a retry. A panic is a
+// failure, never a crash. The handler's ctx ends at the message's Timeout.
 type Handler[T any] func(ctx context.Context, msg *T) error
 
 // Consume runs one instance of the group until ctx ends, then drains (unless
@@ -217,50 +284,41 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 		return err
 	}
 	client := c.s.c
+	cfg := c.cfg.policyGroup()
 	return engine.Run(ctx, engine.Config{
 		Store: client.store, StreamID: c.group.StreamID, GroupID: c.group.ID, GroupName: c.group.Name,
-		WorkerConfigID: c.group.Workers[store.WorkerMessageConsumer], DeclaredBy: declaredBy(),
-		Handler: c.adapt(handler),
+		Workers: c.group.Workers, DeclaredBy: declaredBy(), Handler: c.adapt(handler),
+		Group: func() policy.Group { return cfg },
 		Options: engine.Options{
 			BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, MessageConcurrency: o.MessageConcurrency,
 			ClaimPollRate: o.ClaimPollRate, InstanceTTL: o.InstanceTTL, ShutdownTimeout: o.ShutdownTimeout,
-			DisableGracefulShutdown: o.DisableGracefulShutdown, ExceptionBackoff: DefaultExceptionBackoff,
-			StallAfter: o.StallWarning,
+			DisableGracefulShutdown: o.DisableGracefulShutdown, StallAfter: o.StallWarning,
+			TimeoutGrace: o.TimeoutGrace, KeyBusyDelay: keyBusyDelay,
 		},
 		Clock: client.cfg.Clock, Logger: client.cfg.Logger, Stats: &c.stats,
 		OnStart: consumeHooks(ctx),
 	})
 }
 
-// adapt decodes a stored message into T and runs the handler under the
-// message's timeout.
+// adapt decodes a stored message into T and hands the handler its Meta.
 func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
-	return func(ctx context.Context, m *store.Message) error {
+	return func(ctx context.Context, d *claimer.Delivery) error {
+		m := d.Msg
 		if m.Version != c.version {
-			return fmt.Errorf("%w: message %d is version %d, consumer reads %d", ErrSchemaVersion, m.ID, m.Version, c.version)
+			return Terminal(fmt.Errorf("%w: message %d is version %d, consumer reads %d", ErrSchemaVersion, m.ID, m.Version, c.version))
 		}
-		info := &Meta{ID: m.ID, Stream: c.s.name, Group: c.group.Name, RoutingKey: m.RoutingKey, Key: m.Key,
-			Version: m.Version, ProducedAt: m.ProducedAt}
-		if len(m.Options) > 0 {
-			if err := json.Unmarshal(m.Options, &info.Options); err != nil {
-				return fmt.Errorf("%w: message %d options: %v", ErrDecode, m.ID, err)
-			}
-		}
+		meta := &Meta{ID: m.ID, Stream: c.s.name, Group: c.group.Name, RoutingKey: m.RoutingKey, Key: m.Key,
+			Version: m.Version, ProducedAt: m.ProducedAt, Attempt: d.Attempt, Delays: d.Delays,
+			Concurrency: d.Concurrency, Timeout: d.Timeout, Position: Position{Xid: m.Xid, ID: m.ID}}
 		var msg T
 		if err := json.Unmarshal(m.Payload, &msg); err != nil {
 			var te *json.UnmarshalTypeError
 			if errors.As(err, &te) {
-				return fmt.Errorf("%w: message %d into %T: field %q wants %s", ErrDecode, m.ID, msg, te.Field, te.Type)
+				return Terminal(fmt.Errorf("%w: message %d into %T: field %q wants %s", ErrDecode, m.ID, msg, te.Field, te.Type))
 			}
-			return fmt.Errorf("%w: message %d into %T", ErrDecode, m.ID, msg)
+			return Terminal(fmt.Errorf("%w: message %d into %T", ErrDecode, m.ID, msg))
 		}
-		timeout := info.Options.Timeout
-		if timeout == 0 {
-			timeout = DefaultMessageTimeout
-		}
-		hctx, cancel := c.s.c.cfg.Clock.WithTimeout(context.WithValue(ctx, metaKey{}, info), timeout)
-		defer cancel()
-		return h(hctx, &msg)
+		return h(context.WithValue(ctx, metaKey{}, meta), &msg)
 	}
 }
 

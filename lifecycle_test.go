@@ -61,7 +61,7 @@ func TestLateCommitIsNotSkipped(t *testing.T) {
 		ids = append(ids, m.ID)
 	}
 	require.Equal(t, []int64{a.ID, b.ID}, ids, "both arrive, in commit-safe order")
-	require.NoError(t, e.client.store.CommitRange(ctx, c.group.StreamID, r.ID, r.Token, nil, 0, nil))
+	require.NoError(t, e.client.store.CommitRange(ctx, c.group.StreamID, r.ID, r.Token, nil, nil))
 	_, ok, err = e.client.store.ClaimRange(ctx, args)
 	require.NoError(t, err)
 	require.False(t, ok)
@@ -84,17 +84,12 @@ func TestOpenTransactionStallIsVisible(t *testing.T) {
 	require.NoError(t, err)
 	e.produceN(s, "after", 3)
 
-	stats := &claimer.Stats{}
-	cl := claimer.New(claimer.Config{
-		Store: e.client.store, StreamID: c.group.StreamID, GroupID: c.group.ID, InstanceID: engine.NewID(),
-		Handler:    func(context.Context, *store.Message) error { return nil },
-		BatchLimit: 10, QueueSize: 20, Concurrency: 1, PollRate: time.Second, Lease: time.Minute,
-		StallAfter: 10 * time.Second, ShutdownTimeout: time.Second, Clock: mock,
-		Logger: slog.New(e.logs), DBNow: engine.DBNow(mock), Stats: stats,
-	})
-	n, err := cl.Claim(ctx)
+	cfg := e.common(c, mock, func(context.Context, *claimer.Delivery) error { return nil })
+	stats := cfg.Stats
+	cl := claimer.New(claimer.Config{Common: cfg, BatchLimit: 10, QueueSize: 20, StallAfter: 10 * time.Second})
+	jobs, err := cl.Claim(ctx)
 	require.NoError(t, err)
-	require.Zero(t, n)
+	require.Empty(t, jobs)
 	mock.Add(5 * time.Second)
 	_, err = cl.Claim(ctx)
 	require.NoError(t, err)
@@ -111,9 +106,9 @@ func TestOpenTransactionStallIsVisible(t *testing.T) {
 	require.Equal(t, rec.Level, slog.LevelWarn)
 
 	require.NoError(t, tx1.Commit(ctx))
-	n, err = cl.Claim(ctx)
+	jobs, err = cl.Claim(ctx)
 	require.NoError(t, err)
-	require.Equal(t, 4, n, "the late message and the ones behind it all arrive")
+	require.Len(t, jobs, 4, "the late message and the ones behind it all arrive")
 	_, ok = e.logs.record("delivery resumed after a stall")
 	require.True(t, ok)
 }
@@ -145,14 +140,14 @@ func TestLeaseFenceRejectsTheOldOwner(t *testing.T) {
 	require.Equal(t, 1, rb.Reclaims)
 	require.Len(t, rb.Messages, 5)
 
-	fail := []store.Failure{{Position: ra.Messages[0].Position, Error: "late"}}
-	err = st.CommitRange(ctx, c.group.StreamID, ra.ID, ra.Token, fail, 0, nil)
+	fail := []store.ExceptionWrite{{Position: ra.Messages[0].Position, Concurrency: "parallel", Status: "pending", Attempts: 1, Error: "late"}}
+	err = st.CommitRange(ctx, c.group.StreamID, ra.ID, ra.Token, fail, nil)
 	require.ErrorIs(t, err, store.ErrLeaseLost)
 	require.ErrorIs(t, st.ReleaseRange(ctx, c.group.StreamID, ra.ID, ra.Token, nil, nil), store.ErrLeaseLost)
 	require.Zero(t, e.exceptions(c), "a fenced commit writes nothing")
 	require.Len(t, e.leases(c), 1)
 
-	require.NoError(t, st.CommitRange(ctx, c.group.StreamID, rb.ID, rb.Token, nil, 0, nil))
+	require.NoError(t, st.CommitRange(ctx, c.group.StreamID, rb.ID, rb.Token, nil, nil))
 	require.Empty(t, e.leases(c))
 }
 

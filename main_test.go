@@ -11,7 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/actors/claimer"
+	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
+	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -148,4 +152,17 @@ func setup(t *testing.T, cfg *ClientConfig, group string, n int) (*env, *StreamH
 		e.produceN(s, "m", n)
 	}
 	return e, s, c
+}
+
+// common is an actor config for driving the claimers' step functions
+// directly against c's group, with the group config cfg.
+func (e *env) common(c *Consumer[order], clk clock.Clock, h claimer.Handler) claimer.Common {
+	group := c.cfg.policyGroup()
+	return claimer.Common{
+		Store: e.client.store, StreamID: c.group.StreamID, GroupID: c.group.ID, InstanceID: engine.NewID(),
+		Handler: h, Group: func() policy.Group { return group }, Concurrency: 4, PollRate: time.Second,
+		Lease: time.Minute, KeyBusyDelay: 100 * time.Millisecond, TimeoutGrace: time.Second,
+		ShutdownTimeout: time.Second, Clock: clk, Logger: slog.New(e.logs), DBNow: engine.DBNow(clk),
+		Stats: &claimer.Stats{},
+	}
 }

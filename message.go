@@ -3,8 +3,11 @@ package sqlstreams
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/c1702965/sqlstreams/internal/policy"
 )
 
 // Versioned is implemented by message types that declare their schema
@@ -27,87 +30,88 @@ func schemaVersion[T any]() int {
 }
 
 // MessageOptions are what a message asks of its consumers. They are stored
-// sparse with the message: a field left zero means "whatever the group and the
-// library say".
+// sparse with the message: a zero field means "whatever the group and the
+// library say". The same struct is the group's defaults (ConsumerConfig.Message)
+// and its clamps (MessageMin, MessageMax).
 type MessageOptions struct {
 	// Timeout bounds one handler attempt: the handler's context is cancelled
 	// at it and the attempt counts as a failure. Default 30s.
 	Timeout time.Duration
-	// Retry is the message's retry curve. Failed messages are recorded as
-	// exception rows now; their retries follow the curve.
+	// Retry is the retry curve. Defaults per field: see RetryPolicy.
 	Retry *RetryPolicy
+	// Concurrency is the message key's policy. Default Parallel. Exclusive
+	// and Ordered need a message key.
+	Concurrency Concurrency
 }
 
-// RetryPolicy is a retry curve: delay(n) = min(MaxDelay, BaseDelay * n^Exponent).
+// RetryPolicy is a retry curve. After the first failure a message waits the
+// group's ExceptionInitialBackoff; after failure n ≥ 2 it waits
+// min(MaxDelay, BaseDelay × (n-1)^Exponent). A zero field is unset.
 type RetryPolicy struct {
+	// MaxRetries is how many retries follow the first attempt before the
+	// message is dead. Default 5; NoRetries for none.
 	MaxRetries int
-	BaseDelay  time.Duration
-	MaxDelay   time.Duration
-	Exponent   float64
+	// MaxDelays bounds Delay results that spend no retry. Default 10;
+	// NoRetries for none. Past it a Delay counts as a failure.
+	MaxDelays int
+	// BaseDelay scales the curve. Default 1s.
+	BaseDelay time.Duration
+	// MaxDelay caps it. Default 1h.
+	MaxDelay time.Duration
+	// Exponent shapes it. Default 2.
+	Exponent float64
 }
 
-// DefaultMessageTimeout is the Timeout of a message that sets none.
-const DefaultMessageTimeout = 30 * time.Second
+// NoRetries, as RetryPolicy.MaxRetries or MaxDelays, means zero (0 is unset).
+const NoRetries = policy.None
 
-type retryDoc struct {
-	MaxRetries int     `json:"max_retries,omitempty"`
-	BaseDelay  string  `json:"base_delay,omitempty"`
-	MaxDelay   string  `json:"max_delay,omitempty"`
-	Exponent   float64 `json:"exponent,omitempty"`
-}
+// Concurrency is a message key's policy.
+type Concurrency = policy.Concurrency
 
-type messageDoc struct {
-	Timeout string    `json:"timeout,omitempty"`
-	Retry   *retryDoc `json:"retry,omitempty"`
-}
+const (
+	// Parallel: no constraint between messages of one key (default).
+	Parallel = policy.Parallel
+	// Exclusive: at most one message of a key in flight across the group.
+	Exclusive = policy.Exclusive
+	// Ordered: exclusive, and a key's messages run in log order; a later
+	// one waits while an earlier one is retrying.
+	Ordered = policy.Ordered
+)
 
-func durString(d time.Duration) string {
-	if d == 0 {
-		return ""
+// DefaultMessageTimeout is the Timeout of a message nothing else sets.
+const DefaultMessageTimeout = policy.DefaultTimeout
+
+// layer converts to the policy package's sparse form.
+func (o *MessageOptions) layer() policy.Options {
+	if o == nil {
+		return policy.Options{}
 	}
-	return d.String()
+	p := policy.Options{Timeout: o.Timeout, Concurrency: o.Concurrency}
+	if r := o.Retry; r != nil {
+		p.MaxRetries, p.MaxDelays, p.BaseDelay, p.MaxDelay, p.Exponent = r.MaxRetries, r.MaxDelays, r.BaseDelay, r.MaxDelay, r.Exponent
+	}
+	return p
 }
 
-func parseDur(field, s string) (time.Duration, error) {
-	if s == "" {
-		return 0, nil
+func fromLayer(p policy.Options) MessageOptions {
+	o := MessageOptions{Timeout: p.Timeout, Concurrency: p.Concurrency}
+	r := RetryPolicy{MaxRetries: p.MaxRetries, MaxDelays: p.MaxDelays, BaseDelay: p.BaseDelay, MaxDelay: p.MaxDelay, Exponent: p.Exponent}
+	if r != (RetryPolicy{}) {
+		o.Retry = &r
 	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", field, err)
-	}
-	return d, nil
+	return o
 }
 
 // MarshalJSON writes only the fields set, snake_case, durations as "10s".
-func (o MessageOptions) MarshalJSON() ([]byte, error) {
-	doc := messageDoc{Timeout: durString(o.Timeout)}
-	if r := o.Retry; r != nil {
-		doc.Retry = &retryDoc{MaxRetries: r.MaxRetries, BaseDelay: durString(r.BaseDelay), MaxDelay: durString(r.MaxDelay), Exponent: r.Exponent}
-	}
-	return json.Marshal(doc)
-}
+func (o MessageOptions) MarshalJSON() ([]byte, error) { return json.Marshal(o.layer()) }
 
 // UnmarshalJSON reads the sparse document MarshalJSON writes.
 func (o *MessageOptions) UnmarshalJSON(b []byte) error {
-	var doc messageDoc
-	if err := json.Unmarshal(b, &doc); err != nil {
+	p, err := policy.Parse(b)
+	if err != nil {
 		return err
 	}
-	var err error
-	if o.Timeout, err = parseDur("timeout", doc.Timeout); err != nil {
-		return err
-	}
-	o.Retry = nil
-	if r := doc.Retry; r != nil {
-		o.Retry = &RetryPolicy{MaxRetries: r.MaxRetries, Exponent: r.Exponent}
-		if o.Retry.BaseDelay, err = parseDur("retry.base_delay", r.BaseDelay); err != nil {
-			return err
-		}
-		if o.Retry.MaxDelay, err = parseDur("retry.max_delay", r.MaxDelay); err != nil {
-			return err
-		}
-	}
+	*o = fromLayer(p)
 	return nil
 }
 
@@ -119,27 +123,35 @@ func (o *MessageOptions) merge(under *MessageOptions) *MessageOptions {
 	if under == nil {
 		return o
 	}
-	out := *o
-	if out.Timeout == 0 {
-		out.Timeout = under.Timeout
+	a, b := o.layer(), under.layer()
+	if a.Timeout == 0 {
+		a.Timeout = b.Timeout
 	}
-	if out.Retry == nil {
-		out.Retry = under.Retry
+	if a.MaxRetries == 0 {
+		a.MaxRetries = b.MaxRetries
 	}
+	if a.MaxDelays == 0 {
+		a.MaxDelays = b.MaxDelays
+	}
+	if a.BaseDelay == 0 {
+		a.BaseDelay = b.BaseDelay
+	}
+	if a.MaxDelay == 0 {
+		a.MaxDelay = b.MaxDelay
+	}
+	if a.Exponent == 0 {
+		a.Exponent = b.Exponent
+	}
+	if a.Concurrency == "" {
+		a.Concurrency = b.Concurrency
+	}
+	out := fromLayer(a)
 	return &out
 }
 
-func (o *MessageOptions) validate() error {
-	if o == nil {
-		return nil
-	}
-	if o.Timeout < 0 {
-		return fmt.Errorf("%w: MessageOptions.Timeout %s is negative", ErrInvalidConfig, o.Timeout)
-	}
-	if r := o.Retry; r != nil {
-		if r.MaxRetries < 0 || r.BaseDelay < 0 || r.MaxDelay < 0 || r.Exponent < 0 {
-			return fmt.Errorf("%w: RetryPolicy fields must not be negative", ErrInvalidConfig)
-		}
+func (o *MessageOptions) validate(field string) error {
+	if err := o.layer().Validate(field); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
 	return nil
 }
@@ -156,16 +168,43 @@ func (o *MessageOptions) encode() ([]byte, error) {
 	return b, nil
 }
 
+// Terminal marks err as not worth retrying: the message is dead at once.
+func Terminal(err error) error {
+	if err == nil {
+		err = errors.New("terminal")
+	}
+	return &policy.TerminalError{Err: err}
+}
+
+// Delay asks for the message to run again after d without spending a retry,
+// at most MaxDelays times.
+func Delay(d time.Duration) error { return &policy.DelayError{D: d} }
+
 // Meta describes the message a handler is running.
 type Meta struct {
 	ID         int64
+	Position   Position
 	Stream     string
 	Group      string
 	RoutingKey string
 	Key        string
 	Version    int
 	ProducedAt time.Time
-	Options    MessageOptions
+	// Attempt is 1 on the first run; a retry after n failures is n+1.
+	Attempt int
+	// Delays is how many Delay results this message has used.
+	Delays int
+	// Concurrency is the policy the message was claimed under.
+	Concurrency Concurrency
+	// Timeout is this attempt's timeout.
+	Timeout time.Duration
+}
+
+// Position is a message's place in its stream's log: the producing
+// transaction's id, then the message id. Log order is Position order.
+type Position struct {
+	Xid int64
+	ID  int64
 }
 
 type metaKey struct{}

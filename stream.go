@@ -216,7 +216,7 @@ func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *
 	if err != nil {
 		return nil, fmt.Errorf("produce to %q: %w", s.name, err)
 	}
-	if err := o.Message.validate(); err != nil {
+	if err := o.Message.validate("ProduceOptions.Message"); err != nil {
 		return nil, err
 	}
 	msgs := make([]store.NewMessage, len(items))
@@ -231,8 +231,12 @@ func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *
 		if err := validateKey("idempotency key", it.IdempotencyKey); err != nil {
 			return nil, fmt.Errorf("produce to %q: message %d: %w", s.name, i, err)
 		}
-		if err := it.Message.validate(); err != nil {
+		if err := it.Message.validate("BatchItem.Message"); err != nil {
 			return nil, fmt.Errorf("produce to %q: message %d: %w", s.name, i, err)
+		}
+		merged := it.Message.merge(o.Message)
+		if c := merged.layer().Concurrency; c.Keyed() && it.Key == "" {
+			return nil, fmt.Errorf("produce to %q: message %d: %w: concurrency %q needs a message key", s.name, i, ErrInvalidKey, c)
 		}
 		payload, err := json.Marshal(it.Msg)
 		if err != nil {
@@ -241,7 +245,7 @@ func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *
 		if len(payload) > cfg.MaxMessageBytes {
 			return nil, fmt.Errorf("produce to %q: message %d: %w: %d bytes encoded, limit %d", s.name, i, ErrMessageTooLarge, len(payload), cfg.MaxMessageBytes)
 		}
-		opts, err := it.Message.merge(o.Message).encode()
+		opts, err := merged.encode()
 		if err != nil {
 			return nil, fmt.Errorf("produce to %q: message %d: encode options: %w", s.name, i, err)
 		}

@@ -1,19 +1,24 @@
 // Package engine runs one Consume session: it builds the session's actor
 // tree under a suture supervisor and owns its lifecycle, so that Run returns
-// only after every goroutine it started has exited.
+// only after every goroutine it started has exited (handlers that ignore
+// their context past ShutdownTimeout are the one documented exception: Go
+// cannot stop them, so they are reported and left behind).
 //
-// Shutdown order is the point of this package. When the caller's context
-// ends, the claimer is asked to drain first (no new claims; in-flight handlers
-// get up to ShutdownTimeout; finished ranges are committed and unfinished ones
-// handed back with their leases expired), and only then is the tree stopped,
-// so the heartbeat gives the instance row back last. With graceful shutdown
-// disabled the tree is stopped at once and the database is left exactly as a
-// crash would leave it, which is what the killed-instance tests rely on.
+// The tree: a heartbeat per worker (message_consumer, exception_consumer),
+// the range claimer and the exception claimer. Shutdown order is the point of
+// this package. When the caller's context ends, the claimers are asked to
+// drain first (no new claims; in-flight handlers get up to ShutdownTimeout;
+// finished work is committed and unfinished work handed back with its leases
+// expired), and only then is the tree stopped, so the heartbeats give the
+// instance rows back last. With graceful shutdown disabled the tree is
+// stopped at once and the database is left exactly as a crash would leave it,
+// which is what the killed-instance tests rely on.
 package engine
 
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -21,6 +26,7 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
+	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/supervisor"
 	"github.com/thejerf/suture/v4"
@@ -35,25 +41,28 @@ type Options struct {
 	InstanceTTL             time.Duration
 	ShutdownTimeout         time.Duration
 	DisableGracefulShutdown bool
-	ExceptionBackoff        time.Duration
 	StallAfter              time.Duration
+	TimeoutGrace            time.Duration
+	KeyBusyDelay            time.Duration
 }
 
 // Config is one session.
 type Config struct {
-	Store          *store.Store
-	StreamID       int64
-	GroupID        int64
-	GroupName      string
-	WorkerConfigID int64
-	DeclaredBy     string
-	Handler        claimer.Handler
-	Options        Options
-	Clock          clock.Clock
-	Logger         *slog.Logger
-	Stats          *claimer.Stats
-	// OnStart, if set, is called with the instance id once the instance row
-	// exists and the actors are about to run.
+	Store      *store.Store
+	StreamID   int64
+	GroupID    int64
+	GroupName  string
+	Workers    map[string]int64 // worker name → worker_config id
+	DeclaredBy string
+	Handler    claimer.Handler
+	// Group returns the group config in force.
+	Group   func() policy.Group
+	Options Options
+	Clock   clock.Clock
+	Logger  *slog.Logger
+	Stats   *claimer.Stats
+	// OnStart, if set, is called with the message consumer's instance id
+	// once the instance rows exist and the actors are about to run.
 	OnStart func(instanceID string)
 }
 
@@ -75,79 +84,107 @@ func NewID() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
+type serviceFunc func(ctx context.Context) error
+
+func (f serviceFunc) Serve(ctx context.Context) error { return f(ctx) }
+
+// drainable is an actor that stops on its own once its drain finishes.
+type drainable struct {
+	name  string
+	serve func(ctx context.Context) error
+	done  chan error
+}
+
 // Run consumes until ctx ends. It returns nil after a clean stop.
 func Run(ctx context.Context, cfg Config) error {
-	instanceID := NewID()
-	logger := cfg.Logger.With("group", cfg.GroupName, "instance", instanceID)
-	dbNow := DBNow(cfg.Clock)
 	o := cfg.Options
 	graceful := !o.DisableGracefulShutdown
+	dbNow := DBNow(cfg.Clock)
+	msgID, excID := NewID(), NewID()
+	logger := cfg.Logger.With("group", cfg.GroupName, "instance", msgID)
 
 	lost := make(chan struct{}, 1)
-	hb := heartbeat.New(heartbeat.Config{
-		Store: cfg.Store, StreamID: cfg.StreamID, WorkerConfigID: cfg.WorkerConfigID,
-		InstanceID: instanceID, DeclaredBy: cfg.DeclaredBy, TTL: o.InstanceTTL,
-		Clock: cfg.Clock, Logger: logger, DBNow: dbNow, Lost: lost,
-		Graceful: func() bool { return graceful },
-	})
-	if err := hb.Step(ctx); err != nil {
-		return fmt.Errorf("consume %s: register instance: %w", cfg.GroupName, err)
+	newBeat := func(id, worker string, lost chan<- struct{}) *heartbeat.Actor {
+		return heartbeat.New(heartbeat.Config{
+			Store: cfg.Store, StreamID: cfg.StreamID, WorkerConfigID: cfg.Workers[worker],
+			InstanceID: id, DeclaredBy: cfg.DeclaredBy, TTL: o.InstanceTTL,
+			Clock: cfg.Clock, Logger: logger.With("worker", worker), DBNow: dbNow, Lost: lost,
+			Graceful: func() bool { return graceful },
+		})
+	}
+	msgBeat := newBeat(msgID, store.WorkerMessageConsumer, lost)
+	excBeat := newBeat(excID, store.WorkerExceptionConsumer, make(chan struct{}, 1))
+	for _, hb := range []*heartbeat.Actor{msgBeat, excBeat} {
+		if err := hb.Step(ctx); err != nil {
+			return fmt.Errorf("consume %s: register instance: %w", cfg.GroupName, err)
+		}
 	}
 
 	drain := make(chan struct{})
-	cl := claimer.New(claimer.Config{
-		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, InstanceID: instanceID,
-		Handler: cfg.Handler, BatchLimit: o.BatchLimit, QueueSize: o.QueueSize,
+	common := claimer.Common{
+		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, Handler: cfg.Handler, Group: cfg.Group,
 		Concurrency: o.MessageConcurrency, PollRate: o.ClaimPollRate, Lease: o.InstanceTTL,
-		ExceptionBackoff: o.ExceptionBackoff, StallAfter: o.StallAfter, ShutdownTimeout: o.ShutdownTimeout,
-		Clock: cfg.Clock, Logger: logger, DBNow: dbNow, Stats: cfg.Stats, Lost: lost, Drain: drain,
-	})
-	drained := make(chan error, 1)
-	claimerSvc := supervisor.Guard("claimer", serviceFunc(func(ctx context.Context) error {
-		err := cl.Serve(ctx)
-		select {
-		case <-drain:
-			if ctx.Err() == nil { // the drain finished: report it and stay down
-				drained <- err
-				return suture.ErrDoNotRestart
-			}
-		default:
-		}
-		return err
-	}))
+		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: o.ShutdownTimeout,
+		Clock: cfg.Clock, Logger: logger, DBNow: dbNow, Stats: cfg.Stats, Drain: drain,
+	}
+	rc := common
+	rc.InstanceID = msgID
+	cl := claimer.New(claimer.Config{Common: rc, BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, StallAfter: o.StallAfter, Lost: lost})
+	ec := common
+	ec.InstanceID = excID
+	ex := claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec})
 
+	actors := []*drainable{
+		{name: "claimer", serve: cl.Serve, done: make(chan error, 1)},
+		{name: "exceptions", serve: ex.Serve, done: make(chan error, 1)},
+	}
 	sup := supervisor.New("consume:"+cfg.GroupName, logger)
-	sup.Add(supervisor.Guard("heartbeat", hb))
-	sup.Add(claimerSvc)
+	sup.Add(supervisor.Guard("heartbeat", msgBeat))
+	sup.Add(supervisor.Guard("exception-heartbeat", excBeat))
+	for _, d := range actors {
+		sup.Add(supervisor.Guard(d.name, serviceFunc(func(ctx context.Context) error {
+			err := d.serve(ctx)
+			select {
+			case <-drain:
+				if ctx.Err() == nil { // the drain finished: report it and stay down
+					d.done <- err
+					return suture.ErrDoNotRestart
+				}
+			default:
+			}
+			return err
+		})))
+	}
 	supCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	done := sup.ServeBackground(supCtx)
 	if cfg.OnStart != nil {
-		cfg.OnStart(instanceID)
+		cfg.OnStart(msgID)
 	}
 
-	var result error
 	select {
 	case <-ctx.Done():
 	case err := <-done: // the tree gave up (restart budget exhausted)
 		return fmt.Errorf("consume %s: %w", cfg.GroupName, err)
 	}
+	var errs []error
 	if graceful {
 		close(drain)
-		select {
-		case err := <-drained:
-			if err != nil {
-				result = fmt.Errorf("consume %s: %w", cfg.GroupName, err)
+		for _, d := range actors {
+			select {
+			case err := <-d.done:
+				if err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", d.name, err))
+				}
+			case err := <-done:
+				return fmt.Errorf("consume %s: %w", cfg.GroupName, err)
 			}
-		case err := <-done:
-			return fmt.Errorf("consume %s: %w", cfg.GroupName, err)
 		}
 	}
 	stop()
 	<-done
-	return result
+	if len(errs) > 0 {
+		return fmt.Errorf("consume %s: %w", cfg.GroupName, errors.Join(errs...))
+	}
+	return nil
 }
-
-type serviceFunc func(ctx context.Context) error
-
-func (f serviceFunc) Serve(ctx context.Context) error { return f(ctx) }

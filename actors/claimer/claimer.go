@@ -1,13 +1,18 @@
-// Package claimer is the actor that turns a group's log into handler calls.
+// Package claimer holds the actors that turn a group's log into handler
+// calls: the range claimer (this file) and the exception claimer
+// (exceptions.go), which share the handler runner (runner.go).
 //
-// It claims ranges (one short transaction each), dispatches their messages to
-// a pool of handler workers, collects outcomes, and commits a range once every
-// message in it has an outcome. Its state (the ranges in flight) is owned by
-// the actor alone; workers only see jobs and send outcomes back on channels.
+// The range claimer claims ranges (one short transaction each), resolves
+// every message's policy against the group config of that moment (pinned for
+// the message's whole life), leases the keys of exclusive and ordered
+// messages, and hands jobs to a pool of handler workers. When every message
+// of a range has an outcome the range is committed in one statement: lease
+// deleted by token, failures and deferrals written as exception rows, key
+// leases released.
 //
-// The step functions (Claim, Outcome, Flush, HandBack) do their store calls
-// synchronously and are what tests and the simulator drive; Serve is the thin
-// loop that runs them on a ticker in production.
+// The step functions (Claim, Outcome, Run, Flush, HandBack) do their store
+// calls synchronously and are what tests and the simulator drive; Serve is
+// the thin loop that runs them on a ticker in production.
 package claimer
 
 import (
@@ -15,165 +20,279 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
-// Handler runs one message. A returned error or a panic is a failure.
-type Handler func(ctx context.Context, m *store.Message) error
-
-// Stats are the actor's counters, safe to read while it runs.
+// Stats are the actors' counters, safe to read while they run.
 type Stats struct {
-	Claimed    atomic.Int64 // messages handed to workers
-	Reclaimed  atomic.Int64 // ranges taken over from an expired lease
-	Succeeded  atomic.Int64
-	Failed     atomic.Int64 // handler errors and panics
-	Committed  atomic.Int64 // ranges committed
-	LeasesLost atomic.Int64 // commits fenced off by a reclaimer
-	Stalls     atomic.Int64 // claims held back by an open transaction past StallAfter
+	Claimed     atomic.Int64 // messages handed to workers from ranges
+	Reclaimed   atomic.Int64 // ranges taken over from an expired lease
+	Quarantined atomic.Int64 // ranges split into exception rows
+	Succeeded   atomic.Int64
+	Failed      atomic.Int64 // failed attempts (errors, panics, timeouts)
+	Dead        atomic.Int64 // messages that became dead letters
+	Delayed     atomic.Int64
+	Deferred    atomic.Int64 // keyed messages parked behind a busy or blocked key
+	Retried     atomic.Int64 // exception attempts started
+	Panics      atomic.Int64
+	TimedOut    atomic.Int64
+	Abandoned   atomic.Int64 // handlers that ignored their context past the grace
+	Committed   atomic.Int64 // ranges committed
+	LeasesLost  atomic.Int64 // commits fenced off by a reclaimer
+	Stalls      atomic.Int64 // claims held back by an open transaction past StallAfter
 }
 
-// Config is what the actor needs.
-type Config struct {
+// Common is what both actors need.
+type Common struct {
 	Store      *store.Store
 	StreamID   int64
 	GroupID    int64
 	InstanceID string
 	Handler    Handler
-	// BatchLimit is the most messages one claim takes.
-	BatchLimit int
-	// QueueSize bounds the messages claimed but not yet settled; a claim
-	// happens only when a whole batch fits.
-	QueueSize int
+	// Group returns the group config in force now. It is read at each claim
+	// and exception write and never from the database on the claim path.
+	Group func() policy.Group
 	// Concurrency is the number of handler workers.
 	Concurrency int
-	// PollRate is how often an idle claimer looks for work.
+	// PollRate is how often an idle actor looks for work.
 	PollRate time.Duration
 	// Lease is the lease length written on a claim; the heartbeat renews it.
 	Lease time.Duration
-	// ExceptionBackoff delays the first retry of a failed message.
-	ExceptionBackoff time.Duration
-	// StallAfter is how long claims may find rows held back by an open
-	// transaction before the stall is logged and counted.
-	StallAfter time.Duration
+	// KeyBusyDelay is how long a keyed message waits before trying a busy
+	// key again.
+	KeyBusyDelay time.Duration
+	// TimeoutGrace is how long a handler may outlive its Timeout before it
+	// is abandoned.
+	TimeoutGrace time.Duration
 	// ShutdownTimeout bounds the drain of in-flight handlers.
 	ShutdownTimeout time.Duration
 	Clock           clock.Clock
 	Logger          *slog.Logger
 	DBNow           func() store.Now
 	Stats           *Stats
-	// Lost carries the heartbeat's reports that the instance row was gone.
-	Lost <-chan struct{}
-	// Drain is closed to ask for a graceful stop: no more claims, finish or
-	// hand back what is in flight, then return.
+	// Drain is closed to ask for a graceful stop.
 	Drain <-chan struct{}
 }
 
-type job struct {
-	rangeID int64
-	index   int
-	msg     *store.Message
+// Config is the range claimer's config.
+type Config struct {
+	Common
+	// BatchLimit is the most messages one claim takes.
+	BatchLimit int
+	// QueueSize bounds messages claimed and not yet settled; a claim
+	// happens only when a whole batch fits.
+	QueueSize int
+	// StallAfter is how long claims may find rows held back by an open
+	// transaction before the stall is logged and counted.
+	StallAfter time.Duration
+	// Lost carries the heartbeat's reports that the instance row was gone.
+	Lost <-chan struct{}
 }
 
-// Outcome is one handled message.
-type Outcome struct {
-	RangeID int64
-	Index   int
-	Err     error
+type msgState uint8
+
+const (
+	waiting msgState = iota // queued behind its key in this range
+	running
+	done
+)
+
+type ref struct {
+	rangeID int64
+	index   int
 }
 
 type inflight struct {
 	r       store.Range
-	done    []bool
-	errs    []error
-	pending int
+	eff     []policy.Effective
+	state   []msgState
+	writes  []*store.ExceptionWrite // nil: success (or not done)
+	pending int                     // messages without an outcome
+	queues  map[string][]int        // held keys: indices waiting, in log order
 }
 
-// Actor is the claimer actor.
+// Actor is the range claimer.
 type Actor struct {
 	cfg      Config
+	runner   *runner
 	ranges   map[int64]*inflight
 	order    []int64 // range ids in claim order, for hand-back
 	queued   int     // messages claimed and not settled
 	toCommit []int64 // complete ranges whose commit failed and must be retried
-	jobs     chan job
-	outcomes chan Outcome
 
 	stallSince time.Time
 	stalled    bool
 	failing    bool
 }
 
-// New returns a claimer actor.
+// New returns a range claimer.
 func New(cfg Config) *Actor {
-	return &Actor{
-		cfg:      cfg,
-		ranges:   map[int64]*inflight{},
-		jobs:     make(chan job, cfg.QueueSize),
-		outcomes: make(chan Outcome, cfg.QueueSize),
-	}
+	a := &Actor{cfg: cfg, runner: &runner{handler: cfg.Handler, clock: cfg.Clock, grace: cfg.TimeoutGrace, stats: cfg.Stats}}
+	a.reset()
+	return a
 }
 
-// reset drops in-memory state, as a restarted actor must.
 func (a *Actor) reset() {
 	a.ranges = map[int64]*inflight{}
 	a.order, a.toCommit, a.queued = nil, nil, 0
-	a.jobs = make(chan job, a.cfg.QueueSize)
-	a.outcomes = make(chan Outcome, a.cfg.QueueSize)
 }
 
 // Queued returns how many messages are claimed and not yet settled.
 func (a *Actor) Queued() int { return a.queued }
 
+// Run executes one job synchronously (the step tests drive).
+func (a *Actor) Run(ctx context.Context, j Job) Outcome { return a.runner.Run(ctx, j) }
+
 // Claim takes one range when a whole batch fits in the queue, reclaiming an
-// expired lease of the group before reading new positions. It returns how
-// many messages it dispatched.
-func (a *Actor) Claim(ctx context.Context) (int, error) {
+// expired lease of the group before reading new positions, and returns the
+// jobs ready to run.
+func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
 	if a.queued+a.cfg.BatchLimit > a.cfg.QueueSize {
-		return 0, nil
+		return nil, nil
 	}
+	group := a.cfg.Group()
 	args := store.ClaimArgs{
 		StreamID: a.cfg.StreamID, GroupID: a.cfg.GroupID, Owner: a.cfg.InstanceID,
 		Limit: a.cfg.BatchLimit, Lease: a.cfg.Lease, Now: a.cfg.DBNow(),
 	}
 	r, ok, err := a.cfg.Store.ReclaimRange(ctx, args)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	if ok {
 		a.cfg.Stats.Reclaimed.Add(1)
+		if max := group.MaxRangeReclaimsOrDefault(); r.Reclaims > max {
+			return nil, a.quarantine(ctx, r, group, max)
+		}
 		a.cfg.Logger.Info("reclaimed an expired range", "range", r.ID, "reclaims", r.Reclaims, "messages", len(r.Messages))
-		return a.dispatch(ctx, r)
+		return a.dispatch(ctx, r, group)
 	}
 	r, ok, err = a.cfg.Store.ClaimRange(ctx, args)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	if !ok {
-		return 0, a.checkGate(ctx)
+		return nil, a.checkGate(ctx)
 	}
 	a.clearStall()
-	return a.dispatch(ctx, r)
+	return a.dispatch(ctx, r, group)
 }
 
-func (a *Actor) dispatch(ctx context.Context, r store.Range) (int, error) {
-	in := &inflight{r: r, done: make([]bool, len(r.Messages)), errs: make([]error, len(r.Messages)), pending: len(r.Messages)}
+// quarantine splits a range that keeps killing its holders into independent
+// exception rows, so the healthy messages flow and a poison message ends
+// dead after its own retries.
+func (a *Actor) quarantine(ctx context.Context, r store.Range, group policy.Group, max int) error {
+	writes := make([]store.ExceptionWrite, len(r.Messages))
+	for i := range r.Messages {
+		m := &r.Messages[i]
+		e := resolve(m, group)
+		writes[i] = store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(e.Concurrency),
+			Status: policy.StatusPending, Error: fmt.Sprintf("quarantined: its range was reclaimed %d times (MaxRangeReclaims %d)", r.Reclaims, max)}
+	}
+	if err := a.cfg.Store.CommitRange(ctx, a.cfg.StreamID, r.ID, r.Token, writes, a.cfg.DBNow()); err != nil {
+		if errors.Is(err, store.ErrLeaseLost) {
+			return nil
+		}
+		return err
+	}
+	a.cfg.Stats.Quarantined.Add(1)
+	a.cfg.Logger.Warn("range quarantined: its messages are retried one by one", "range", r.ID,
+		"reclaims", r.Reclaims, "messages", len(r.Messages))
+	return nil
+}
+
+// resolve pins a message's policy against the group config of this moment.
+// A stored options document that no longer parses runs with the group's and
+// library's defaults.
+func resolve(m *store.Message, group policy.Group) policy.Effective {
+	opts, _ := policy.Parse(m.Options)
+	return policy.Resolve(opts, group)
+}
+
+func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group) ([]Job, error) {
+	n := len(r.Messages)
+	in := &inflight{r: r, eff: make([]policy.Effective, n), state: make([]msgState, n),
+		writes: make([]*store.ExceptionWrite, n), pending: n, queues: map[string][]int{}}
 	a.ranges[r.ID] = in
 	a.order = append(a.order, r.ID)
-	if in.pending == 0 { // a reclaimed lease over positions that no longer exist
-		return 0, a.settle(ctx, r.ID)
+	if n == 0 { // a reclaimed lease over positions that no longer exist
+		return nil, a.settle(ctx, r.ID)
 	}
-	a.queued += len(r.Messages)
-	a.cfg.Stats.Claimed.Add(int64(len(r.Messages)))
+	a.queued += n
+	a.cfg.Stats.Claimed.Add(int64(n))
+
+	var want []store.KeyClaim
 	for i := range r.Messages {
-		a.jobs <- job{rangeID: r.ID, index: i, msg: &r.Messages[i]}
+		m := &r.Messages[i]
+		in.eff[i] = resolve(m, group)
+		if in.eff[i].Concurrency.Keyed() && m.Key != "" {
+			if _, seen := in.queues[m.Key]; !seen {
+				want = append(want, store.KeyClaim{Key: m.Key, Ordered: in.eff[i].Concurrency == policy.Ordered, Position: m.Position})
+			}
+			in.queues[m.Key] = append(in.queues[m.Key], i)
+		}
 	}
-	return len(r.Messages), nil
+	var held, blocked map[string]bool
+	if len(want) > 0 {
+		var err error
+		held, blocked, err = a.cfg.Store.AcquireKeys(ctx, a.cfg.StreamID, a.cfg.GroupID, want, r.Token, a.cfg.InstanceID, a.cfg.Lease, a.cfg.DBNow())
+		if err != nil {
+			// Keys unknown: hand the range back rather than run keyed
+			// messages unguarded.
+			a.queued -= n
+			a.forget(r.ID)
+			if rerr := a.cfg.Store.ReleaseRange(ctx, a.cfg.StreamID, r.ID, r.Token, nil, a.cfg.DBNow()); rerr != nil {
+				return nil, errors.Join(err, rerr)
+			}
+			return nil, err
+		}
+	}
+	var jobs []Job
+	for i := range r.Messages {
+		m := &r.Messages[i]
+		if q, keyed := in.queues[m.Key]; keyed && m.Key != "" {
+			switch {
+			case blocked[m.Key]:
+				a.defer_(in, i, 0, "waiting behind an earlier unresolved message of its ordered key")
+				continue
+			case !held[m.Key]:
+				a.defer_(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
+				continue
+			case q[0] != i:
+				continue // runs when the key's earlier messages in this range finish
+			}
+		}
+		in.state[i] = running
+		jobs = append(jobs, a.job(in, i))
+	}
+	if in.pending == 0 {
+		return nil, a.settle(ctx, r.ID)
+	}
+	return jobs, nil
+}
+
+func (a *Actor) job(in *inflight, i int) Job {
+	e := in.eff[i]
+	return Job{Ref: ref{rangeID: in.r.ID, index: i}, Delivery: Delivery{
+		Msg: &in.r.Messages[i], Attempt: 1, Concurrency: e.Concurrency, Timeout: e.Timeout}}
+}
+
+// defer_ parks message i as a pending exception row without spending a
+// retry.
+func (a *Actor) defer_(in *inflight, i int, after time.Duration, why string) {
+	m := &in.r.Messages[i]
+	in.state[i] = done
+	in.writes[i] = &store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(in.eff[i].Concurrency),
+		Status: policy.StatusPending, Error: why, After: after}
+	in.pending--
+	a.queued--
+	a.cfg.Stats.Deferred.Add(1)
 }
 
 // checkGate runs after an empty claim: if committed rows wait behind an open
@@ -218,26 +337,64 @@ func (a *Actor) clearStall() {
 	a.stallSince, a.stalled = time.Time{}, false
 }
 
-// Outcome records one handled message and commits its range when the range
-// is complete.
-func (a *Actor) Outcome(ctx context.Context, o Outcome) error {
-	in, ok := a.ranges[o.RangeID]
-	if !ok || in.done[o.Index] {
-		return nil // a range dropped after a lost lease or a hand-back
+// Outcome records one finished job, releases the next message of its key,
+// and commits the range when every message has an outcome. A canceled
+// outcome settles nothing: the message is handed back with its range.
+func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
+	rf, _ := o.Ref.(ref)
+	in, ok := a.ranges[rf.rangeID]
+	if !ok || in.state[rf.index] != running || o.Canceled {
+		return nil, nil // a range dropped after a lost lease or a hand-back
 	}
-	in.done[o.Index] = true
-	in.errs[o.Index] = o.Err
+	i := rf.index
+	m := &in.r.Messages[i]
+	in.state[i] = done
 	in.pending--
 	a.queued--
-	if o.Err != nil {
-		a.cfg.Stats.Failed.Add(1)
-	} else {
-		a.cfg.Stats.Succeeded.Add(1)
+	e := in.eff[i]
+	next := policy.Decide(e, a.cfg.Group().InitialBackoffOrDefault(), 0, 0, o.Err)
+	a.cfg.Stats.count(next, o.Err, 0)
+	if !next.Delete {
+		in.writes[i] = &store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(e.Concurrency),
+			Status: next.Status, Attempts: next.Attempts, Delays: next.Delays, Error: o.Err.Error(), After: next.After}
+	}
+	var jobs []Job
+	if q, keyed := in.queues[m.Key]; keyed && m.Key != "" && len(q) > 0 && q[0] == i {
+		q = q[1:]
+		in.queues[m.Key] = q
+		if len(q) > 0 {
+			if e.Concurrency == policy.Ordered && !next.Delete {
+				// A later message of an ordered key waits for this one.
+				for _, j := range q {
+					a.defer_(in, j, 0, "waiting behind an earlier unresolved message of its ordered key")
+				}
+				in.queues[m.Key] = nil
+			} else {
+				in.state[q[0]] = running
+				jobs = append(jobs, a.job(in, q[0]))
+			}
+		}
 	}
 	if in.pending > 0 {
-		return nil
+		return jobs, nil
 	}
-	return a.settle(ctx, o.RangeID)
+	return jobs, a.settle(ctx, rf.rangeID)
+}
+
+// count records an attempt's result; attempts is the count before it.
+func (s *Stats) count(next policy.Next, err error, attempts int) {
+	kind, _ := policy.Classify(err)
+	switch {
+	case next.Delete:
+		s.Succeeded.Add(1)
+	case kind == policy.Delay && next.Attempts == attempts:
+		s.Delayed.Add(1)
+	default:
+		s.Failed.Add(1)
+	}
+	if next.Status == policy.StatusDead {
+		s.Dead.Add(1)
+	}
 }
 
 func (a *Actor) settle(ctx context.Context, id int64) error {
@@ -250,13 +407,13 @@ func (a *Actor) settle(ctx context.Context, id int64) error {
 
 func (a *Actor) commit(ctx context.Context, id int64) error {
 	in := a.ranges[id]
-	var failures []store.Failure
-	for i, err := range in.errs {
-		if err != nil {
-			failures = append(failures, store.Failure{Position: in.r.Messages[i].Position, Error: err.Error()})
+	var writes []store.ExceptionWrite
+	for _, w := range in.writes {
+		if w != nil {
+			writes = append(writes, *w)
 		}
 	}
-	err := a.cfg.Store.CommitRange(ctx, a.cfg.StreamID, id, in.r.Token, failures, a.cfg.ExceptionBackoff, a.cfg.DBNow())
+	err := a.cfg.Store.CommitRange(ctx, a.cfg.StreamID, id, in.r.Token, writes, a.cfg.DBNow())
 	if errors.Is(err, store.ErrLeaseLost) {
 		a.cfg.Stats.LeasesLost.Add(1)
 		a.cfg.Logger.Warn("range lease lost before commit; a reclaimer delivers it again", "range", id)
@@ -295,8 +452,9 @@ func (a *Actor) Flush(ctx context.Context) error {
 }
 
 // HandBack returns every range still in flight: a range whose messages all
-// have outcomes is committed; any other is released with its settled prefix
-// dropped and its lease expired now, so another instance takes it at once.
+// have outcomes is committed; any other is released with its successful
+// prefix dropped and its lease expired now, so another instance takes it at
+// once.
 func (a *Actor) HandBack(ctx context.Context) error {
 	var errs []error
 	if err := a.Flush(ctx); err != nil {
@@ -312,7 +470,7 @@ func (a *Actor) HandBack(ctx context.Context) error {
 		}
 		var lo *store.Position // nil keeps the stored bound
 		for i := range in.r.Messages {
-			if !in.done[i] || in.errs[i] != nil {
+			if in.state[i] != done || in.writes[i] != nil {
 				break
 			}
 			lo = &in.r.Messages[i].Position
@@ -327,27 +485,6 @@ func (a *Actor) HandBack(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// work runs jobs until the channel closes. A panic is a failure with its
-// value and stack, never a crash.
-func (a *Actor) work(ctx context.Context) {
-	for j := range a.jobs {
-		err := ctx.Err() // past the drain deadline no new handler starts
-		if err == nil {
-			err = a.run(ctx, j.msg)
-		}
-		a.outcomes <- Outcome{RangeID: j.rangeID, Index: j.index, Err: err}
-	}
-}
-
-func (a *Actor) run(ctx context.Context, m *store.Message) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("handler panic: %v\n%s", p, debug.Stack())
-		}
-	}()
-	return a.cfg.Handler(ctx, m)
-}
-
 // Serve runs the actor until ctx ends (an abrupt stop: nothing is committed
 // or handed back) or until Drain is closed and the drain finishes.
 func (a *Actor) Serve(ctx context.Context) error {
@@ -358,28 +495,31 @@ func (a *Actor) Serve(ctx context.Context) error {
 	}
 	a.reset()
 	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
-	var wg sync.WaitGroup
-	for range a.cfg.Concurrency {
-		wg.Add(1)
-		go func() { defer wg.Done(); a.work(hctx) }()
-	}
-	stopWorkers := func() {
-		close(a.jobs)
-		wg.Wait()
-	}
-	defer func() {
-		cancelHandlers()
-		stopWorkers()
-	}()
-	wg.Add(1)
+	defer cancelHandlers()
+	p := a.runner.startPool(hctx, a.cfg.Concurrency, a.cfg.QueueSize)
+	var watch sync.WaitGroup
+	watch.Add(1)
 	go func() { // handler contexts end with the actor's unless a drain is under way
-		defer wg.Done()
+		defer watch.Done()
 		select {
 		case <-ctx.Done():
 			cancelHandlers()
 		case <-hctx.Done():
 		}
 	}()
+	defer func() {
+		cancelHandlers()
+		p.stop()
+		watch.Wait()
+		if n := a.runner.waitHandlers(a.cfg.ShutdownTimeout); n > 0 {
+			a.cfg.Logger.Error("handlers still running after shutdown: they ignore their context and are left behind", "count", n)
+		}
+	}()
+	send := func(jobs []Job) {
+		for _, j := range jobs {
+			p.jobs <- j
+		}
+	}
 
 	ticker := a.cfg.Clock.Ticker(a.cfg.PollRate)
 	defer ticker.Stop()
@@ -388,15 +528,17 @@ func (a *Actor) Serve(ctx context.Context) error {
 	for {
 		if deadline == nil {
 			for {
-				n, err := a.Claim(ctx)
+				before := a.queued
+				jobs, err := a.Claim(ctx)
 				a.report(ctx, err)
-				if err != nil || n < a.cfg.BatchLimit {
+				send(jobs)
+				if err != nil || a.queued-before < a.cfg.BatchLimit {
 					break
 				}
-				a.absorb(ctx) // keep outcomes flowing while claims are full
+				a.absorb(ctx, p, send) // keep outcomes flowing while claims are full
 			}
 		} else if a.queued == 0 {
-			return a.finishDrain(ctx)
+			return a.finishDrain(ctx, p, send)
 		}
 		select {
 		case <-ctx.Done():
@@ -410,9 +552,11 @@ func (a *Actor) Serve(ctx context.Context) error {
 			a.cfg.Logger.Warn("shutdown timeout reached with handlers still running; handing their ranges back",
 				"in_flight", a.queued)
 			cancelHandlers()
-			return a.finishDrain(ctx)
-		case o := <-a.outcomes:
-			a.report(ctx, a.Outcome(ctx, o))
+			return a.finishDrain(ctx, p, send)
+		case o := <-p.out:
+			jobs, err := a.Outcome(ctx, o)
+			a.report(ctx, err)
+			send(jobs)
 		case <-a.cfg.Lost:
 			a.cfg.Logger.Warn("instance row was lost; in-flight ranges are fenced if reclaimed", "in_flight", a.queued)
 		case <-ticker.C:
@@ -422,19 +566,21 @@ func (a *Actor) Serve(ctx context.Context) error {
 }
 
 // absorb applies every outcome already waiting, without blocking.
-func (a *Actor) absorb(ctx context.Context) {
+func (a *Actor) absorb(ctx context.Context, p *pool, send func([]Job)) {
 	for {
 		select {
-		case o := <-a.outcomes:
-			a.report(ctx, a.Outcome(ctx, o))
+		case o := <-p.out:
+			jobs, err := a.Outcome(ctx, o)
+			a.report(ctx, err)
+			send(jobs)
 		default:
 			return
 		}
 	}
 }
 
-func (a *Actor) finishDrain(ctx context.Context) error {
-	a.absorb(ctx)
+func (a *Actor) finishDrain(ctx context.Context, p *pool, send func([]Job)) error {
+	a.absorb(ctx, p, send)
 	if err := a.HandBack(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("hand back in-flight ranges: %w", err)
 	}

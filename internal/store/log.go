@@ -214,31 +214,41 @@ func (st *Store) ReclaimRange(ctx context.Context, a ClaimArgs) (r Range, ok boo
 	return r, ok, nil
 }
 
-// Failure is a message that failed in a range being committed.
-type Failure struct {
-	Position
-	Error string
-}
-
 // ErrLeaseLost reports a commit or release whose lease was taken over by a
 // reclaimer; nothing of the range was written.
 var ErrLeaseLost = errors.New("range lease lost")
 
-// CommitRange settles a range: deletes the lease by its token and writes the
-// failures as exception rows, in one statement.
-func (st *Store) CommitRange(ctx context.Context, streamID, rangeID int64, token string, failures []Failure, backoff time.Duration, now Now) error {
+// ExceptionWrite is one exception row written when a range is settled: a
+// message that failed, was delayed, was deferred behind its key, or was
+// quarantined.
+type ExceptionWrite struct {
+	Position
+	Key         string
+	Concurrency string
+	Status      string
+	Attempts    int
+	Delays      int
+	Error       string
+	After       time.Duration // can_run_after, from the database's now
+}
+
+// CommitRange settles a range: deletes the lease by its token, releases the
+// range's key leases and writes the exception rows, in one statement.
+func (st *Store) CommitRange(ctx context.Context, streamID, rangeID int64, token string, rows []ExceptionWrite, now Now) error {
 	t := st.streamTables(streamID)
-	xids := make([]int64, len(failures))
-	ids := make([]int64, len(failures))
-	errs := make([]string, len(failures))
-	for i, f := range failures {
-		xids[i], ids[i], errs[i] = f.Xid, f.ID, f.Error
+	n := len(rows)
+	xids, ids, afters := make([]int64, n), make([]int64, n), make([]int64, n)
+	keys, concs, statuses, errs := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	attempts, delays := make([]int32, n), make([]int32, n)
+	for i, r := range rows {
+		xids[i], ids[i], keys[i], concs[i], statuses[i] = r.Xid, r.ID, r.Key, r.Concurrency, r.Status
+		attempts[i], delays[i], errs[i], afters[i] = int32(r.Attempts), int32(r.Delays), r.Error, r.After.Microseconds()
 	}
-	var n int
-	if err := st.pool.QueryRow(ctx, t.commit, rangeID, token, now, backoff, xids, ids, errs).Scan(&n); err != nil {
+	var deleted int
+	if err := st.pool.QueryRow(ctx, t.commit, rangeID, token, now, xids, ids, keys, concs, statuses, attempts, delays, errs, afters).Scan(&deleted); err != nil {
 		return fmt.Errorf("commit range %d: %w", rangeID, err)
 	}
-	if n == 0 {
+	if deleted == 0 {
 		return fmt.Errorf("commit range %d: %w", rangeID, ErrLeaseLost)
 	}
 	return nil

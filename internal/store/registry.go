@@ -92,7 +92,8 @@ type GroupRow struct {
 
 // Worker names a group owns.
 const (
-	WorkerMessageConsumer = "message_consumer"
+	WorkerMessageConsumer   = "message_consumer"
+	WorkerExceptionConsumer = "exception_consumer"
 )
 
 // RegisterGroup creates the group, its cursor (placed by start, read only
@@ -124,7 +125,7 @@ SELECT id, stream_id, start FROM %[1]s.consumer_group_config WHERE name = $1`), 
 		if _, err := tx.Exec(ctx, t.insertCursor, g.ID, g.Start == StartHead, now); err != nil {
 			return fmt.Errorf("create cursor: %w", err)
 		}
-		for _, w := range []string{WorkerMessageConsumer} {
+		for _, w := range []string{WorkerMessageConsumer, WorkerExceptionConsumer} {
 			var id int64
 			if err := tx.QueryRow(ctx, st.sql(`-- store.RegisterGroup
 WITH ins AS (

@@ -21,6 +21,13 @@ type tables struct {
 	countLog       string
 	countException string
 	rangeLeases    string
+
+	acquireKeys     string
+	claimExceptions string
+	settleException string
+	listDead        string
+	redrive         string
+	exceptionState  string
 }
 
 var tablesCache sync.Map // key schema+"\x00"+streamID → *tables
@@ -134,16 +141,22 @@ LEFT JOIN (
 ORDER BY m.xid, m.id`),
 
 		// Deleting the lease by its token is the fence: zero rows means a
-		// reclaimer owns the range now, and the exception rows are not written.
+		// reclaimer owns the range now, and nothing else is written. The
+		// range's key leases (taken with its token) go in the same statement
+		// as the exception rows, so an ordered key's next message sees its
+		// predecessor's exception row the moment the key is free.
 		commit: r.Replace(`-- store.CommitRange
 WITH d AS (
     DELETE FROM {s}.{t}_range WHERE id = $1 AND token = $2::uuid RETURNING group_id
+), k AS (
+    DELETE FROM {s}.{t}_key_lease l USING d WHERE l.group_id = d.group_id AND l.token = $2::uuid
 ), e AS (
-    INSERT INTO {s}.{t}_exception (group_id, message_xid, message_id, status, attempts, last_error,
-                                    can_run_after, created_at, updated_at)
-    SELECT d.group_id, x.xid, x.id, 'pending', 1, x.err,
-           coalesce($3, now()) + $4::interval, coalesce($3, now()), coalesce($3, now())
-    FROM d, unnest($5::bigint[], $6::bigint[], $7::text[]) AS x(xid, id, err)
+    INSERT INTO {s}.{t}_exception (group_id, message_xid, message_id, message_key, concurrency, status,
+                                    attempts, delays, last_error, can_run_after, created_at, updated_at)
+    SELECT d.group_id, x.xid, x.id, nullif(x.key, ''), x.conc, x.status, x.attempts, x.delays, x.err,
+           coalesce($3, now()) + x.after_us * interval '1 microsecond', coalesce($3, now()), coalesce($3, now())
+    FROM d, unnest($4::bigint[], $5::bigint[], $6::text[], $7::text[], $8::text[], $9::int[], $10::int[],
+                   $11::text[], $12::bigint[]) AS x(xid, id, key, conc, status, attempts, delays, err, after_us)
     ON CONFLICT (group_id, message_xid, message_id) DO NOTHING
 )
 SELECT count(*) FROM d`),
@@ -151,12 +164,22 @@ SELECT count(*) FROM d`),
 		// Hand a range back at once: its settled prefix is dropped by moving
 		// lo, and the lease expires now so any instance reclaims the rest.
 		release: r.Replace(`-- store.ReleaseRange
+WITH k AS (
+    DELETE FROM {s}.{t}_key_lease WHERE token = $2::uuid
+)
 UPDATE {s}.{t}_range
 SET lo_xid = coalesce($3, lo_xid), lo_id = coalesce($4, lo_id), expires_at = coalesce($5, now()) - interval '1 millisecond'
 WHERE id = $1 AND token = $2::uuid`),
 
+		// Everything an instance holds lives exactly as long as its heartbeat.
 		renewRanges: r.Replace(`-- store.RenewInstance
-UPDATE {s}.{t}_range SET expires_at = coalesce($2, now()) + $3::interval WHERE owner = $1`),
+WITH r AS (
+    UPDATE {s}.{t}_range SET expires_at = coalesce($2, now()) + $3::interval WHERE owner = $1::uuid
+), k AS (
+    UPDATE {s}.{t}_key_lease SET expires_at = coalesce($2, now()) + $3::interval WHERE owner = $1::uuid
+)
+UPDATE {s}.{t}_exception SET expires_at = coalesce($2, now()) + $3::interval
+WHERE owner = $1::uuid AND status = 'running'`),
 
 		gateProbe: r.Replace(`-- store.GateProbe
 SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
@@ -170,6 +193,105 @@ SELECT count(*) FROM {s}.{t}_log`),
 
 		countException: r.Replace(`-- store.CountExceptions
 SELECT count(*) FROM {s}.{t}_exception WHERE group_id = $1`),
+
+		// Ordered keys whose earlier message is still unresolved are
+		// blocked; the other keys are leased unless another live holder has
+		// them. Both answers come back in one round trip.
+		acquireKeys: r.Replace(`-- store.AcquireKeys
+WITH req AS (
+    SELECT k.key, k.ordered, k.xid, k.id
+    FROM unnest($2::text[], $3::bool[], $4::bigint[], $5::bigint[]) AS k(key, ordered, xid, id)
+), blocked AS (
+    SELECT req.key FROM req
+    WHERE req.ordered AND EXISTS (
+        SELECT 1 FROM {s}.{t}_exception x
+        WHERE x.group_id = $1 AND x.message_key = req.key AND x.status <> 'dead'
+          AND (x.message_xid, x.message_id) < (req.xid, req.id))
+), got AS (
+    INSERT INTO {s}.{t}_key_lease AS l (group_id, message_key, token, owner, expires_at)
+    SELECT $1, req.key, $6::uuid, $7::uuid, coalesce($8, now()) + $9::interval
+    FROM req WHERE req.key NOT IN (SELECT key FROM blocked)
+    ON CONFLICT (group_id, message_key) DO UPDATE
+        SET token = EXCLUDED.token, owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+        WHERE l.expires_at < coalesce($8, now())
+    RETURNING l.message_key
+)
+SELECT key, true FROM blocked
+UNION ALL
+SELECT message_key, false FROM got`),
+
+		// Due rows, and running rows whose lease lapsed (their holder died
+		// or hung: that counts as a failed attempt). An ordered row runs only
+		// when no earlier row of its key is unresolved.
+		claimExceptions: r.Replace(`-- store.ClaimExceptions
+WITH due AS (
+    SELECT x.message_xid, x.message_id, x.status AS was
+    FROM {s}.{t}_exception x
+    WHERE x.group_id = $1 AND x.status <> 'dead'
+      AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
+        OR (x.status = 'running' AND x.expires_at < coalesce($2, now())))
+      AND (x.concurrency <> 'ordered' OR NOT EXISTS (
+            SELECT 1 FROM {s}.{t}_exception e
+            WHERE e.group_id = x.group_id AND e.message_key = x.message_key AND e.status <> 'dead'
+              AND (e.message_xid, e.message_id) < (x.message_xid, x.message_id)))
+    ORDER BY x.can_run_after
+    LIMIT $3
+    FOR UPDATE OF x SKIP LOCKED
+), upd AS (
+    UPDATE {s}.{t}_exception x
+    SET status = 'running', token = gen_random_uuid(), owner = $4::uuid,
+        expires_at = coalesce($2, now()) + $5::interval, updated_at = coalesce($2, now()),
+        attempts = x.attempts + CASE WHEN due.was = 'running' THEN 1 ELSE 0 END,
+        last_error = CASE WHEN due.was = 'running'
+                          THEN 'lease expired: the instance running it died or stopped renewing'
+                          ELSE x.last_error END
+    FROM due
+    WHERE x.group_id = $1 AND x.message_xid = due.message_xid AND x.message_id = due.message_id
+    RETURNING x.message_xid, x.message_id, x.token, x.concurrency, x.attempts, x.delays, due.was = 'running' AS expired
+)
+SELECT upd.token::text, upd.concurrency, upd.attempts, upd.delays, upd.expired,
+       m.xid, m.id, m.produced_at, m.version, coalesce(m.routing_key, ''), coalesce(m.message_key, ''),
+       m.payload::text, coalesce(m.options::text, '')
+FROM upd JOIN {s}.{t}_log m ON m.xid = upd.message_xid AND m.id = upd.message_id
+ORDER BY m.xid, m.id`),
+
+		// Settle one exception attempt under its lease token: delete on
+		// success, else write the next state; release the row's key lease.
+		settleException: r.Replace(`-- store.SettleException
+WITH k AS (
+    DELETE FROM {s}.{t}_key_lease WHERE group_id = $1 AND token = $4::uuid
+), del AS (
+    DELETE FROM {s}.{t}_exception
+    WHERE $5 AND group_id = $1 AND message_xid = $2 AND message_id = $3 AND token = $4::uuid
+    RETURNING 1
+), upd AS (
+    UPDATE {s}.{t}_exception
+    SET status = $6, attempts = $7, delays = $8, last_error = $9,
+        can_run_after = coalesce($10, now()) + $11 * interval '1 microsecond',
+        token = NULL, owner = NULL, expires_at = NULL, updated_at = coalesce($10, now())
+    WHERE NOT $5 AND group_id = $1 AND message_xid = $2 AND message_id = $3 AND token = $4::uuid
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM del) + (SELECT count(*) FROM upd)`),
+
+		listDead: r.Replace(`-- store.ListDead
+SELECT x.message_id, x.attempts, x.last_error, x.updated_at, coalesce(x.message_key, ''),
+       coalesce(m.routing_key, ''), m.version, m.produced_at
+FROM {s}.{t}_exception x JOIN {s}.{t}_log m ON m.xid = x.message_xid AND m.id = x.message_id
+WHERE x.group_id = $1 AND x.status = 'dead' AND x.message_id > $2
+ORDER BY x.message_id
+LIMIT $3`),
+
+		// A redrive puts dead letters back on the curve from attempt zero.
+		redrive: r.Replace(`-- store.Redrive
+UPDATE {s}.{t}_exception
+SET status = 'pending', attempts = 0, delays = 0, can_run_after = coalesce($3, now()),
+    last_error = 'redriven after: ' || last_error, updated_at = coalesce($3, now())
+WHERE group_id = $1 AND status = 'dead' AND ($2::bigint IS NULL OR message_id = $2)`),
+
+		exceptionState: r.Replace(`-- store.ExceptionStates
+SELECT x.message_id, x.status, x.attempts, x.delays, x.last_error, x.can_run_after, x.concurrency
+FROM {s}.{t}_exception x WHERE x.group_id = $1 ORDER BY x.message_xid, x.message_id`),
 
 		rangeLeases: r.Replace(`-- store.RangeLeases
 SELECT id, token::text, owner::text, reclaims FROM {s}.{t}_range WHERE group_id = $1 ORDER BY id`),

@@ -48,16 +48,46 @@ CREATE TABLE {{schema}}.{{t}}_range (
 CREATE INDEX {{t}}_range_group_idx ON {{schema}}.{{t}}_range (group_id, expires_at);
 CREATE INDEX {{t}}_range_owner_idx ON {{schema}}.{{t}}_range (owner);
 
--- A message that failed for a group. Retries and dead letters build on it.
+-- A message that needs more than its range's single pass, per group: it
+-- failed, timed out, was delayed, was quarantined, or waits behind an earlier
+-- message of its ordered key. Retried by the exception consumer on the
+-- group's curve; 'dead' when out of budget (a dead letter). attempts counts
+-- failed attempts, delays the Delay results that spent no retry. token, owner
+-- and expires_at are the lease of a 'running' row. concurrency is pinned at
+-- the message's first claim.
 CREATE TABLE {{schema}}.{{t}}_exception (
     group_id       bigint      NOT NULL,
     message_xid    bigint      NOT NULL,
     message_id     bigint      NOT NULL,
+    message_key    text,
+    concurrency    text        NOT NULL,
     status         text        NOT NULL,
     attempts       int         NOT NULL,
+    delays         int         NOT NULL,
     last_error     text        NOT NULL,
     can_run_after  timestamptz NOT NULL,
+    token          uuid,
+    owner          uuid,
+    expires_at     timestamptz,
     created_at     timestamptz NOT NULL,
     updated_at     timestamptz NOT NULL,
     PRIMARY KEY (group_id, message_xid, message_id)
 );
+CREATE INDEX {{t}}_exception_due_idx ON {{schema}}.{{t}}_exception (group_id, can_run_after)
+    WHERE status <> 'dead';
+CREATE INDEX {{t}}_exception_key_idx ON {{schema}}.{{t}}_exception (group_id, message_key, message_xid, message_id)
+    WHERE message_key IS NOT NULL AND status <> 'dead';
+CREATE INDEX {{t}}_exception_owner_idx ON {{schema}}.{{t}}_exception (owner) WHERE owner IS NOT NULL;
+
+-- Key leases: at most one in-flight message per key of an exclusive or
+-- ordered message, across the group. Owned by a worker instance and renewed
+-- with its heartbeat; released in the transaction that settles the message.
+CREATE TABLE {{schema}}.{{t}}_key_lease (
+    group_id     bigint      NOT NULL,
+    message_key  text        NOT NULL,
+    token        uuid        NOT NULL,
+    owner        uuid        NOT NULL,
+    expires_at   timestamptz NOT NULL,
+    PRIMARY KEY (group_id, message_key)
+);
+CREATE INDEX {{t}}_key_lease_owner_idx ON {{schema}}.{{t}}_key_lease (owner);

@@ -1,0 +1,239 @@
+package claimer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/c1702965/sqlstreams/internal/policy"
+	"github.com/c1702965/sqlstreams/internal/store"
+)
+
+// ExceptionConfig is the exception claimer's config. Its InstanceID is its
+// own worker_instance (exception_consumer), renewed by its own heartbeat.
+type ExceptionConfig struct {
+	Common
+}
+
+type excRun struct {
+	run store.ExceptionRun
+	eff policy.Effective
+	// unwritten is a settlement whose write failed; Flush retries it.
+	unwritten *store.Settlement
+}
+
+// ExceptionActor retries a group's exception rows: it leases due rows with
+// FOR UPDATE SKIP LOCKED under a token, runs each under the message's policy
+// resolved against the group config of that moment (a message mid-retry
+// follows a redeclared curve from its next attempt), and writes the result
+// under the token: deleted on success, rescheduled on the curve, or dead.
+type ExceptionActor struct {
+	cfg     ExceptionConfig
+	runner  *runner
+	running map[store.Position]*excRun
+	failing bool
+}
+
+// NewExceptionActor returns an exception claimer.
+func NewExceptionActor(cfg ExceptionConfig) *ExceptionActor {
+	return &ExceptionActor{cfg: cfg, running: map[store.Position]*excRun{},
+		runner: &runner{handler: cfg.Handler, clock: cfg.Clock, grace: cfg.TimeoutGrace, stats: cfg.Stats}}
+}
+
+// Running returns how many rows are leased and not settled.
+func (a *ExceptionActor) Running() int { return len(a.running) }
+
+// Run executes one job synchronously (the step tests drive).
+func (a *ExceptionActor) Run(ctx context.Context, j Job) Outcome { return a.runner.Run(ctx, j) }
+
+// Claim leases due rows up to the free worker slots and returns their jobs.
+func (a *ExceptionActor) Claim(ctx context.Context) ([]Job, error) {
+	free := a.cfg.Concurrency - len(a.running)
+	if free <= 0 {
+		return nil, nil
+	}
+	group := a.cfg.Group()
+	rows, err := a.cfg.Store.ClaimExceptions(ctx, a.cfg.StreamID, a.cfg.GroupID, a.cfg.InstanceID, free, a.cfg.Lease, a.cfg.DBNow())
+	if err != nil {
+		return nil, err
+	}
+	var jobs []Job
+	var errs []error
+	for i := range rows {
+		r := &excRun{run: rows[i]}
+		m := &r.run.Message
+		opts, _ := policy.Parse(m.Options)
+		r.eff = policy.Resolve(opts, group)
+		r.eff.Concurrency = policy.Concurrency(r.run.Concurrency) // pinned at first claim
+		if r.run.Expired && r.run.Attempts > r.eff.MaxRetries {
+			// Its holder died on it too often: a message that kills its
+			// process ends here.
+			errs = append(errs, a.settle(ctx, r, store.Settlement{Status: policy.StatusDead, Attempts: r.run.Attempts,
+				Delays: r.run.Delays, Error: "lease expired on its last attempt: the instance running it died or stopped renewing"}))
+			a.cfg.Stats.Dead.Add(1)
+			continue
+		}
+		if r.eff.Concurrency.Keyed() && m.Key != "" {
+			held, _, err := a.cfg.Store.AcquireKeys(ctx, a.cfg.StreamID, a.cfg.GroupID,
+				[]store.KeyClaim{{Key: m.Key, Position: m.Position}}, r.run.Token, a.cfg.InstanceID, a.cfg.Lease, a.cfg.DBNow())
+			if err != nil || !held[m.Key] {
+				errs = append(errs, err, a.settle(ctx, r, store.Settlement{Status: policy.StatusPending, Attempts: r.run.Attempts,
+					Delays: r.run.Delays, Error: "waiting: its key is busy in another instance", After: a.cfg.KeyBusyDelay}))
+				a.cfg.Stats.Deferred.Add(1)
+				continue
+			}
+		}
+		a.running[m.Position] = r
+		a.cfg.Stats.Retried.Add(1)
+		jobs = append(jobs, Job{Ref: m.Position, Delivery: Delivery{Msg: m, Attempt: r.run.Attempts + 1,
+			Delays: r.run.Delays, Concurrency: r.eff.Concurrency, Timeout: r.eff.Timeout}})
+	}
+	return jobs, errors.Join(errs...)
+}
+
+func (a *ExceptionActor) settle(ctx context.Context, r *excRun, s store.Settlement) error {
+	err := a.cfg.Store.SettleException(ctx, a.cfg.StreamID, a.cfg.GroupID, r.run.Position, r.run.Token, s, a.cfg.DBNow())
+	if errors.Is(err, store.ErrLeaseLost) {
+		a.cfg.Stats.LeasesLost.Add(1)
+		return nil
+	}
+	return err
+}
+
+// Outcome writes one attempt's result under the row's lease token.
+func (a *ExceptionActor) Outcome(ctx context.Context, o Outcome) error {
+	pos, _ := o.Ref.(store.Position)
+	r, ok := a.running[pos]
+	if !ok || o.Canceled {
+		return nil
+	}
+	next := policy.Decide(r.eff, a.cfg.Group().InitialBackoffOrDefault(), r.run.Attempts, r.run.Delays, o.Err)
+	a.cfg.Stats.count(next, o.Err, r.run.Attempts)
+	s := store.Settlement{Delete: next.Delete, Status: next.Status, Attempts: next.Attempts, Delays: next.Delays, After: next.After}
+	if o.Err != nil {
+		s.Error = o.Err.Error()
+	}
+	if err := a.settle(ctx, r, s); err != nil {
+		r.unwritten = &s // kept, and written again by Flush
+		return err
+	}
+	delete(a.running, pos)
+	return nil
+}
+
+// Flush writes settlements that failed earlier (a database restart, say).
+func (a *ExceptionActor) Flush(ctx context.Context) error {
+	for pos, r := range a.running {
+		if r.unwritten == nil {
+			continue
+		}
+		if err := a.settle(ctx, r, *r.unwritten); err != nil {
+			return err
+		}
+		delete(a.running, pos)
+	}
+	return nil
+}
+
+// handBack returns unfinished rows to pending without spending a retry.
+func (a *ExceptionActor) handBack(ctx context.Context) error {
+	var errs []error
+	for pos, r := range a.running {
+		s := store.Settlement{Status: policy.StatusPending, Attempts: r.run.Attempts, Delays: r.run.Delays, Error: "handed back at shutdown"}
+		if r.unwritten != nil {
+			s = *r.unwritten
+		}
+		errs = append(errs, a.settle(ctx, r, s))
+		delete(a.running, pos)
+	}
+	return errors.Join(errs...)
+}
+
+// Serve runs the actor until ctx ends or until Drain is closed and the
+// drain finishes.
+func (a *ExceptionActor) Serve(ctx context.Context) error {
+	if err := a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow()); err != nil {
+		return err
+	}
+	a.running = map[store.Position]*excRun{}
+	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHandlers()
+	p := a.runner.startPool(hctx, a.cfg.Concurrency, a.cfg.Concurrency)
+	var watch sync.WaitGroup
+	watch.Add(1)
+	go func() {
+		defer watch.Done()
+		select {
+		case <-ctx.Done():
+			cancelHandlers()
+		case <-hctx.Done():
+		}
+	}()
+	defer func() {
+		cancelHandlers()
+		p.stop()
+		watch.Wait()
+		if n := a.runner.waitHandlers(a.cfg.ShutdownTimeout); n > 0 {
+			a.cfg.Logger.Error("exception handlers still running after shutdown: they ignore their context and are left behind", "count", n)
+		}
+	}()
+	ticker := a.cfg.Clock.Ticker(a.cfg.PollRate)
+	defer ticker.Stop()
+	drain := a.cfg.Drain
+	var deadline <-chan time.Time
+	claim := func() {
+		jobs, err := a.Claim(ctx)
+		a.report(ctx, err)
+		for _, j := range jobs {
+			p.jobs <- j
+		}
+	}
+	claim()
+	for {
+		if deadline != nil && len(a.running) == 0 {
+			return a.finish(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-drain:
+			drain = nil
+			timer := a.cfg.Clock.Timer(a.cfg.ShutdownTimeout)
+			defer timer.Stop()
+			deadline = timer.C
+		case <-deadline:
+			cancelHandlers()
+			return a.finish(ctx)
+		case o := <-p.out:
+			a.report(ctx, a.Outcome(ctx, o))
+			if deadline == nil {
+				claim()
+			}
+		case <-ticker.C:
+			a.report(ctx, a.Flush(ctx))
+			if deadline == nil {
+				claim()
+			}
+		}
+	}
+}
+
+func (a *ExceptionActor) finish(ctx context.Context) error {
+	if err := a.handBack(context.WithoutCancel(ctx)); err != nil {
+		return fmt.Errorf("hand back exception rows: %w", err)
+	}
+	return nil
+}
+
+func (a *ExceptionActor) report(ctx context.Context, err error) {
+	switch {
+	case err != nil && !a.failing && ctx.Err() == nil:
+		a.failing = true
+		a.cfg.Logger.Warn("exception claimer store call failed; retrying every poll", "group_id", a.cfg.GroupID, "error", err)
+	case err == nil && a.failing:
+		a.failing = false
+		a.cfg.Logger.Info("exception claimer recovered", "group_id", a.cfg.GroupID)
+	}
+}

@@ -1,0 +1,157 @@
+package claimer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/policy"
+	"github.com/c1702965/sqlstreams/internal/store"
+)
+
+// Delivery is one handler attempt of one message.
+type Delivery struct {
+	Msg *store.Message
+	// Attempt is 1 for the first run; a retry after n failed attempts is n+1.
+	Attempt     int
+	Delays      int
+	Concurrency policy.Concurrency
+	Timeout     time.Duration
+}
+
+// Handler runs one delivery. nil is success; see policy.Classify for errors.
+type Handler func(ctx context.Context, d *Delivery) error
+
+// Job is a delivery ready to run, with the actor's reference to it.
+type Job struct {
+	Ref      any
+	Delivery Delivery
+}
+
+// Outcome is a finished job. Canceled means the run was cut short by the
+// actor's own stop, which settles nothing.
+type Outcome struct {
+	Ref      any
+	Err      error
+	Canceled bool
+}
+
+// runner executes jobs: one goroutine per attempt under the message's
+// timeout, panics turned into failures, and a handler that ignores its
+// context past the grace period abandoned (counted) so the worker goes on.
+type runner struct {
+	handler Handler
+	clock   clock.Clock
+	grace   time.Duration
+	stats   *Stats
+
+	handlers sync.WaitGroup // every handler goroutine, abandoned ones included
+	live     atomic.Int64   // handler goroutines not yet returned
+}
+
+// Run executes one job synchronously. It is the step tests drive directly.
+func (r *runner) Run(ctx context.Context, j Job) Outcome {
+	if ctx.Err() != nil {
+		return Outcome{Ref: j.Ref, Err: ctx.Err(), Canceled: true}
+	}
+	d := j.Delivery
+	hctx, cancel := r.clock.WithTimeout(ctx, d.Timeout)
+	defer cancel()
+	done := make(chan error, 1)
+	r.handlers.Add(1)
+	r.live.Add(1)
+	go func() {
+		defer r.handlers.Done()
+		defer r.live.Add(-1)
+		done <- r.call(hctx, &d)
+	}()
+	select {
+	case err := <-done:
+		return r.outcome(ctx, hctx, j, err)
+	case <-hctx.Done():
+	}
+	grace := r.clock.Timer(r.grace)
+	defer grace.Stop()
+	select {
+	case err := <-done:
+		return r.outcome(ctx, hctx, j, err)
+	case <-grace.C:
+		if ctx.Err() != nil {
+			return Outcome{Ref: j.Ref, Err: ctx.Err(), Canceled: true}
+		}
+		r.stats.Abandoned.Add(1)
+		return Outcome{Ref: j.Ref, Err: fmt.Errorf("%w after %s; the handler ignored its context for %s more and was abandoned",
+			policy.ErrTimeout, d.Timeout, r.grace)}
+	}
+}
+
+func (r *runner) outcome(ctx, hctx context.Context, j Job, err error) Outcome {
+	switch {
+	case ctx.Err() != nil && err != nil:
+		return Outcome{Ref: j.Ref, Err: err, Canceled: true}
+	case err != nil && errors.Is(hctx.Err(), context.DeadlineExceeded):
+		r.stats.TimedOut.Add(1)
+		return Outcome{Ref: j.Ref, Err: fmt.Errorf("%w after %s: %v", policy.ErrTimeout, j.Delivery.Timeout, err)}
+	}
+	return Outcome{Ref: j.Ref, Err: err}
+}
+
+// call runs the handler; a panic is a failure carrying its value and stack.
+func (r *runner) call(ctx context.Context, d *Delivery) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.stats.Panics.Add(1)
+			err = fmt.Errorf("handler panic: %v\n%s", p, debug.Stack())
+		}
+	}()
+	return r.handler(ctx, d)
+}
+
+// pool runs n workers over jobs until it is closed, sending outcomes on out.
+type pool struct {
+	jobs chan Job
+	out  chan Outcome
+	wg   sync.WaitGroup
+}
+
+func (r *runner) startPool(ctx context.Context, n, capacity int) *pool {
+	p := &pool{jobs: make(chan Job, capacity), out: make(chan Outcome, capacity)}
+	for range n {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			for j := range p.jobs {
+				p.out <- r.Run(ctx, j)
+			}
+		}()
+	}
+	return p
+}
+
+// stop closes the pool and waits for its workers (not for abandoned
+// handlers: see waitHandlers).
+func (p *pool) stop() {
+	close(p.jobs)
+	p.wg.Wait()
+}
+
+// waitHandlers waits for every handler goroutine, abandoned ones included,
+// up to bound. Go cannot stop a goroutine that ignores its context; past the
+// bound such handlers are reported and left running.
+func (r *runner) waitHandlers(bound time.Duration) int64 {
+	done := make(chan struct{})
+	go func() { r.handlers.Wait(); close(done) }()
+	t := r.clock.Timer(bound)
+	defer t.Stop()
+	select {
+	case <-done:
+		return 0
+	case <-t.C:
+		return r.live.Load()
+	}
+}

@@ -1,0 +1,168 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// KeyClaim is one key a claimer wants for a keyed message: Ordered keys are
+// first checked for an unresolved earlier message at Position.
+type KeyClaim struct {
+	Key     string
+	Ordered bool
+	Position
+}
+
+// AcquireKeys leases the keys that are free (or whose holder lapsed) under
+// token for owner. It returns the keys leased and the ordered keys blocked by
+// an unresolved earlier message; any other key is busy elsewhere.
+func (st *Store) AcquireKeys(ctx context.Context, streamID, groupID int64, want []KeyClaim, token, owner string, ttl time.Duration, now Now) (held, blocked map[string]bool, err error) {
+	t := st.streamTables(streamID)
+	n := len(want)
+	keys, ordered, xids, ids := make([]string, n), make([]bool, n), make([]int64, n), make([]int64, n)
+	for i, k := range want {
+		keys[i], ordered[i], xids[i], ids[i] = k.Key, k.Ordered, k.Xid, k.ID
+	}
+	rows, err := st.pool.Query(ctx, t.acquireKeys, groupID, keys, ordered, xids, ids, token, owner, now, ttl)
+	if err != nil {
+		return nil, nil, fmt.Errorf("acquire keys: %w", err)
+	}
+	defer rows.Close()
+	held, blocked = map[string]bool{}, map[string]bool{}
+	for rows.Next() {
+		var key string
+		var isBlocked bool
+		if err := rows.Scan(&key, &isBlocked); err != nil {
+			return nil, nil, fmt.Errorf("acquire keys: scan: %w", err)
+		}
+		if isBlocked {
+			blocked[key] = true
+		} else {
+			held[key] = true
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("acquire keys: %w", err)
+	}
+	return held, blocked, nil
+}
+
+// ExceptionRun is an exception row leased for one attempt.
+type ExceptionRun struct {
+	Message
+	Token       string
+	Concurrency string
+	Attempts    int  // failed attempts so far (including a lapsed lease just now)
+	Delays      int  // delays used so far
+	Expired     bool // the row was taken over from a lapsed lease
+}
+
+// ClaimExceptions leases up to limit due exception rows of the group.
+func (st *Store) ClaimExceptions(ctx context.Context, streamID, groupID int64, owner string, limit int, lease time.Duration, now Now) ([]ExceptionRun, error) {
+	t := st.streamTables(streamID)
+	rows, err := st.pool.Query(ctx, t.claimExceptions, groupID, now, limit, owner, lease)
+	if err != nil {
+		return nil, fmt.Errorf("claim exceptions: %w", err)
+	}
+	defer rows.Close()
+	var out []ExceptionRun
+	for rows.Next() {
+		var r ExceptionRun
+		m := &r.Message
+		if err := rows.Scan(&r.Token, &r.Concurrency, &r.Attempts, &r.Delays, &r.Expired,
+			&m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, &m.Payload, &m.Options); err != nil {
+			return nil, fmt.Errorf("claim exceptions: scan: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claim exceptions: %w", err)
+	}
+	return out, nil
+}
+
+// Settlement is an exception row's next state after an attempt.
+type Settlement struct {
+	Delete   bool
+	Status   string
+	Attempts int
+	Delays   int
+	Error    string
+	After    time.Duration
+}
+
+// SettleException writes an attempt's result under the row's lease token.
+func (st *Store) SettleException(ctx context.Context, streamID, groupID int64, pos Position, token string, s Settlement, now Now) error {
+	t := st.streamTables(streamID)
+	var n int
+	if err := st.pool.QueryRow(ctx, t.settleException, groupID, pos.Xid, pos.ID, token, s.Delete,
+		s.Status, s.Attempts, s.Delays, s.Error, now, s.After.Microseconds()).Scan(&n); err != nil {
+		return fmt.Errorf("settle exception %d: %w", pos.ID, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("settle exception %d: %w", pos.ID, ErrLeaseLost)
+	}
+	return nil
+}
+
+// DeadLetter is a dead exception row.
+type DeadLetter struct {
+	MessageID  int64
+	Attempts   int
+	LastError  string
+	DiedAt     time.Time
+	Key        string
+	RoutingKey string
+	Version    int
+	ProducedAt time.Time
+}
+
+// ListDead pages through a group's dead letters in message id order.
+func (st *Store) ListDead(ctx context.Context, streamID, groupID, afterID int64, limit int) ([]DeadLetter, error) {
+	rows, err := st.pool.Query(ctx, st.streamTables(streamID).listDead, groupID, afterID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
+		var d DeadLetter
+		err := r.Scan(&d.MessageID, &d.Attempts, &d.LastError, &d.DiedAt, &d.Key, &d.RoutingKey, &d.Version, &d.ProducedAt)
+		return d, err
+	})
+}
+
+// Redrive puts one dead letter (messageID) or all of them (nil) back on the
+// curve from attempt zero, due now. It returns how many were redriven.
+func (st *Store) Redrive(ctx context.Context, streamID, groupID int64, messageID *int64, now Now) (int64, error) {
+	tag, err := st.pool.Exec(ctx, st.streamTables(streamID).redrive, groupID, messageID, now)
+	if err != nil {
+		return 0, fmt.Errorf("redrive: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// ExceptionState is an exception row as tests and inspection see it.
+type ExceptionState struct {
+	MessageID   int64
+	Status      string
+	Attempts    int
+	Delays      int
+	LastError   string
+	CanRunAfter time.Time
+	Concurrency string
+}
+
+// ExceptionStates lists a group's exception rows in log order.
+func (st *Store) ExceptionStates(ctx context.Context, streamID, groupID int64) ([]ExceptionState, error) {
+	rows, err := st.pool.Query(ctx, st.streamTables(streamID).exceptionState, groupID)
+	if err != nil {
+		return nil, fmt.Errorf("exception states: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ExceptionState, error) {
+		var e ExceptionState
+		err := r.Scan(&e.MessageID, &e.Status, &e.Attempts, &e.Delays, &e.LastError, &e.CanRunAfter, &e.Concurrency)
+		return e, err
+	})
+}
