@@ -241,7 +241,7 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 	var held, blocked map[string]bool
 	if len(want) > 0 {
 		var err error
-		held, blocked, err = a.cfg.Store.AcquireKeys(ctx, a.cfg.StreamID, a.cfg.GroupID, want, r.Token, a.cfg.InstanceID, a.cfg.Lease, a.cfg.DBNow())
+		held, blocked, err = a.cfg.Store.AcquireKeys(ctx, a.cfg.StreamID, a.cfg.GroupID, r.ID, want, r.Token, a.cfg.InstanceID, a.cfg.Lease, a.cfg.DBNow())
 		if err != nil {
 			// Keys unknown: hand the range back rather than run keyed
 			// messages unguarded.

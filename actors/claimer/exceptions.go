@@ -76,7 +76,7 @@ func (a *ExceptionActor) Claim(ctx context.Context) ([]Job, error) {
 			continue
 		}
 		if r.eff.Concurrency.Keyed() && m.Key != "" {
-			held, _, err := a.cfg.Store.AcquireKeys(ctx, a.cfg.StreamID, a.cfg.GroupID,
+			held, _, err := a.cfg.Store.AcquireKeys(ctx, a.cfg.StreamID, a.cfg.GroupID, 0,
 				[]store.KeyClaim{{Key: m.Key, Position: m.Position}}, r.run.Token, a.cfg.InstanceID, a.cfg.Lease, a.cfg.DBNow())
 			if err != nil || !held[m.Key] {
 				errs = append(errs, err, a.settle(ctx, r, store.Settlement{Status: policy.StatusPending, Attempts: r.run.Attempts,

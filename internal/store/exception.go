@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// KeyClaim is one key a claimer wants for a keyed message: Ordered keys are
-// first checked for an unresolved earlier message at Position.
+// KeyClaim is one key a claimer wants for a keyed message. An Ordered key
+// is checked for an unresolved message before Position.
 type KeyClaim struct {
 	Key     string
 	Ordered bool
@@ -17,35 +17,52 @@ type KeyClaim struct {
 }
 
 // AcquireKeys leases the keys that are free (or whose holder lapsed) under
-// token for owner. It returns the keys leased and the ordered keys blocked by
-// an unresolved earlier message; any other key is busy elsewhere.
-func (st *Store) AcquireKeys(ctx context.Context, streamID, groupID int64, want []KeyClaim, token, owner string, ttl time.Duration, now Now) (held, blocked map[string]bool, err error) {
+// token for owner, then gives back the ordered ones that must wait for an
+// earlier message, in one round trip (two statements, two snapshots: see the
+// SQL). rangeID is the caller's own range (0 on the exception path). It
+// returns the keys held and the ordered keys blocked; any other key is busy
+// elsewhere.
+func (st *Store) AcquireKeys(ctx context.Context, streamID, groupID, rangeID int64, want []KeyClaim, token, owner string, ttl time.Duration, now Now) (held, blocked map[string]bool, err error) {
 	t := st.streamTables(streamID)
-	n := len(want)
-	keys, ordered, xids, ids := make([]string, n), make([]bool, n), make([]int64, n), make([]int64, n)
+	keys := make([]string, len(want))
+	var okeys []string
+	var oxids, oids []int64
 	for i, k := range want {
-		keys[i], ordered[i], xids[i], ids[i] = k.Key, k.Ordered, k.Xid, k.ID
+		keys[i] = k.Key
+		if k.Ordered {
+			okeys, oxids, oids = append(okeys, k.Key), append(oxids, k.Xid), append(oids, k.ID)
+		}
 	}
-	rows, err := st.pool.Query(ctx, t.acquireKeys, groupID, keys, ordered, xids, ids, token, owner, now, ttl)
-	if err != nil {
-		return nil, nil, fmt.Errorf("acquire keys: %w", err)
+	var b pgx.Batch
+	b.Queue(t.acquireKeys, groupID, keys, token, owner, now, ttl)
+	if len(okeys) > 0 {
+		b.Queue(t.blockOrdered, groupID, okeys, oxids, oids, rangeID, token)
 	}
-	defer rows.Close()
+	br := st.pool.SendBatch(ctx, &b)
+	defer br.Close()
 	held, blocked = map[string]bool{}, map[string]bool{}
-	for rows.Next() {
-		var key string
-		var isBlocked bool
-		if err := rows.Scan(&key, &isBlocked); err != nil {
-			return nil, nil, fmt.Errorf("acquire keys: scan: %w", err)
+	for q := range b.Len() {
+		rows, err := br.Query()
+		if err != nil {
+			return nil, nil, fmt.Errorf("acquire keys: %w", err)
 		}
-		if isBlocked {
-			blocked[key] = true
-		} else {
-			held[key] = true
+		for rows.Next() {
+			var key string
+			if err := rows.Scan(&key); err != nil {
+				rows.Close()
+				return nil, nil, fmt.Errorf("acquire keys: scan: %w", err)
+			}
+			if q == 0 {
+				held[key] = true
+			} else {
+				delete(held, key)
+				blocked[key] = true
+			}
 		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("acquire keys: %w", err)
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, nil, fmt.Errorf("acquire keys: %w", err)
+		}
 	}
 	return held, blocked, nil
 }

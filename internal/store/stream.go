@@ -23,6 +23,7 @@ type tables struct {
 	rangeLeases    string
 
 	acquireKeys     string
+	blockOrdered    string
 	claimExceptions string
 	settleException string
 	listDead        string
@@ -194,31 +195,45 @@ SELECT count(*) FROM {s}.{t}_log`),
 		countException: r.Replace(`-- store.CountExceptions
 SELECT count(*) FROM {s}.{t}_exception WHERE group_id = $1`),
 
-		// Ordered keys whose earlier message is still unresolved are
-		// blocked; the other keys are leased unless another live holder has
-		// them. Both answers come back in one round trip.
+		// Keys are leased unless another live holder has them. A deleted
+		// lease row does not conflict, so this may take a key the moment its
+		// holder commits; whether an ordered key must still wait is decided
+		// by the next statement, under a newer snapshot.
 		acquireKeys: r.Replace(`-- store.AcquireKeys
+INSERT INTO {s}.{t}_key_lease AS l (group_id, message_key, token, owner, expires_at)
+SELECT $1, k.key, $3::uuid, $4::uuid, coalesce($5, now()) + $6::interval
+FROM unnest($2::text[]) AS k(key)
+ON CONFLICT (group_id, message_key) DO UPDATE
+    SET token = EXCLUDED.token, owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+    WHERE l.expires_at < coalesce($5, now())
+RETURNING l.message_key`),
+
+		// An ordered key held by us is blocked, and given back, while an
+		// earlier message of the key is unresolved: a non-dead exception
+		// row, or a message inside another outstanding range of the group.
+		// A holder settles its range (range row deleted, exception rows
+		// written, key released) in one transaction, so this statement's
+		// snapshot, taken after the key was seen free, sees one or the
+		// other.
+		blockOrdered: r.Replace(`-- store.AcquireKeys
 WITH req AS (
-    SELECT k.key, k.ordered, k.xid, k.id
-    FROM unnest($2::text[], $3::bool[], $4::bigint[], $5::bigint[]) AS k(key, ordered, xid, id)
+    SELECT k.key, k.xid, k.id FROM unnest($2::text[], $3::bigint[], $4::bigint[]) AS k(key, xid, id)
 ), blocked AS (
     SELECT req.key FROM req
-    WHERE req.ordered AND EXISTS (
+    WHERE EXISTS (
         SELECT 1 FROM {s}.{t}_exception x
         WHERE x.group_id = $1 AND x.message_key = req.key AND x.status <> 'dead'
           AND (x.message_xid, x.message_id) < (req.xid, req.id))
-), got AS (
-    INSERT INTO {s}.{t}_key_lease AS l (group_id, message_key, token, owner, expires_at)
-    SELECT $1, req.key, $6::uuid, $7::uuid, coalesce($8, now()) + $9::interval
-    FROM req WHERE req.key NOT IN (SELECT key FROM blocked)
-    ON CONFLICT (group_id, message_key) DO UPDATE
-        SET token = EXCLUDED.token, owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
-        WHERE l.expires_at < coalesce($8, now())
-    RETURNING l.message_key
+    OR EXISTS (
+        SELECT 1 FROM {s}.{t}_range g
+        JOIN {s}.{t}_log m ON m.xid >= g.lo_xid AND m.xid <= g.hi_xid
+                          AND (m.xid, m.id) > (g.lo_xid, g.lo_id) AND (m.xid, m.id) <= (g.hi_xid, g.hi_id)
+        WHERE g.group_id = $1 AND g.id <> $5 AND (g.lo_xid, g.lo_id) < (req.xid, req.id)
+          AND m.message_key = req.key AND (m.xid, m.id) < (req.xid, req.id))
 )
-SELECT key, true FROM blocked
-UNION ALL
-SELECT message_key, false FROM got`),
+DELETE FROM {s}.{t}_key_lease
+WHERE group_id = $1 AND token = $6::uuid AND message_key IN (SELECT key FROM blocked)
+RETURNING message_key`),
 
 		// Due rows, and running rows whose lease lapsed (their holder died
 		// or hung: that counts as a failed attempt). An ordered row runs only
@@ -230,10 +245,17 @@ WITH due AS (
     WHERE x.group_id = $1 AND x.status <> 'dead'
       AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
         OR (x.status = 'running' AND x.expires_at < coalesce($2, now())))
-      AND (x.concurrency <> 'ordered' OR NOT EXISTS (
-            SELECT 1 FROM {s}.{t}_exception e
-            WHERE e.group_id = x.group_id AND e.message_key = x.message_key AND e.status <> 'dead'
-              AND (e.message_xid, e.message_id) < (x.message_xid, x.message_id)))
+      AND (x.concurrency <> 'ordered' OR NOT (
+            EXISTS (
+                SELECT 1 FROM {s}.{t}_exception e
+                WHERE e.group_id = x.group_id AND e.message_key = x.message_key AND e.status <> 'dead'
+                  AND (e.message_xid, e.message_id) < (x.message_xid, x.message_id))
+            OR EXISTS (
+                SELECT 1 FROM {s}.{t}_range g
+                JOIN {s}.{t}_log m ON m.xid >= g.lo_xid AND m.xid <= g.hi_xid
+                                  AND (m.xid, m.id) > (g.lo_xid, g.lo_id) AND (m.xid, m.id) <= (g.hi_xid, g.hi_id)
+                WHERE g.group_id = x.group_id AND (g.lo_xid, g.lo_id) < (x.message_xid, x.message_id)
+                  AND m.message_key = x.message_key AND (m.xid, m.id) < (x.message_xid, x.message_id))))
     ORDER BY x.can_run_after
     LIMIT $3
     FOR UPDATE OF x SKIP LOCKED

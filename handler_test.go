@@ -1,0 +1,117 @@
+package sqlstreams
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestPanicDoesNotKillTheInstance(t *testing.T) {
+	e, s, c := setup(t, nil, "g", 0)
+	first, second := newCollector(19), newCollector(5)
+	sess := consume(t, c, func(_ context.Context, o *order) error {
+		switch {
+		case o.OrderID == "m-3":
+			panic("nil map somewhere")
+		case o.Amount < 0:
+			second.add(o.OrderID)
+		default:
+			first.add(o.OrderID)
+		}
+		return nil
+	}, fast())
+	e.produceN(s, "m", 20)
+	within(t, first.done, "the messages around the panicking one")
+	items := make([]BatchItem[order], 5)
+	for i := range items {
+		items[i] = BatchItem[order]{Msg: order{OrderID: "late-" + string(rune('a'+i)), Amount: -1}}
+	}
+	_, err := s.ProduceBatch(context.Background(), items, nil)
+	require.NoError(t, err)
+	within(t, second.done, "messages produced after the panic")
+	require.NoError(t, sess.stop(t))
+
+	require.EqualValues(t, 1, c.Stats().Panics)
+	xs, err := e.client.store.ExceptionStates(context.Background(), c.group.StreamID, c.group.ID)
+	require.NoError(t, err)
+	require.Len(t, xs, 1)
+	require.Contains(t, xs[0].LastError, "handler panic: nil map somewhere")
+	require.Contains(t, xs[0].LastError, "goroutine", "the stack is kept")
+}
+
+// A handler that ignores its context past Timeout + TimeoutGrace is
+// abandoned: the attempt is a timeout failure and the instance keeps
+// consuming.
+func TestHungHandlerPastTimeoutIsAbandonedAndTheInstanceKeepsConsuming(t *testing.T) {
+	e, s, c := setup(t, nil, "g", 0)
+	release := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	hung := make(chan struct{})
+	col := newCollector(10)
+	sess := consume(t, c, func(ctx context.Context, o *order) error {
+		if o.OrderID == "hang" {
+			close(hung)
+			<-release // ignores ctx
+			return nil
+		}
+		col.add(o.OrderID)
+		return nil
+	}, &ConsumeOptions{BatchLimit: 5, MessageConcurrency: 1, ClaimPollRate: 5 * time.Millisecond,
+		TimeoutGrace: 20 * time.Millisecond, ShutdownTimeout: 50 * time.Millisecond})
+	_, err := s.Produce(context.Background(), order{OrderID: "hang"}, &ProduceOptions{Message: &MessageOptions{
+		Timeout: 20 * time.Millisecond, Retry: &RetryPolicy{MaxRetries: NoRetries}}})
+	require.NoError(t, err)
+	within(t, hung, "the hanging handler")
+	e.produceN(s, "m", 10) // with one worker, these run only if the hung one was abandoned
+	within(t, col.done, "messages after the hung one")
+	require.NoError(t, sess.stop(t))
+
+	st := c.Stats()
+	require.EqualValues(t, 1, st.Abandoned)
+	xs, err := e.client.store.ExceptionStates(context.Background(), c.group.StreamID, c.group.ID)
+	require.NoError(t, err)
+	require.Len(t, xs, 1)
+	require.Equal(t, "dead", xs[0].Status)
+	require.Contains(t, xs[0].LastError, "handler timed out after 20ms")
+	require.Contains(t, xs[0].LastError, "abandoned")
+	require.Contains(t, e.logs.messages(0), "handlers still running after shutdown: they ignore their context and are left behind")
+}
+
+func TestTimeoutCancelsTheHandlerContext(t *testing.T) {
+	e, s, c := setup(t, nil, "g", 0)
+	sawDeadline := make(chan time.Duration, 1)
+	sess := consume(t, c, func(ctx context.Context, o *order) error {
+		meta, _ := MetaFromContext(ctx)
+		sawDeadline <- meta.Timeout
+		<-ctx.Done()
+		return ctx.Err()
+	}, fast())
+	_, err := s.Produce(context.Background(), order{OrderID: "slow"}, &ProduceOptions{Message: &MessageOptions{
+		Timeout: 30 * time.Millisecond, Retry: &RetryPolicy{MaxRetries: NoRetries}}})
+	require.NoError(t, err)
+	require.Equal(t, 30*time.Millisecond, within(t, sawDeadline, "the handler"))
+	require.NoError(t, sess.stop(t))
+	xs, err := e.client.store.ExceptionStates(context.Background(), c.group.StreamID, c.group.ID)
+	require.NoError(t, err)
+	require.Len(t, xs, 1)
+	require.Contains(t, xs[0].LastError, "handler timed out after 30ms")
+	require.EqualValues(t, 1, c.Stats().TimedOut)
+	require.Zero(t, c.Stats().Abandoned, "a handler that honours its context is not abandoned")
+}
+
+func TestKeyedConcurrencyNeedsAKey(t *testing.T) {
+	e := newEnv(t, nil)
+	s := e.stream("orders")
+	_, err := s.Produce(context.Background(), order{}, &ProduceOptions{Message: &MessageOptions{Concurrency: Exclusive}})
+	require.ErrorIs(t, err, ErrInvalidKey)
+	require.Contains(t, err.Error(), "exclusive")
+	_, err = s.Produce(context.Background(), order{}, &ProduceOptions{Message: &MessageOptions{Concurrency: "sometimes"}})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	_, err = s.Consumer("g").Register(context.Background(), &ConsumerConfig{ConcurrencyOverride: "sometimes"})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	require.Zero(t, e.count(s))
+}

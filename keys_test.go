@@ -1,0 +1,247 @@
+package sqlstreams
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/c1702965/sqlstreams/actors/claimer"
+	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/policy"
+	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/stretchr/testify/require"
+)
+
+// A range whose holders keep dying is quarantined after MaxRangeReclaims:
+// its messages become independent exception rows, the healthy ones are
+// delivered, and the poison one ends dead after its own retries.
+func TestPoisonRangeIsQuarantinedAndHealthyMessagesAreDelivered(t *testing.T) {
+	st, s := newStepper(t, &ConsumerConfig{MaxRangeReclaims: 1, Message: &MessageOptions{Retry: &RetryPolicy{MaxRetries: 2}}},
+		func(*order, int) error { return nil })
+	ctx := context.Background()
+	st.e.produceN(s, "m", 5)
+	stream, group := st.c.group.StreamID, st.c.group.ID
+	db := st.e.client.store
+
+	// Two holders claim the range and die on it (their leases lapse).
+	for i := range 2 {
+		owner := engine.NewID()
+		args := store.ClaimArgs{StreamID: stream, GroupID: group, Owner: owner, Limit: 10, Lease: time.Minute, Now: st.now()}
+		if i == 0 {
+			_, ok, err := db.ClaimRange(ctx, args)
+			require.NoError(t, err)
+			require.True(t, ok)
+		} else {
+			_, ok, err := db.ReclaimRange(ctx, args)
+			require.NoError(t, err)
+			require.True(t, ok)
+		}
+		require.NoError(t, db.ExpireOwnedRanges(ctx, owner, stream, st.now()))
+	}
+	// The next reclaim is past MaxRangeReclaims: quarantine, nothing runs.
+	require.Zero(t, st.claimRange())
+	require.EqualValues(t, 1, st.stats.Quarantined.Load())
+	leases, err := db.RangeLeases(ctx, stream, group)
+	require.NoError(t, err)
+	require.Empty(t, leases)
+	require.Len(t, st.states(), 5)
+
+	// m-2 kills every process that runs it: each time a new process
+	// starts, claims, dies mid-handler, and its lease lapses.
+	for attempt := 0; ; attempt++ {
+		require.Less(t, attempt, 10, "the poison message must end")
+		ex, id := st.newExc()
+		jobs, err := ex.Claim(ctx)
+		require.NoError(t, err)
+		if len(jobs) == 0 {
+			break
+		}
+		for _, j := range jobs {
+			var o order
+			require.NoError(t, json.Unmarshal(j.Delivery.Msg.Payload, &o))
+			if o.OrderID == "m-2" {
+				continue // the process dies mid-handler: no outcome
+			}
+			require.NoError(t, ex.Outcome(ctx, ex.Run(ctx, j)))
+		}
+		require.NoError(t, db.ExpireOwnedRanges(ctx, id, stream, st.now()))
+	}
+	xs := st.states()
+	require.Len(t, xs, 1, "the healthy messages were delivered")
+	require.Equal(t, "dead", xs[0].Status)
+	require.Equal(t, 3, xs[0].Attempts, "the first attempt and MaxRetries retries, each a lapsed lease")
+	delivered := map[string]bool{}
+	for _, c := range st.calls {
+		delivered[c.id] = true
+	}
+	for _, id := range []string{"m-0", "m-1", "m-3", "m-4"} {
+		require.True(t, delivered[id], id)
+	}
+}
+
+// ConcurrencyOverride is pinned when a message is claimed: flipping it
+// afterwards does not change the policy the message finishes under.
+func TestOverrideIsPinnedAtClaim(t *testing.T) {
+	st, s := newStepper(t, &ConsumerConfig{ConcurrencyOverride: Exclusive}, func(*order, int) error { return nil })
+	ctx := context.Background()
+	_, err := s.Produce(ctx, order{OrderID: "o1"}, &ProduceOptions{Key: "customer-1"})
+	require.NoError(t, err)
+
+	group := st.c.cfg.policyGroup()
+	common := st.e.common(st.c, st.mock, nil)
+	flip := group
+	var seen []policy.Concurrency
+	handler := func(_ context.Context, d *claimer.Delivery) error {
+		seen = append(seen, d.Concurrency)
+		if len(seen) == 1 {
+			flip.Override = Parallel // redeclared while the message runs
+			return errors.New("fails once")
+		}
+		return nil
+	}
+	common.Handler = handler
+	common.Group = func() policy.Group { return flip }
+	flip = group
+	rc := claimer.New(claimer.Config{Common: common, BatchLimit: 10, QueueSize: 10, StallAfter: time.Hour})
+	jobs, err := rc.Claim(ctx)
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	_, err = rc.Outcome(ctx, rc.Run(ctx, jobs[0]))
+	require.NoError(t, err)
+	xs := st.states()
+	require.Equal(t, "exclusive", xs[0].Concurrency, "pinned on the exception row")
+
+	ec := common
+	ec.InstanceID = engine.NewID()
+	ex := claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec})
+	st.mock.Add(time.Hour)
+	jobs, err = ex.Claim(ctx)
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	require.NoError(t, ex.Outcome(ctx, ex.Run(ctx, jobs[0])))
+	require.Equal(t, []policy.Concurrency{Exclusive, Exclusive}, seen, "the retry runs under the policy it was claimed with")
+	require.Empty(t, st.states())
+}
+
+// keyTracker records handler start and stop per key and notes any overlap.
+type keyTracker struct {
+	mu       sync.Mutex
+	inFlight map[string]int
+	overlaps int
+	order    map[string][]int
+	handled  map[string]bool
+	want     int
+	done     chan struct{}
+}
+
+func newKeyTracker(want int) *keyTracker {
+	return &keyTracker{inFlight: map[string]int{}, order: map[string][]int{}, handled: map[string]bool{}, want: want, done: make(chan struct{})}
+}
+
+func (k *keyTracker) start(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.inFlight[key]++
+	if k.inFlight[key] > 1 {
+		k.overlaps++
+	}
+}
+
+func (k *keyTracker) stop(key string, o *order, ok bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.inFlight[key]--
+	if ok && !k.handled[o.OrderID] {
+		k.handled[o.OrderID] = true
+		k.order[key] = append(k.order[key], o.Amount)
+		if len(k.handled) == k.want {
+			close(k.done)
+		}
+	}
+}
+
+// work yields many times so that overlapping handlers would interleave.
+func work() {
+	for range 200 {
+		runtime.Gosched()
+	}
+}
+
+func keyedBatch(n, keys int) []BatchItem[order] {
+	items := make([]BatchItem[order], n)
+	for i := range items {
+		items[i] = BatchItem[order]{Msg: order{OrderID: fmt.Sprintf("m-%d", i), Amount: i}, Key: fmt.Sprintf("k%d", i%keys)}
+	}
+	return items
+}
+
+func TestExclusiveKeysNeverOverlapAcrossInstances(t *testing.T) {
+	e, s, c := setup(t, nil, "g", 0)
+	const n, keys = 300, 5
+	_, err := s.ProduceBatch(context.Background(), keyedBatch(n, keys), &ProduceOptions{Message: &MessageOptions{Concurrency: Exclusive}})
+	require.NoError(t, err)
+	kt := newKeyTracker(n)
+	h := func(ctx context.Context, o *order) error {
+		meta, _ := MetaFromContext(ctx)
+		require.Equal(t, Exclusive, meta.Concurrency)
+		kt.start(meta.Key)
+		work()
+		kt.stop(meta.Key, o, true)
+		return nil
+	}
+	opts := &ConsumeOptions{BatchLimit: 20, MessageConcurrency: 8, ClaimPollRate: 5 * time.Millisecond}
+	consume(t, c, h, opts)
+	consume(t, c, h, opts)
+	within(t, kt.done, "every keyed message")
+	kt.mu.Lock()
+	defer kt.mu.Unlock()
+	require.Zero(t, kt.overlaps, "two messages of one exclusive key ran at once")
+	require.Positive(t, c.Stats().Deferred, "the other instance found keys busy and parked messages")
+	_ = e
+}
+
+func TestOrderedKeysRunInPositionOrderEvenWhenAnEarlierMessageRetries(t *testing.T) {
+	e, s, c := setup(t, nil, "g", 0)
+	const n, keys = 60, 3
+	_, err := s.ProduceBatch(context.Background(), keyedBatch(n, keys), &ProduceOptions{Message: &MessageOptions{
+		Concurrency: Ordered, Retry: &RetryPolicy{BaseDelay: time.Millisecond}}})
+	require.NoError(t, err)
+	reg, err := s.Consumer("g").Register(context.Background(), &ConsumerConfig{ExceptionInitialBackoff: 5 * time.Millisecond})
+	require.NoError(t, err)
+	kt := newKeyTracker(n)
+	var mu sync.Mutex
+	failedOnce := map[string]bool{}
+	h := func(ctx context.Context, o *order) error {
+		meta, _ := MetaFromContext(ctx)
+		kt.start(meta.Key)
+		work()
+		mu.Lock()
+		fail := o.Amount%7 == 1 && !failedOnce[o.OrderID]
+		failedOnce[o.OrderID] = true
+		mu.Unlock()
+		kt.stop(meta.Key, o, !fail)
+		if fail {
+			return errors.New("transient")
+		}
+		return nil
+	}
+	opts := &ConsumeOptions{BatchLimit: 10, MessageConcurrency: 4, ClaimPollRate: 5 * time.Millisecond}
+	consume(t, reg, h, opts)
+	consume(t, reg, h, opts)
+	within(t, kt.done, "every ordered message")
+	kt.mu.Lock()
+	defer kt.mu.Unlock()
+	require.Zero(t, kt.overlaps)
+	for key, got := range kt.order {
+		for i := 1; i < len(got); i++ {
+			require.Less(t, got[i-1], got[i], "key %s ran out of order: %v", key, got)
+		}
+	}
+	require.Positive(t, reg.Stats().Failed)
+	_, _ = e, c
+}

@@ -1,0 +1,228 @@
+package sqlstreams
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/actors/claimer"
+	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/stretchr/testify/require"
+)
+
+// stepper drives a group's two claimers through their step functions with a
+// mock clock: no goroutines of ours, no real time.
+type stepper struct {
+	t      *testing.T
+	e      *env
+	c      *Consumer[order]
+	mock   *clock.Mock
+	ranges *claimer.Actor
+	exc    *claimer.ExceptionActor
+	common claimer.Common
+	stats  *claimer.Stats
+	calls  []call
+}
+
+type call struct {
+	id      string
+	attempt int
+	at      time.Time
+}
+
+func newStepper(t *testing.T, cfg *ConsumerConfig, h func(o *order, attempt int) error) (*stepper, *StreamHandle[order]) {
+	t.Helper()
+	mock := clock.NewMock()
+	mock.Set(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
+	e := newEnv(t, &ClientConfig{Clock: mock})
+	s := e.stream("orders")
+	c, err := s.Consumer("g").Register(context.Background(), cfg)
+	require.NoError(t, err)
+	st := &stepper{t: t, e: e, c: c, mock: mock}
+	handler := c.adapt(func(ctx context.Context, o *order) error {
+		meta, _ := MetaFromContext(ctx)
+		st.calls = append(st.calls, call{id: o.OrderID, attempt: meta.Attempt, at: mock.Now()})
+		return h(o, meta.Attempt)
+	})
+	common := e.common(c, mock, handler)
+	st.stats, st.common = common.Stats, common
+	st.ranges = claimer.New(claimer.Config{Common: common, BatchLimit: 10, QueueSize: 20, StallAfter: time.Hour})
+	st.exc, _ = st.newExc()
+	return st, s
+}
+
+// newExc returns a fresh exception claimer with its own instance id, as a
+// new process would have.
+func (st *stepper) newExc() (*claimer.ExceptionActor, string) {
+	ec := st.common
+	ec.InstanceID = engine.NewID()
+	return claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec}), ec.InstanceID
+}
+
+// now is the mock clock's time as the database sees it.
+func (st *stepper) now() store.Now { return engine.DBNow(st.mock)() }
+
+// claimRange claims and runs one range to its commit.
+func (st *stepper) claimRange() int {
+	st.t.Helper()
+	ctx := context.Background()
+	jobs, err := st.ranges.Claim(ctx)
+	require.NoError(st.t, err)
+	n := 0
+	for len(jobs) > 0 {
+		j := jobs[0]
+		jobs = jobs[1:]
+		more, err := st.ranges.Outcome(ctx, st.ranges.Run(ctx, j))
+		require.NoError(st.t, err)
+		jobs = append(jobs, more...)
+		n++
+	}
+	return n
+}
+
+// retry claims and runs the due exception rows; it returns how many ran.
+func (st *stepper) retry() int {
+	st.t.Helper()
+	ctx := context.Background()
+	jobs, err := st.exc.Claim(ctx)
+	require.NoError(st.t, err)
+	for _, j := range jobs {
+		require.NoError(st.t, st.exc.Outcome(ctx, st.exc.Run(ctx, j)))
+	}
+	return len(jobs)
+}
+
+func (st *stepper) states() []store.ExceptionState {
+	st.t.Helper()
+	xs, err := st.e.client.store.ExceptionStates(context.Background(), st.c.group.StreamID, st.c.group.ID)
+	require.NoError(st.t, err)
+	return xs
+}
+
+func TestFailingMessageIsRetriedMaxRetriesTimesOnTheCurveThenDead(t *testing.T) {
+	st, s := newStepper(t, &ConsumerConfig{ExceptionInitialBackoff: 5 * time.Second},
+		func(*order, int) error { return errors.New("card processor down") })
+	_, err := s.Produce(context.Background(), order{OrderID: "o1"}, &ProduceOptions{Message: &MessageOptions{
+		Retry: &RetryPolicy{MaxRetries: 3, BaseDelay: 2 * time.Second, Exponent: 2, MaxDelay: time.Minute}}})
+	require.NoError(t, err)
+	start := st.mock.Now()
+
+	require.Equal(t, 1, st.claimRange())
+	// Waits: initial backoff 5s, then BaseDelay×1² = 2s, then BaseDelay×2² = 8s.
+	for _, wait := range []time.Duration{5 * time.Second, 2 * time.Second, 8 * time.Second} {
+		st.mock.Add(wait - time.Millisecond)
+		require.Zero(t, st.retry(), "not due before its time")
+		st.mock.Add(time.Millisecond)
+		require.Equal(t, 1, st.retry())
+	}
+	st.mock.Add(time.Hour)
+	require.Zero(t, st.retry(), "dead rows are not retried")
+
+	require.Len(t, st.calls, 4, "the first attempt and exactly MaxRetries retries")
+	offsets := []time.Duration{}
+	for i, c := range st.calls {
+		require.Equal(t, i+1, c.attempt)
+		offsets = append(offsets, c.at.Sub(start))
+	}
+	require.Equal(t, []time.Duration{0, 5 * time.Second, 7 * time.Second, 15 * time.Second}, offsets)
+	xs := st.states()
+	require.Len(t, xs, 1)
+	require.Equal(t, "dead", xs[0].Status)
+	require.Equal(t, 4, xs[0].Attempts)
+	require.Contains(t, xs[0].LastError, "card processor down")
+	dead, err := st.c.DeadLetters(context.Background(), 0, 10)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.EqualValues(t, 1, st.stats.Dead.Load())
+}
+
+func TestTerminalErrorIsDeadAfterOneAttempt(t *testing.T) {
+	st, s := newStepper(t, nil, func(*order, int) error { return Terminal(errors.New("card stolen")) })
+	_, err := s.Produce(context.Background(), order{OrderID: "o1"}, nil)
+	require.NoError(t, err)
+	st.claimRange()
+	st.mock.Add(24 * time.Hour)
+	require.Zero(t, st.retry())
+	require.Len(t, st.calls, 1)
+	xs := st.states()
+	require.Equal(t, "dead", xs[0].Status)
+	require.Contains(t, xs[0].LastError, "card stolen")
+}
+
+func TestDelayDoesNotSpendRetries(t *testing.T) {
+	delays := 0
+	st, s := newStepper(t, nil, func(o *order, attempt int) error {
+		if delays < 3 {
+			delays++
+			return Delay(time.Minute)
+		}
+		return errors.New("now it fails")
+	})
+	_, err := s.Produce(context.Background(), order{OrderID: "o1"}, &ProduceOptions{Message: &MessageOptions{
+		Retry: &RetryPolicy{MaxRetries: NoRetries}}})
+	require.NoError(t, err)
+	st.claimRange()
+	for range 3 {
+		xs := st.states()
+		require.Equal(t, "pending", xs[0].Status)
+		require.Zero(t, xs[0].Attempts, "a delay spends no retry")
+		st.mock.Add(time.Minute)
+		require.Equal(t, 1, st.retry())
+	}
+	xs := st.states()
+	require.Equal(t, "dead", xs[0].Status, "with no retries the first real failure is final")
+	require.Equal(t, 3, xs[0].Delays)
+	require.Equal(t, 1, xs[0].Attempts)
+	for _, c := range st.calls {
+		require.Equal(t, 1, c.attempt, "delays do not advance the attempt number")
+	}
+	require.EqualValues(t, 3, st.stats.Delayed.Load())
+}
+
+func TestDelaysPastMaxDelaysCountAsFailures(t *testing.T) {
+	st, s := newStepper(t, nil, func(*order, int) error { return Delay(time.Second) })
+	_, err := s.Produce(context.Background(), order{OrderID: "o1"}, &ProduceOptions{Message: &MessageOptions{
+		Retry: &RetryPolicy{MaxRetries: 1, MaxDelays: 1}}})
+	require.NoError(t, err)
+	st.claimRange()                 // delay 1 (free)
+	st.mock.Add(time.Second)        //
+	require.Equal(t, 1, st.retry()) // delay 2: past MaxDelays, a failure (attempt 1 of 1 retry)
+	xs := st.states()
+	require.Equal(t, "pending", xs[0].Status)
+	require.Equal(t, 1, xs[0].Attempts)
+	st.mock.Add(time.Hour)
+	require.Equal(t, 1, st.retry())
+	require.Equal(t, "dead", st.states()[0].Status)
+}
+
+func TestRedriveBringsADeadLetterBack(t *testing.T) {
+	fail := true
+	st, s := newStepper(t, nil, func(*order, int) error {
+		if fail {
+			return Terminal(errors.New("bad"))
+		}
+		return nil
+	})
+	p, err := s.Produce(context.Background(), order{OrderID: "o1"}, nil)
+	require.NoError(t, err)
+	st.claimRange()
+	require.Equal(t, "dead", st.states()[0].Status)
+
+	fail = false
+	ok, err := st.c.Redrive(context.Background(), p.ID+1000)
+	require.NoError(t, err)
+	require.False(t, ok, "only dead letters are redriven")
+	ok, err = st.c.Redrive(context.Background(), p.ID)
+	require.NoError(t, err)
+	require.True(t, ok)
+	xs := st.states()
+	require.Equal(t, "pending", xs[0].Status)
+	require.Zero(t, xs[0].Attempts, "back on the curve from attempt zero")
+	require.Equal(t, 1, st.retry())
+	require.Empty(t, st.states(), "a success deletes the row")
+	require.Len(t, st.calls, 2)
+	require.Equal(t, 1, st.calls[1].attempt, "a redriven message starts again at attempt 1")
+}
