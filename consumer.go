@@ -47,13 +47,28 @@ type ConsumerConfig struct {
 	// holders before it is quarantined (split into exception rows). Default
 	// 3; NoRetries quarantines on the first reclaim.
 	MaxRangeReclaims int
+	// DeliveryLog says which attempts the delivery log records, in the
+	// transaction that settles them: DeliveryLogFailures (default: failed
+	// and dead attempts), DeliveryLogAll, or DeliveryLogOff.
+	DeliveryLog DeliveryLogMode
 }
+
+// DeliveryLogMode is a group's delivery-log mode.
+type DeliveryLogMode string
+
+// Delivery-log modes.
+const (
+	DeliveryLogOff      DeliveryLogMode = policy.LogOff
+	DeliveryLogFailures DeliveryLogMode = policy.LogFailures
+	DeliveryLogAll      DeliveryLogMode = policy.LogAll
+)
 
 // policyGroup is the group layer the engine resolves messages against.
 func (c ConsumerConfig) policyGroup() policy.Group {
 	return policy.Group{
 		Message: c.Message.layer(), Min: c.MessageMin.layer(), Max: c.MessageMax.layer(),
 		Override: c.ConcurrencyOverride, InitialBackoff: c.ExceptionInitialBackoff, MaxRangeReclaims: c.MaxRangeReclaims,
+		DeliveryLog: string(c.DeliveryLog),
 	}
 }
 
@@ -83,6 +98,8 @@ func (c ConsumerConfig) validate() error {
 		return fmt.Errorf("%w: ConsumerConfig.ConcurrencyOverride %q: want parallel, exclusive or ordered", ErrInvalidConfig, c.ConcurrencyOverride)
 	case c.ExceptionInitialBackoff < 0:
 		return fmt.Errorf("%w: ConsumerConfig.ExceptionInitialBackoff must not be negative", ErrInvalidConfig)
+	case c.DeliveryLog != "" && c.DeliveryLog != DeliveryLogOff && c.DeliveryLog != DeliveryLogFailures && c.DeliveryLog != DeliveryLogAll:
+		return fmt.Errorf("%w: ConsumerConfig.DeliveryLog %q: want off, failures or all", ErrInvalidConfig, c.DeliveryLog)
 	case c.MaxRangeReclaims < NoRetries:
 		return fmt.Errorf("%w: ConsumerConfig.MaxRangeReclaims must be positive, 0 (default) or NoRetries", ErrInvalidConfig)
 	}

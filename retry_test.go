@@ -3,6 +3,7 @@ package sqlstreams
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -225,4 +226,74 @@ func TestRedriveBringsADeadLetterBack(t *testing.T) {
 	require.Empty(t, st.states(), "a success deletes the row")
 	require.Len(t, st.calls, 2)
 	require.Equal(t, 1, st.calls[1].attempt, "a redriven message starts again at attempt 1")
+}
+
+func TestDeliveryLogModes(t *testing.T) {
+	for _, tc := range []struct {
+		mode DeliveryLogMode
+		want []string
+	}{
+		{"", []string{"1 failed"}},
+		{DeliveryLogFailures, []string{"1 failed"}},
+		{DeliveryLogAll, []string{"1 failed", "2 succeeded"}},
+		{DeliveryLogOff, nil},
+	} {
+		t.Run(string(tc.mode), func(t *testing.T) {
+			st, s := newStepper(t, &ConsumerConfig{DeliveryLog: tc.mode}, func(_ *order, attempt int) error {
+				if attempt == 1 {
+					return errors.New("first try fails")
+				}
+				return nil
+			})
+			_, err := s.Produce(context.Background(), order{OrderID: "o1"}, nil)
+			require.NoError(t, err)
+			st.claimRange()
+			st.mock.Add(time.Minute)
+			require.Equal(t, 1, st.retry())
+			log, err := st.e.client.store.Deliveries(context.Background(), st.c.group.StreamID, st.c.group.ID, nil)
+			require.NoError(t, err)
+			var got []string
+			for _, d := range log {
+				got = append(got, fmt.Sprintf("%d %s", d.Attempt, d.Outcome))
+				if d.Outcome == "failed" {
+					require.Equal(t, "first try fails", d.Error)
+				}
+			}
+			require.Equal(t, tc.want, got)
+		})
+	}
+	_, err := newEnv(t, nil).stream("x").Consumer("g").Register(context.Background(), &ConsumerConfig{DeliveryLog: "verbose"})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+}
+
+func TestDeadLettersNeverPinTheCommittedPosition(t *testing.T) {
+	st, s := newStepper(t, nil, func(o *order, _ int) error {
+		switch o.OrderID {
+		case "m-1":
+			return Terminal(errors.New("poison"))
+		case "m-3":
+			return errors.New("transient")
+		}
+		return nil
+	})
+	ctx := context.Background()
+	st.e.produceN(s, "m", 3) // m-0..m-2
+	st.claimRange()
+	committed, err := st.e.client.store.Committed(ctx, st.c.group.StreamID, st.c.group.ID)
+	require.NoError(t, err)
+	xs := st.states()
+	require.Len(t, xs, 1)
+	require.Equal(t, "dead", xs[0].Status)
+	require.Greater(t, committed.ID, xs[0].MessageID, "the dead letter does not hold the committed position back")
+
+	_, err = s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "m-3"}}, {Msg: order{OrderID: "m-4"}}}, nil)
+	require.NoError(t, err)
+	st.claimRange()
+	pinned, err := st.e.client.store.Committed(ctx, st.c.group.StreamID, st.c.group.ID)
+	require.NoError(t, err)
+	xs = st.states()
+	require.Len(t, xs, 2)
+	require.Equal(t, "pending", xs[1].Status)
+	require.Less(t, pinned.ID, xs[1].MessageID, "an unresolved exception holds it below itself")
+	require.GreaterOrEqual(t, pinned.ID, committed.ID)
 }

@@ -113,6 +113,7 @@ type inflight struct {
 	eff     []policy.Effective
 	state   []msgState
 	writes  []*store.ExceptionWrite // nil: success (or not done)
+	log     []store.DeliveryWrite   // delivery-log rows, per the group's mode
 	pending int                     // messages without an outcome
 	queues  map[string][]int        // held keys: indices waiting, in log order
 }
@@ -195,7 +196,7 @@ func (a *Actor) quarantine(ctx context.Context, r store.Range, group policy.Grou
 		writes[i] = store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(e.Concurrency),
 			Status: policy.StatusPending, Error: fmt.Sprintf("quarantined: its range was reclaimed %d times (MaxRangeReclaims %d)", r.Reclaims, max)}
 	}
-	if err := a.cfg.Store.CommitRange(ctx, a.cfg.StreamID, r.ID, r.Token, writes, a.cfg.DBNow()); err != nil {
+	if err := a.cfg.Store.CommitRange(ctx, a.cfg.StreamID, r.ID, r.Token, writes, nil, a.cfg.DBNow()); err != nil {
 		if errors.Is(err, store.ErrLeaseLost) {
 			return nil
 		}
@@ -352,11 +353,15 @@ func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 	in.pending--
 	a.queued--
 	e := in.eff[i]
-	next := policy.Decide(e, a.cfg.Group().InitialBackoffOrDefault(), 0, 0, o.Err)
+	group := a.cfg.Group()
+	next := policy.Decide(e, group.InitialBackoffOrDefault(), 0, 0, o.Err)
 	a.cfg.Stats.count(next, o.Err, 0)
+	if outcome := policy.OutcomeOf(next, o.Err, 0); group.Logs(outcome) {
+		in.log = append(in.log, store.DeliveryWrite{Position: m.Position, Attempt: 1, Outcome: outcome, Error: errText(o.Err)})
+	}
 	if !next.Delete {
 		in.writes[i] = &store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(e.Concurrency),
-			Status: next.Status, Attempts: next.Attempts, Delays: next.Delays, Error: o.Err.Error(), After: next.After}
+			Status: next.Status, Attempts: next.Attempts, Delays: next.Delays, Error: errText(o.Err), After: next.After}
 	}
 	var jobs []Job
 	if q, keyed := in.queues[m.Key]; keyed && m.Key != "" && len(q) > 0 && q[0] == i {
@@ -379,6 +384,13 @@ func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 		return jobs, nil
 	}
 	return jobs, a.settle(ctx, rf.rangeID)
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 // count records an attempt's result; attempts is the count before it.
@@ -413,7 +425,7 @@ func (a *Actor) commit(ctx context.Context, id int64) error {
 			writes = append(writes, *w)
 		}
 	}
-	err := a.cfg.Store.CommitRange(ctx, a.cfg.StreamID, id, in.r.Token, writes, a.cfg.DBNow())
+	err := a.cfg.Store.CommitRange(ctx, a.cfg.StreamID, id, in.r.Token, writes, in.log, a.cfg.DBNow())
 	if errors.Is(err, store.ErrLeaseLost) {
 		a.cfg.Stats.LeasesLost.Add(1)
 		a.cfg.Logger.Warn("range lease lost before commit; a reclaimer delivers it again", "range", id)

@@ -109,11 +109,13 @@ func (a *ExceptionActor) Outcome(ctx context.Context, o Outcome) error {
 	if !ok || o.Canceled {
 		return nil
 	}
-	next := policy.Decide(r.eff, a.cfg.Group().InitialBackoffOrDefault(), r.run.Attempts, r.run.Delays, o.Err)
+	group := a.cfg.Group()
+	next := policy.Decide(r.eff, group.InitialBackoffOrDefault(), r.run.Attempts, r.run.Delays, o.Err)
 	a.cfg.Stats.count(next, o.Err, r.run.Attempts)
-	s := store.Settlement{Delete: next.Delete, Status: next.Status, Attempts: next.Attempts, Delays: next.Delays, After: next.After}
-	if o.Err != nil {
-		s.Error = o.Err.Error()
+	s := store.Settlement{Delete: next.Delete, Status: next.Status, Attempts: next.Attempts, Delays: next.Delays,
+		After: next.After, Error: errText(o.Err), Attempt: r.run.Attempts + 1}
+	if outcome := policy.OutcomeOf(next, o.Err, r.run.Attempts); group.Logs(outcome) {
+		s.Outcome = outcome
 	}
 	if err := a.settle(ctx, r, s); err != nil {
 		r.unwritten = &s // kept, and written again by Flush

@@ -86,3 +86,41 @@ func Decide(e Effective, initial time.Duration, attempts, delays int, err error)
 	}
 	return Next{Status: StatusPending, Attempts: n, Delays: delays, After: e.RetryDelay(n, initial)}
 }
+
+// Delivery-log outcomes and modes.
+const (
+	OutcomeSucceeded = "succeeded"
+	OutcomeFailed    = "failed"
+	OutcomeDelayed   = "delayed"
+	OutcomeDead      = "dead"
+
+	LogOff      = "off"
+	LogFailures = "failures" // the default: failed and dead attempts
+	LogAll      = "all"
+)
+
+// OutcomeOf names an attempt's result for the delivery log; attempts is
+// the count before it.
+func OutcomeOf(next Next, err error, attempts int) string {
+	kind, _ := Classify(err)
+	switch {
+	case next.Delete:
+		return OutcomeSucceeded
+	case next.Status == StatusDead:
+		return OutcomeDead
+	case kind == Delay && next.Attempts == attempts:
+		return OutcomeDelayed
+	}
+	return OutcomeFailed
+}
+
+// Logs reports whether the group's delivery-log mode records outcome.
+func (g Group) Logs(outcome string) bool {
+	switch g.DeliveryLog {
+	case LogOff:
+		return false
+	case LogAll:
+		return true
+	}
+	return outcome == OutcomeFailed || outcome == OutcomeDead
+}

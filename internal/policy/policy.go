@@ -69,6 +69,7 @@ type Group struct {
 	Override         Concurrency
 	InitialBackoff   time.Duration // 0 = default
 	MaxRangeReclaims int           // 0 = default, None = quarantine on the first reclaim
+	DeliveryLog      string        // LogOff, LogFailures (default, "") or LogAll
 }
 
 // Effective is a fully resolved set: every field has a value.

@@ -109,6 +109,9 @@ type Settlement struct {
 	Delays   int
 	Error    string
 	After    time.Duration
+	// Outcome, when set, writes a delivery-log row for attempt Attempt.
+	Outcome string
+	Attempt int
 }
 
 // SettleException writes an attempt's result under the row's lease token.
@@ -116,7 +119,7 @@ func (st *Store) SettleException(ctx context.Context, streamID, groupID int64, p
 	t := st.streamTables(streamID)
 	var n int
 	if err := st.pool.QueryRow(ctx, t.settleException, groupID, pos.Xid, pos.ID, token, s.Delete,
-		s.Status, s.Attempts, s.Delays, s.Error, now, s.After.Microseconds()).Scan(&n); err != nil {
+		s.Status, s.Attempts, s.Delays, s.Error, now, s.After.Microseconds(), s.Outcome, s.Attempt).Scan(&n); err != nil {
 		return fmt.Errorf("settle exception %d: %w", pos.ID, err)
 	}
 	if n == 0 {
@@ -181,5 +184,27 @@ func (st *Store) ExceptionStates(ctx context.Context, streamID, groupID int64) (
 		var e ExceptionState
 		err := r.Scan(&e.MessageID, &e.Status, &e.Attempts, &e.Delays, &e.LastError, &e.CanRunAfter, &e.Concurrency)
 		return e, err
+	})
+}
+
+// Delivery is a delivery-log row.
+type Delivery struct {
+	MessageID int64
+	Attempt   int
+	Outcome   string
+	Error     string
+	At        time.Time
+}
+
+// Deliveries lists a group's delivery log, for one message or (nil) all.
+func (st *Store) Deliveries(ctx context.Context, streamID, groupID int64, messageID *int64) ([]Delivery, error) {
+	rows, err := st.pool.Query(ctx, st.streamTables(streamID).deliveries, groupID, messageID)
+	if err != nil {
+		return nil, fmt.Errorf("deliveries: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Delivery, error) {
+		var d Delivery
+		err := r.Scan(&d.MessageID, &d.Attempt, &d.Outcome, &d.Error, &d.At)
+		return d, err
 	})
 }

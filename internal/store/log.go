@@ -232,9 +232,18 @@ type ExceptionWrite struct {
 	After       time.Duration // can_run_after, from the database's now
 }
 
+// DeliveryWrite is one delivery-log row.
+type DeliveryWrite struct {
+	Position
+	Attempt int
+	Outcome string
+	Error   string
+}
+
 // CommitRange settles a range: deletes the lease by its token, releases the
-// range's key leases and writes the exception rows, in one statement.
-func (st *Store) CommitRange(ctx context.Context, streamID, rangeID int64, token string, rows []ExceptionWrite, now Now) error {
+// range's key leases and writes the exception rows and delivery-log rows, in
+// one statement.
+func (st *Store) CommitRange(ctx context.Context, streamID, rangeID int64, token string, rows []ExceptionWrite, log []DeliveryWrite, now Now) error {
 	t := st.streamTables(streamID)
 	n := len(rows)
 	xids, ids, afters := make([]int64, n), make([]int64, n), make([]int64, n)
@@ -244,8 +253,14 @@ func (st *Store) CommitRange(ctx context.Context, streamID, rangeID int64, token
 		xids[i], ids[i], keys[i], concs[i], statuses[i] = r.Xid, r.ID, r.Key, r.Concurrency, r.Status
 		attempts[i], delays[i], errs[i], afters[i] = int32(r.Attempts), int32(r.Delays), r.Error, r.After.Microseconds()
 	}
+	m := len(log)
+	lxids, lids, lattempts, loutcomes, lerrs := make([]int64, m), make([]int64, m), make([]int32, m), make([]string, m), make([]string, m)
+	for i, d := range log {
+		lxids[i], lids[i], lattempts[i], loutcomes[i], lerrs[i] = d.Xid, d.ID, int32(d.Attempt), d.Outcome, d.Error
+	}
 	var deleted int
-	if err := st.pool.QueryRow(ctx, t.commit, rangeID, token, now, xids, ids, keys, concs, statuses, attempts, delays, errs, afters).Scan(&deleted); err != nil {
+	if err := st.pool.QueryRow(ctx, t.commit, rangeID, token, now, xids, ids, keys, concs, statuses, attempts, delays, errs, afters,
+		lxids, lids, lattempts, loutcomes, lerrs).Scan(&deleted); err != nil {
 		return fmt.Errorf("commit range %d: %w", rangeID, err)
 	}
 	if deleted == 0 {
@@ -312,6 +327,17 @@ WHERE backend_xid IS NOT NULL AND backend_xid::text::bigint = ($1::bigint & 4294
 		err := r.Scan(&b.PID, &b.ApplicationName, &b.XactStart, &b.State)
 		return b, err
 	})
+}
+
+// Committed is the group's committed position: every message at or below
+// it is settled. Dead letters do not hold it back.
+func (st *Store) Committed(ctx context.Context, streamID, groupID int64) (Position, error) {
+	var p Position
+	err := st.pool.QueryRow(ctx, st.streamTables(streamID).committed, groupID).Scan(&p.Xid, &p.ID)
+	if err != nil {
+		return p, fmt.Errorf("committed position: %w", err)
+	}
+	return p, nil
 }
 
 // CountLog counts a stream's messages (tests, demo and inspect only).

@@ -29,6 +29,8 @@ type tables struct {
 	listDead        string
 	redrive         string
 	exceptionState  string
+	deliveries      string
+	committed       string
 }
 
 var tablesCache sync.Map // key schema+"\x00"+streamID → *tables
@@ -159,6 +161,10 @@ WITH d AS (
     FROM d, unnest($4::bigint[], $5::bigint[], $6::text[], $7::text[], $8::text[], $9::int[], $10::int[],
                    $11::text[], $12::bigint[]) AS x(xid, id, key, conc, status, attempts, delays, err, after_us)
     ON CONFLICT (group_id, message_xid, message_id) DO NOTHING
+), l AS (
+    INSERT INTO {s}.{t}_delivery (group_id, message_xid, message_id, attempt, outcome, error, at)
+    SELECT d.group_id, x.xid, x.id, x.attempt, x.outcome, x.err, coalesce($3, now())
+    FROM d, unnest($13::bigint[], $14::bigint[], $15::int[], $16::text[], $17::text[]) AS x(xid, id, attempt, outcome, err)
 )
 SELECT count(*) FROM d`),
 
@@ -293,8 +299,29 @@ WITH k AS (
         token = NULL, owner = NULL, expires_at = NULL, updated_at = coalesce($10, now())
     WHERE NOT $5 AND group_id = $1 AND message_xid = $2 AND message_id = $3 AND token = $4::uuid
     RETURNING 1
+), l AS (
+    INSERT INTO {s}.{t}_delivery (group_id, message_xid, message_id, attempt, outcome, error, at)
+    SELECT $1, $2, $3, $13, $12, $9, coalesce($10, now())
+    WHERE $12 <> '' AND (EXISTS (SELECT 1 FROM del) OR EXISTS (SELECT 1 FROM upd))
 )
 SELECT (SELECT count(*) FROM del) + (SELECT count(*) FROM upd)`),
+
+		deliveries: r.Replace(`-- store.Deliveries
+SELECT message_id, attempt, outcome, error, at FROM {s}.{t}_delivery
+WHERE group_id = $1 AND ($2::bigint IS NULL OR message_id = $2)
+ORDER BY id`),
+
+		// The committed position: everything at or below it is settled.
+		// Outstanding ranges and unresolved (non-dead) exception rows pin
+		// it; dead letters never do.
+		committed: r.Replace(`-- store.Committed
+SELECT p.xid, p.id FROM (
+    SELECT lo_xid AS xid, lo_id AS id FROM {s}.{t}_range WHERE group_id = $1
+    UNION ALL
+    SELECT x.message_xid, x.message_id - 1 FROM {s}.{t}_exception x WHERE x.group_id = $1 AND x.status <> 'dead'
+    UNION ALL
+    SELECT head_xid, head_id FROM {s}.{t}_cursor WHERE group_id = $1
+) p ORDER BY p.xid, p.id LIMIT 1`),
 
 		listDead: r.Replace(`-- store.ListDead
 SELECT x.message_id, x.attempts, x.last_error, x.updated_at, coalesce(x.message_key, ''),

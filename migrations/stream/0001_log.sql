@@ -91,3 +91,18 @@ CREATE TABLE {{schema}}.{{t}}_key_lease (
     PRIMARY KEY (group_id, message_key)
 );
 CREATE INDEX {{t}}_key_lease_owner_idx ON {{schema}}.{{t}}_key_lease (owner);
+
+-- The delivery log: one row per handled attempt (ConsumerConfig.DeliveryLog
+-- decides which), written in the transaction that settles it.
+CREATE TABLE {{schema}}.{{t}}_delivery (
+    id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    group_id     bigint      NOT NULL,
+    message_xid  bigint      NOT NULL,
+    message_id   bigint      NOT NULL,
+    attempt      int         NOT NULL,
+    outcome      text        NOT NULL,
+    error        text        NOT NULL,
+    at           timestamptz NOT NULL
+);
+CREATE INDEX {{t}}_delivery_message_idx ON {{schema}}.{{t}}_delivery (group_id, message_id);
+CREATE INDEX {{t}}_delivery_at_idx ON {{schema}}.{{t}}_delivery (at);
