@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
@@ -63,14 +65,17 @@ const (
 	DeliveryLogAll      DeliveryLogMode = policy.LogAll
 )
 
-// policyGroup is the group layer the engine resolves messages against.
-func (c ConsumerConfig) policyGroup() policy.Group {
-	return policy.Group{
-		Message: c.Message.layer(), Min: c.MessageMin.layer(), Max: c.MessageMax.layer(),
-		Override: c.ConcurrencyOverride, InitialBackoff: c.ExceptionInitialBackoff, MaxRangeReclaims: c.MaxRangeReclaims,
-		DeliveryLog: string(c.DeliveryLog),
+// declared is the sparse stored form: only the fields the caller set.
+func (c ConsumerConfig) declared() groupconfig.Declared {
+	return groupconfig.Declared{
+		Start: string(c.Start), Message: c.Message.layer(), MessageMin: c.MessageMin.layer(), MessageMax: c.MessageMax.layer(),
+		ConcurrencyOverride: c.ConcurrencyOverride, MaxRangeReclaims: c.MaxRangeReclaims,
+		DeliveryLog: string(c.DeliveryLog), ExceptionInitialBackoff: c.ExceptionInitialBackoff,
 	}
 }
+
+// policyGroup is the group layer the engine resolves messages against.
+func (c ConsumerConfig) policyGroup() policy.Group { return c.declared().Group() }
 
 func (c *ConsumerConfig) withDefaults() ConsumerConfig {
 	var out ConsumerConfig
@@ -124,7 +129,9 @@ type ConsumeOptions struct {
 	// long after its last beat. Default 30s; at least 1s.
 	InstanceTTL time.Duration
 	// ShutdownTimeout bounds the graceful drain of in-flight handlers after
-	// ctx ends. Default 30s.
+	// ctx ends. Default: the group's MessageMax.Timeout (else the default
+	// message timeout, 30s) plus TimeoutGrace, re-derived when a refresh
+	// moves MessageMax.
 	ShutdownTimeout time.Duration
 	// DisableGracefulShutdown stops at once when ctx ends, leaving leases to
 	// expire as after a crash.
@@ -136,6 +143,10 @@ type ConsumeOptions struct {
 	// context already cancelled) before it is abandoned and the instance
 	// moves on. Default 1s.
 	TimeoutGrace time.Duration
+	// ConfigRefreshInterval is how often this instance reads its group's
+	// declared config; a redeclaration reaches it within one interval.
+	// Default 30s.
+	ConfigRefreshInterval time.Duration
 }
 
 // Default instance options.
@@ -144,7 +155,9 @@ const (
 	DefaultMessageConcurrency = 10
 	DefaultClaimPollRate      = 100 * time.Millisecond
 	DefaultInstanceTTL        = 30 * time.Second
-	DefaultShutdownTimeout    = 30 * time.Second
+	// DefaultConfigRefreshInterval is how often a running instance reads
+	// its group's declared config.
+	DefaultConfigRefreshInterval = 30 * time.Second
 	DefaultStallWarning       = 10 * time.Second
 	DefaultTimeoutGrace       = time.Second
 	// keyBusyDelay is how long a keyed message parks before trying a busy
@@ -172,8 +185,8 @@ func (o *ConsumeOptions) withDefaults() ConsumeOptions {
 	if out.InstanceTTL == 0 {
 		out.InstanceTTL = DefaultInstanceTTL
 	}
-	if out.ShutdownTimeout == 0 {
-		out.ShutdownTimeout = DefaultShutdownTimeout
+	if out.ConfigRefreshInterval == 0 {
+		out.ConfigRefreshInterval = DefaultConfigRefreshInterval
 	}
 	if out.StallWarning == 0 {
 		out.StallWarning = DefaultStallWarning
@@ -196,6 +209,8 @@ func (o ConsumeOptions) validate() error {
 		return fmt.Errorf("%w: ConsumeOptions.ClaimPollRate %s is below 1ms", ErrInvalidConfig, o.ClaimPollRate)
 	case o.InstanceTTL < time.Second:
 		return fmt.Errorf("%w: ConsumeOptions.InstanceTTL %s is below 1s", ErrInvalidConfig, o.InstanceTTL)
+	case o.ConfigRefreshInterval < time.Millisecond:
+		return fmt.Errorf("%w: ConsumeOptions.ConfigRefreshInterval %s is below 1ms", ErrInvalidConfig, o.ConfigRefreshInterval)
 	case o.ShutdownTimeout < 0 || o.StallWarning < 0 || o.TimeoutGrace < 0:
 		return fmt.Errorf("%w: ConsumeOptions durations must not be negative", ErrInvalidConfig)
 	}
@@ -241,9 +256,36 @@ func (h *ConsumerHandle[T]) Register(ctx context.Context, cfg *ConsumerConfig) (
 	if err != nil {
 		return nil, err
 	}
-	if !g.Created && g.Start != string(c.Start) {
-		h.s.c.cfg.Logger.Warn("consumer group Start differs from the one its cursor was created with; Start is read only at creation",
-			"group", h.name, "cursor_start", g.Start, "declared_start", c.Start)
+	logger := h.s.c.cfg.Logger
+	if !g.Created && cfg != nil && cfg.Start != "" && g.Start != string(cfg.Start) {
+		logger.Warn("consumer group Start differs from the one its cursor was created with; Start is read only at creation",
+			"group", h.name, "cursor_start", g.Start, "declared_start", cfg.Start)
+	}
+	var declared ConsumerConfig
+	if cfg != nil {
+		declared = *cfg
+	}
+	docs, err := declared.declared().Docs()
+	if err != nil {
+		return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
+	}
+	old, changed, err := h.s.c.store.DeclareGroupConfig(ctx, g.ID, docs, declaredBy(), h.s.c.dbNow())
+	if err != nil {
+		return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
+	}
+	if changed && !g.Created {
+		changes, err := groupconfig.Diff(old, docs)
+		if err != nil {
+			return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
+		}
+		if len(changes) > 0 {
+			fields := make([]string, len(changes))
+			for i, ch := range changes {
+				fields[i] = ch.String()
+			}
+			logger.Warn("SQL0059 consumer group config redeclared; newest wins: "+strings.Join(fields, "; "),
+				"code", "SQL0059", "group", h.name, "declared_by", declaredBy(), "changes", fields)
+		}
 	}
 	return &Consumer[T]{s: h.s, group: g, cfg: c, version: h.s.version}, nil
 }
@@ -301,16 +343,14 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 		return err
 	}
 	client := c.s.c
-	cfg := c.cfg.policyGroup()
 	return engine.Run(ctx, engine.Config{
 		Store: client.store, StreamID: c.group.StreamID, GroupID: c.group.ID, GroupName: c.group.Name,
 		Workers: c.group.Workers, DeclaredBy: declaredBy(), Handler: c.adapt(handler),
-		Group: func() policy.Group { return cfg },
 		Options: engine.Options{
 			BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, MessageConcurrency: o.MessageConcurrency,
 			ClaimPollRate: o.ClaimPollRate, InstanceTTL: o.InstanceTTL, ShutdownTimeout: o.ShutdownTimeout,
 			DisableGracefulShutdown: o.DisableGracefulShutdown, StallAfter: o.StallWarning,
-			TimeoutGrace: o.TimeoutGrace, KeyBusyDelay: keyBusyDelay,
+			TimeoutGrace: o.TimeoutGrace, KeyBusyDelay: keyBusyDelay, ConfigRefreshInterval: o.ConfigRefreshInterval,
 		},
 		Clock: client.cfg.Clock, Logger: client.cfg.Logger, Stats: &c.stats,
 		OnStart: consumeHooks(ctx),

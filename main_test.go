@@ -162,7 +162,7 @@ func (e *env) common(c *Consumer[order], clk clock.Clock, h claimer.Handler) cla
 		Store: e.client.store, StreamID: c.group.StreamID, GroupID: c.group.ID, InstanceID: engine.NewID(),
 		Handler: h, Group: func() policy.Group { return group }, Concurrency: 4, PollRate: time.Second,
 		Lease: time.Minute, KeyBusyDelay: 100 * time.Millisecond, TimeoutGrace: time.Second,
-		ShutdownTimeout: time.Second, Clock: clk, Logger: slog.New(e.logs), DBNow: engine.DBNow(clk),
+		ShutdownTimeout: func() time.Duration { return time.Second }, Clock: clk, Logger: slog.New(e.logs), DBNow: engine.DBNow(clk),
 		Stats: &claimer.Stats{},
 	}
 }

@@ -1,7 +1,7 @@
 // Command bench is the sqlstreams benchmark harness. It is its own module so
 // that nothing it needs becomes a dependency of the library.
 //
-//	cd bench && go run . [-n 200000] [-runs 3] [-url postgres://...]
+//	cd bench && go run . [-n 200000] [-runs 3] [-keysn 50000] [-only keys] [-url postgres://...]
 //
 // Against a fresh database (a private, durable PostgreSQL it starts and
 // removes, unless -url or SQLSTREAMS_DATABASE_URL names a server, on which it
@@ -35,6 +35,7 @@ import (
 
 type config struct {
 	n, runs, singles, rate int
+	keysN                  int
 	latencyFor             time.Duration
 	url, only, cpuprofile  string
 	resultsDir             string
@@ -49,14 +50,15 @@ func main() {
 	flag.IntVar(&c.singles, "singles", 20000, "messages of the single-Produce workload")
 	flag.IntVar(&c.rate, "rate", 500, "latency workload: messages produced per second")
 	flag.DurationVar(&c.latencyFor, "latency-for", 10*time.Second, "latency workload: how long to produce")
-	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency (default all)")
+	flag.IntVar(&c.keysN, "keysn", 50000, "failures/keys workloads: messages per stream")
+	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency,keys (default all)")
 	flag.StringVar(&c.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the whole run to this file")
 	flag.StringVar(&c.resultsDir, "results", "results", "directory for latest.md and latest.json")
 	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
 	flag.BoolVar(&c.allowShared, "allow-port-5432", false, "allow a -url on port 5432 (refused by default: that is usually a shared server)")
 	flag.Parse()
-	if c.n < 1000 || c.runs < 1 || c.singles < 4 || c.rate < 1 || c.latencyFor <= 0 {
-		fmt.Fprintln(os.Stderr, "bench: -n must be at least 1000, -runs, -singles, -rate and -latency-for positive")
+	if c.n < 1000 || c.keysN < 1000 || c.runs < 1 || c.singles < 4 || c.rate < 1 || c.latencyFor <= 0 {
+		fmt.Fprintln(os.Stderr, "bench: -n and -keysn must be at least 1000, -runs, -singles, -rate and -latency-for positive")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -157,7 +159,7 @@ func run(ctx context.Context, c config) (err error) {
 			return fmt.Errorf("raw baselines: %w", err)
 		}
 	}
-	if c.want("produce") || c.want("burndown") || c.want("latency") {
+	if c.want("produce") || c.want("burndown") || c.want("latency") || c.want("keys") {
 		if err := b.streams(ctx); err != nil {
 			return err
 		}

@@ -65,6 +65,7 @@ type params struct {
 	PayloadBytes int    `json:"payload_bytes"`
 	LatencyRate  int    `json:"latency_rate"`
 	LatencyFor   string `json:"latency_for"`
+	KeysN        int    `json:"keys_n,omitempty"` // messages per failures/keys stream, when that family ran
 	Only         string `json:"only,omitempty"`
 }
 
@@ -74,6 +75,8 @@ type throughputResult struct {
 	Unit   string    `json:"unit"`
 	Runs   []float64 `json:"runs"`
 	Median float64   `json:"median"`
+	// RunStats are the consumer's counters after each run (failures/keys).
+	RunStats []runStats `json:"run_stats,omitempty"`
 }
 
 func (t *throughputResult) add(_ string, v float64) { t.Runs = append(t.Runs, v) }
@@ -118,6 +121,9 @@ func newReport(c config) *report {
 		Go:      goInfo{Version: runtime.Version(), GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, GOMAXPROCS: runtime.GOMAXPROCS(0)},
 		Params: params{N: c.n, Runs: c.runs, Singles: c.singles, PayloadBytes: len(payloadJSON),
 			LatencyRate: c.rate, LatencyFor: c.latencyFor.String(), Only: c.only},
+	}
+	if c.want("keys") {
+		r.Params.KeysN = c.keysN
 	}
 	if os.Getenv("MAKELEVEL") != "" {
 		r.Via = "make bench"
@@ -256,6 +262,9 @@ func (r *report) finish() {
 	add("burn-down 4 instances / raw keyset drain", "burndown_4", "raw_drain", 0.15)
 	add("burn-down 1 instance / raw keyset drain", "burndown_1", "raw_drain", 0)
 	add("burn-down 4 instances / 1 instance", "burndown_4", "burndown_1", 0)
+	for _, v := range keysVariants[1:] {
+		add("failures/keys: "+v.short+" / parallel baseline", v.key, keysVariants[0].key, v.floor)
+	}
 }
 
 func (q ratio) verdict() string {
@@ -300,8 +309,12 @@ func (r *report) markdown() string {
 	for _, s := range pgSettings {
 		p(" %s=%s", s, r.Postgres.Settings[s])
 	}
-	p("\n- parameters: -n %d, -runs %d, -singles %d, payload %d bytes of JSON, latency at %d msg/s for %s\n\n",
+	p("\n- parameters: -n %d, -runs %d, -singles %d, payload %d bytes of JSON, latency at %d msg/s for %s",
 		r.Params.N, r.Params.Runs, r.Params.Singles, r.Params.PayloadBytes, r.Params.LatencyRate, r.Params.LatencyFor)
+	if r.Params.KeysN > 0 {
+		p(", failures/keys -keysn %d", r.Params.KeysN)
+	}
+	p("\n\n")
 	if len(r.Results) > 0 {
 		p("| workload | median | unit | runs |\n|---|---:|---|---|\n")
 		for _, t := range r.Results {
@@ -324,6 +337,7 @@ func (r *report) markdown() string {
 		}
 		p("\n")
 	}
+	p("%s", r.keysMarkdown())
 	if len(r.Ratios) > 0 {
 		p("| ratio (of medians) | value | floor |\n|---|---:|---|\n")
 		for _, q := range r.Ratios {

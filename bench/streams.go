@@ -2,6 +2,7 @@ package main
 
 // The sqlstreams workloads: produce (single and batched), burn-down of a
 // backlog by one and by four instances of a group, and end-to-end latency.
+// The failures/keys family is in keys.go.
 
 import (
 	"context"
@@ -119,13 +120,19 @@ func (b *bench) streams(ctx context.Context) error {
 			}
 		}
 	}
+	// Last, so the workloads above run exactly as they did before it existed.
+	if b.c.want("keys") {
+		if err := b.keys(ctx, newStream); err != nil {
+			return fmt.Errorf("failures/keys: %w", err)
+		}
+	}
 	return nil
 }
 
 // produceSingle sends n messages with one Produce call each from
 // produceWorkers goroutines.
 func produceSingle(ctx context.Context, s *sqlstreams.StreamHandle[Order], n int, label string) (float64, error) {
-	return parallel(ctx, n, 1, label, func(ctx context.Context, k int) error {
+	return parallel(ctx, n, 1, label, func(ctx context.Context, _, k int) error {
 		_, err := s.Produce(ctx, baseOrder, nil)
 		return err
 	})
@@ -138,15 +145,16 @@ func produceBatch(ctx context.Context, s *sqlstreams.StreamHandle[Order], n int,
 	for i := range items {
 		items[i].Msg = baseOrder
 	}
-	return parallel(ctx, n, produceBatchLen, label, func(ctx context.Context, k int) error {
+	return parallel(ctx, n, produceBatchLen, label, func(ctx context.Context, _, k int) error {
 		_, err := s.ProduceBatch(ctx, items[:k], nil)
 		return err
 	})
 }
 
 // parallel runs call from produceWorkers goroutines until n messages, in
-// calls of per messages, are written, and returns messages per second.
-func parallel(ctx context.Context, n, per int, label string, call func(ctx context.Context, k int) error) (float64, error) {
+// calls of per messages, are written, and returns messages per second. A call
+// writes k messages, numbered first to first+k-1 of the n.
+func parallel(ctx context.Context, n, per int, label string, call func(ctx context.Context, first, k int) error) (float64, error) {
 	calls := (n + per - 1) / per
 	var next, done atomic.Int64
 	var wg sync.WaitGroup
@@ -163,7 +171,7 @@ func parallel(ctx context.Context, n, per int, label string, call func(ctx conte
 					return
 				}
 				k := min(per, n-c*per)
-				if err := call(ctx, k); err != nil {
+				if err := call(ctx, c*per, k); err != nil {
 					errs <- err
 					next.Store(int64(calls))
 					return

@@ -26,6 +26,8 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
+	"github.com/c1702965/sqlstreams/actors/refresher"
+	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/supervisor"
@@ -44,6 +46,24 @@ type Options struct {
 	StallAfter              time.Duration
 	TimeoutGrace            time.Duration
 	KeyBusyDelay            time.Duration
+	ConfigRefreshInterval   time.Duration
+}
+
+// ShutdownBudget is the drain bound in force: ShutdownTimeout when the
+// session set one, else the group's MessageMax.Timeout (or the library's
+// default timeout) plus TimeoutGrace, so a refresh that moves the ceiling
+// moves the budget with it.
+func ShutdownBudget(o Options, snap *groupconfig.Snapshot) func() time.Duration {
+	return func() time.Duration {
+		if o.ShutdownTimeout > 0 {
+			return o.ShutdownTimeout
+		}
+		ceiling := snap.Group().Max.Timeout
+		if ceiling <= 0 {
+			ceiling = policy.DefaultTimeout
+		}
+		return ceiling + o.TimeoutGrace
+	}
 }
 
 // Config is one session.
@@ -55,9 +75,7 @@ type Config struct {
 	Workers    map[string]int64 // worker name → worker_config id
 	DeclaredBy string
 	Handler    claimer.Handler
-	// Group returns the group config in force.
-	Group   func() policy.Group
-	Options Options
+	Options    Options
 	Clock   clock.Clock
 	Logger  *slog.Logger
 	Stats   *claimer.Stats
@@ -112,6 +130,12 @@ func Run(ctx context.Context, cfg Config) error {
 			Graceful: func() bool { return graceful },
 		})
 	}
+	snap := groupconfig.NewSnapshot(groupconfig.Declared{})
+	ref := refresher.New(refresher.Config{Store: cfg.Store, GroupID: cfg.GroupID, Interval: o.ConfigRefreshInterval,
+		Snapshot: snap, Clock: cfg.Clock, Logger: logger})
+	if _, err := ref.Step(ctx); err != nil {
+		return fmt.Errorf("consume %s: read group config: %w", cfg.GroupName, err)
+	}
 	msgBeat := newBeat(msgID, store.WorkerMessageConsumer, lost)
 	excBeat := newBeat(excID, store.WorkerExceptionConsumer, make(chan struct{}, 1))
 	for _, hb := range []*heartbeat.Actor{msgBeat, excBeat} {
@@ -122,9 +146,9 @@ func Run(ctx context.Context, cfg Config) error {
 
 	drain := make(chan struct{})
 	common := claimer.Common{
-		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, Handler: cfg.Handler, Group: cfg.Group,
+		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, Handler: cfg.Handler, Group: snap.Group,
 		Concurrency: o.MessageConcurrency, PollRate: o.ClaimPollRate, Lease: o.InstanceTTL,
-		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: o.ShutdownTimeout,
+		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: ShutdownBudget(o, snap),
 		Clock: cfg.Clock, Logger: logger, DBNow: dbNow, Stats: cfg.Stats, Drain: drain,
 	}
 	rc := common
@@ -141,6 +165,7 @@ func Run(ctx context.Context, cfg Config) error {
 	sup := supervisor.New("consume:"+cfg.GroupName, logger)
 	sup.Add(supervisor.Guard("heartbeat", msgBeat))
 	sup.Add(supervisor.Guard("exception-heartbeat", excBeat))
+	sup.Add(supervisor.Guard("refresher", ref))
 	for _, d := range actors {
 		sup.Add(supervisor.Guard(d.name, serviceFunc(func(ctx context.Context) error {
 			err := d.serve(ctx)

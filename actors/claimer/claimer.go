@@ -70,8 +70,9 @@ type Common struct {
 	// TimeoutGrace is how long a handler may outlive its Timeout before it
 	// is abandoned.
 	TimeoutGrace time.Duration
-	// ShutdownTimeout bounds the drain of in-flight handlers.
-	ShutdownTimeout time.Duration
+	// ShutdownTimeout bounds the drain of in-flight handlers. It is read
+	// when a drain starts, so a refreshed MessageMax re-derives it.
+	ShutdownTimeout func() time.Duration
 	Clock           clock.Clock
 	Logger          *slog.Logger
 	DBNow           func() store.Now
@@ -523,7 +524,7 @@ func (a *Actor) Serve(ctx context.Context) error {
 		cancelHandlers()
 		p.stop()
 		watch.Wait()
-		if n := a.runner.waitHandlers(a.cfg.ShutdownTimeout); n > 0 {
+		if n := a.runner.waitHandlers(a.cfg.ShutdownTimeout()); n > 0 {
 			a.cfg.Logger.Error("handlers still running after shutdown: they ignore their context and are left behind", "count", n)
 		}
 	}()
@@ -557,7 +558,7 @@ func (a *Actor) Serve(ctx context.Context) error {
 			return ctx.Err()
 		case <-drain:
 			drain = nil
-			timer := a.cfg.Clock.Timer(a.cfg.ShutdownTimeout)
+			timer := a.cfg.Clock.Timer(a.cfg.ShutdownTimeout())
 			defer timer.Stop()
 			deadline = timer.C
 		case <-deadline:

@@ -177,7 +177,7 @@ func (a *ExceptionActor) Serve(ctx context.Context) error {
 		cancelHandlers()
 		p.stop()
 		watch.Wait()
-		if n := a.runner.waitHandlers(a.cfg.ShutdownTimeout); n > 0 {
+		if n := a.runner.waitHandlers(a.cfg.ShutdownTimeout()); n > 0 {
 			a.cfg.Logger.Error("exception handlers still running after shutdown: they ignore their context and are left behind", "count", n)
 		}
 	}()
@@ -202,7 +202,7 @@ func (a *ExceptionActor) Serve(ctx context.Context) error {
 			return ctx.Err()
 		case <-drain:
 			drain = nil
-			timer := a.cfg.Clock.Timer(a.cfg.ShutdownTimeout)
+			timer := a.cfg.Clock.Timer(a.cfg.ShutdownTimeout())
 			defer timer.Stop()
 			deadline = timer.C
 		case <-deadline:

@@ -1,0 +1,75 @@
+// Package refresher keeps a Consume session's copy of its group config
+// current. It polls the group's worker_config rows every interval and swaps
+// the declaration into the shared snapshot the claimers read, so a
+// redeclaration reaches every running instance within one interval and the
+// claim path never reads config from the database.
+package refresher
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/groupconfig"
+	"github.com/c1702965/sqlstreams/internal/store"
+)
+
+// Config is what the actor needs; every field is required.
+type Config struct {
+	Store    *store.Store
+	GroupID  int64
+	Interval time.Duration
+	Snapshot *groupconfig.Snapshot
+	Clock    clock.Clock
+	Logger   *slog.Logger
+}
+
+// Actor is the refresher.
+type Actor struct {
+	cfg     Config
+	failing bool
+}
+
+// New returns a refresher.
+func New(cfg Config) *Actor { return &Actor{cfg: cfg} }
+
+// Step reads the group's documents once and swaps them in. It reports
+// whether the effective declaration changed.
+func (a *Actor) Step(ctx context.Context) (bool, error) {
+	docs, err := a.cfg.Store.ReadGroupConfig(ctx, a.cfg.GroupID)
+	if err != nil {
+		return false, err
+	}
+	d, err := groupconfig.FromDocs(docs)
+	if err != nil {
+		return false, err
+	}
+	return a.cfg.Snapshot.Set(d), nil
+}
+
+// Serve refreshes every interval until ctx ends. A failed read keeps the
+// last good copy and is logged once per outage.
+func (a *Actor) Serve(ctx context.Context) error {
+	t := a.cfg.Clock.Ticker(a.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			changed, err := a.Step(ctx)
+			switch {
+			case err != nil && !a.failing && ctx.Err() == nil:
+				a.failing = true
+				a.cfg.Logger.Warn("group config refresh failed; keeping the last copy", "group_id", a.cfg.GroupID, "error", err)
+			case err == nil && a.failing:
+				a.failing = false
+				a.cfg.Logger.Info("group config refresh recovered", "group_id", a.cfg.GroupID)
+			}
+			if changed {
+				a.cfg.Logger.Info("group config changed; new claims and exception writes use it", "group_id", a.cfg.GroupID)
+			}
+		}
+	}
+}

@@ -1,0 +1,238 @@
+package main
+
+// The failures/keys family (-only keys): what failing handlers and per-key
+// concurrency cost a burn-down. Every variant is the burn-down of -keysn
+// messages by one instance with the burn-down's options, on a stream of its
+// own, and is reported as a ratio to the parallel, failure-free baseline
+// measured in the same process.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/c1702965/sqlstreams"
+)
+
+// keysVariant is one workload of the family.
+type keysVariant struct {
+	key   string // report key
+	tag   string // in progress lines
+	short string // in ratio names
+	name  string
+	// failMod: a message whose index % failMod == 0 fails its first attempt
+	// and succeeds on the retry. 0: nothing fails.
+	failMod int
+	// keys: messages are Exclusive with key "k<index % keys>". 0: Parallel,
+	// no key.
+	keys  int
+	floor float64 // of the ratio to the baseline; 0 = none
+}
+
+// keysVariants; the first is the baseline of the others.
+var keysVariants = []keysVariant{
+	{key: "keys_parallel", tag: "parallel", short: "parallel", name: "parallel, no failures (baseline)"},
+	{key: "keys_fail_1pct", tag: "fail 1%", short: "1% failing once", name: "parallel, 1% fail their first attempt", failMod: 100},
+	{key: "keys_fail_10pct", tag: "fail 10%", short: "10% failing once", name: "parallel, 10% fail their first attempt", failMod: 10},
+	{key: "keys_exclusive_100", tag: "excl 100 keys", short: "exclusive, 100 keys", name: "exclusive, 100 distinct keys", keys: 100},
+	{key: "keys_exclusive_10000", tag: "excl 10000 keys", short: "exclusive, 10,000 keys", name: "exclusive, 10,000 distinct keys", keys: 10000, floor: 0.70},
+}
+
+// keysGroupConfig is every variant's group: retries after a failure come 1ms
+// later instead of the default 1s, so the failing variants time the retry
+// path rather than the backoff. It changes nothing where nothing fails.
+var keysGroupConfig = sqlstreams.ConsumerConfig{Start: sqlstreams.StartBeginning, ExceptionInitialBackoff: time.Millisecond}
+
+// runStats are the consumer's counters after one run, and what the handler
+// saw.
+type runStats struct {
+	Label      string  `json:"label"`
+	Seconds    float64 `json:"seconds"`
+	Succeeded  int64   `json:"succeeded"`
+	Failed     int64   `json:"failed"`
+	Retried    int64   `json:"retried"`
+	Deferred   int64   `json:"deferred"`
+	Dead       int64   `json:"dead"`
+	Committed  int64   `json:"ranges_committed"`
+	Duplicates int64   `json:"duplicates"`   // successful handler calls for a message that had already succeeded
+	Overlaps   int64   `json:"key_overlaps"` // handler calls that started while another of the same key ran
+}
+
+func (s runStats) String() string {
+	return fmt.Sprintf("%.1fs; succeeded %d, failed %d, retried %d, deferred %d, dead %d, ranges committed %d, duplicates %d, key overlaps %d",
+		s.Seconds, s.Succeeded, s.Failed, s.Retried, s.Deferred, s.Dead, s.Committed, s.Duplicates, s.Overlaps)
+}
+
+var errPlanned = errors.New("bench: planned first-attempt failure")
+
+func (b *bench) keys(ctx context.Context, newStream func(string) (*sqlstreams.StreamHandle[Order], error)) error {
+	n := b.c.keysN
+	fmt.Printf("failures/keys: -keysn %d messages per variant, each on a fresh stream with a fresh group; 1 instance, %s; backlogs are not timed\n", n, describeOptions(burnOptions))
+	results := make([]*throughputResult, len(keysVariants))
+	for i, v := range keysVariants {
+		results[i] = b.rep.throughput(v.key, "failures/keys, 1 instance: "+v.name, "msg/s")
+	}
+	for r := 1; r <= b.c.runs; r++ {
+		for i, v := range keysVariants {
+			s, err := newStream(fmt.Sprintf("bench.keys.%s.%d", strings.TrimPrefix(v.key, "keys_"), r))
+			if err != nil {
+				return err
+			}
+			if _, err := produceKeyed(ctx, s, n, v.keys, fmt.Sprintf("keys %s backlog", v.tag)); err != nil {
+				return err
+			}
+			b.checkpoint(ctx)
+			label := fmt.Sprintf("keys %s run %d/%d", v.tag, r, b.c.runs)
+			rate, st, err := keysBurn(ctx, s, fmt.Sprintf("keys-%s-run%d", strings.TrimPrefix(v.key, "keys_"), r), v, n, label)
+			if err != nil {
+				return err
+			}
+			results[i].add(label, rate)
+			results[i].RunStats = append(results[i].RunStats, st)
+		}
+	}
+	return nil
+}
+
+func describeOptions(o sqlstreams.ConsumeOptions) string {
+	return fmt.Sprintf("BatchLimit %d, QueueSize %d, MessageConcurrency %d, ClaimPollRate %s",
+		o.BatchLimit, o.QueueSize, o.MessageConcurrency, o.ClaimPollRate)
+}
+
+// produceKeyed writes n messages numbered 0..n-1 (the number is the
+// message's OrderID) with ProduceBatch calls of produceBatchLen items from
+// produceWorkers goroutines. With keys > 0 every message is Exclusive, keyed
+// "k<number % keys>".
+func produceKeyed(ctx context.Context, s *sqlstreams.StreamHandle[Order], n, keys int, label string) (float64, error) {
+	var opts *sqlstreams.ProduceOptions
+	if keys > 0 {
+		opts = &sqlstreams.ProduceOptions{Message: &sqlstreams.MessageOptions{Concurrency: sqlstreams.Exclusive}}
+	}
+	return parallel(ctx, n, produceBatchLen, label, func(ctx context.Context, first, k int) error {
+		items := make([]sqlstreams.BatchItem[Order], k)
+		for j := range items {
+			i := first + j
+			items[j].Msg = baseOrder
+			items[j].Msg.OrderID = int64(i)
+			if keys > 0 {
+				items[j].Key = fmt.Sprintf("k%d", i%keys)
+			}
+		}
+		_, err := s.ProduceBatch(ctx, items, opts)
+		return err
+	})
+}
+
+// keysBurn times a fresh group (keysGroupConfig) consuming the n messages of
+// s with one Consume call, from that call until every message has succeeded
+// once. Planned failures return an error on a message's first attempt only.
+func keysBurn(ctx context.Context, s *sqlstreams.StreamHandle[Order], group string, v keysVariant, n int, label string) (float64, runStats, error) {
+	cfg := keysGroupConfig
+	cons, err := s.Consumer(group).Register(ctx, &cfg)
+	if err != nil {
+		return 0, runStats{}, err
+	}
+	attempts := make([]atomic.Int32, n)
+	succeeded := make([]atomic.Bool, n)
+	var running []atomic.Int32 // per key: handler calls in progress
+	if v.keys > 0 {
+		running = make([]atomic.Int32, v.keys)
+	}
+	var count, dups, overlaps, strays atomic.Int64
+	all := make(chan struct{})
+	handler := func(ctx context.Context, m *Order) error {
+		i := int(m.OrderID)
+		if i < 0 || i >= n {
+			strays.Add(1)
+			return nil
+		}
+		if running != nil {
+			k := &running[i%v.keys]
+			if k.Add(1) > 1 {
+				overlaps.Add(1)
+			}
+			defer k.Add(-1)
+		}
+		if attempts[i].Add(1) == 1 && v.failMod > 0 && i%v.failMod == 0 {
+			return errPlanned
+		}
+		if succeeded[i].Swap(true) {
+			dups.Add(1)
+		} else if count.Add(1) == int64(n) {
+			close(all)
+		}
+		return nil
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, 1)
+	stop := progress(label, "msgs", int64(n), &count)
+	start := wall.Now()
+	go func() {
+		opts := burnOptions
+		errs <- cons.Consume(cctx, handler, &opts)
+	}()
+	var elapsed time.Duration
+	returned, failed := false, error(nil)
+	select {
+	case <-all:
+		elapsed = wall.Since(start)
+	case err := <-errs:
+		returned, failed = true, fmt.Errorf("the instance returned early: %v", err)
+	case <-wall.After(burnTimeout):
+		failed = fmt.Errorf("timed out after %s with %d of %d succeeded", burnTimeout, count.Load(), n)
+	case <-ctx.Done():
+		failed = ctx.Err()
+	}
+	stop()
+	cancel()
+	if !returned {
+		if err := <-errs; err != nil && failed == nil && !errors.Is(err, context.Canceled) {
+			failed = err
+		}
+	}
+	if failed != nil {
+		return 0, runStats{}, fmt.Errorf("%s: %w", label, failed)
+	}
+	c := cons.Stats()
+	st := runStats{Label: label, Seconds: elapsed.Seconds(), Succeeded: c.Succeeded, Failed: c.Failed, Retried: c.Retried,
+		Deferred: c.Deferred, Dead: c.Dead, Committed: c.Committed, Duplicates: dups.Load(), Overlaps: overlaps.Load()}
+	planned := 0
+	if v.failMod > 0 {
+		planned = (n + v.failMod - 1) / v.failMod
+	}
+	switch {
+	case strays.Load() > 0:
+		return 0, st, fmt.Errorf("%s: %d messages that this run did not produce", label, strays.Load())
+	case c.Dead > 0:
+		return 0, st, fmt.Errorf("%s: %d dead letters", label, c.Dead)
+	case c.Failed < int64(planned):
+		// The counters are updated after the handler returns; the last
+		// few may lag the moment all succeeded.
+		fmt.Printf("  %-34s note: %d failures counted, %d planned\n", "", c.Failed, planned)
+	}
+	rate := report1(label, "msgs", n, elapsed)
+	fmt.Printf("  %-34s %s\n", "", st)
+	return rate, st, nil
+}
+
+// keysMarkdown is the family's per-run counters for latest.md.
+func (r *report) keysMarkdown() string {
+	var b strings.Builder
+	for _, t := range r.Results {
+		for _, s := range t.RunStats {
+			if b.Len() == 0 {
+				b.WriteString("| failures/keys run | seconds | succeeded | failed | retried | deferred | ranges committed | duplicates | key overlaps |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+			}
+			fmt.Fprintf(&b, "| %s | %.1f | %d | %d | %d | %d | %d | %d | %d |\n", s.Label, s.Seconds, s.Succeeded, s.Failed,
+				s.Retried, s.Deferred, s.Committed, s.Duplicates, s.Overlaps)
+		}
+	}
+	if b.Len() > 0 {
+		b.WriteString("\n")
+	}
+	return b.String()
+}

@@ -1,0 +1,138 @@
+package sqlstreams
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/c1702965/sqlstreams/internal/groupconfig"
+	"github.com/c1702965/sqlstreams/internal/policy"
+)
+
+// Inspection shows a group's config in both layers — what was declared and
+// what is in effect — with its declaration history and its live instances.
+type Inspection struct {
+	Group  string
+	Stream string
+	// Declared is each worker's stored document, sparse: only what the last
+	// declaration set.
+	Declared map[string]json.RawMessage
+	// Effective lists every setting with its value and where it came from.
+	Effective []Setting
+	// Log is the declaration history, newest first.
+	Log []ConfigChange
+	// Instances are the group's worker instances, live ones first.
+	Instances []Instance
+}
+
+// Setting is one effective value.
+type Setting struct {
+	Field  string
+	Value  string
+	Source string // "declared", "default", or "clamped" (moved by MessageMin/MessageMax)
+}
+
+// ConfigChange is one stored declaration of one worker's document.
+type ConfigChange struct {
+	Worker     string
+	Document   json.RawMessage
+	DeclaredBy string
+	DeclaredAt time.Time
+}
+
+// Instance is a process doing one of the group's jobs.
+type Instance struct {
+	ID          string
+	Worker      string
+	DeclaredBy  string
+	StartedAt   time.Time
+	HeartbeatAt time.Time
+	ExpiresAt   time.Time
+	Live        bool
+}
+
+// Inspect reads the group's config as stored now (not this process's copy).
+func (c *Consumer[T]) Inspect(ctx context.Context) (*Inspection, error) {
+	st := c.s.c.store
+	docs, err := st.ReadGroupConfig(ctx, c.group.ID)
+	if err != nil {
+		return nil, fmt.Errorf("inspect %q: %w", c.group.Name, err)
+	}
+	d, err := groupconfig.FromDocs(docs)
+	if err != nil {
+		return nil, fmt.Errorf("inspect %q: %w", c.group.Name, err)
+	}
+	out := &Inspection{Group: c.group.Name, Stream: c.s.name, Declared: map[string]json.RawMessage{}, Effective: effective(d)}
+	for w, doc := range docs {
+		out.Declared[w] = json.RawMessage(doc)
+	}
+	log, err := st.GroupConfigLog(ctx, c.group.ID, 100)
+	if err != nil {
+		return nil, fmt.Errorf("inspect %q: %w", c.group.Name, err)
+	}
+	for _, l := range log {
+		out.Log = append(out.Log, ConfigChange{Worker: l.Worker, Document: json.RawMessage(l.Document), DeclaredBy: l.DeclaredBy, DeclaredAt: l.DeclaredAt})
+	}
+	inst, err := st.GroupInstances(ctx, c.group.ID, c.s.c.dbNow())
+	if err != nil {
+		return nil, fmt.Errorf("inspect %q: %w", c.group.Name, err)
+	}
+	for _, i := range inst {
+		out.Instances = append(out.Instances, Instance(i))
+	}
+	return out, nil
+}
+
+// effective lists what a message that sets nothing of its own runs under,
+// and the group-level settings, each with its source.
+func effective(d groupconfig.Declared) []Setting {
+	g := d.Group()
+	e := policy.Resolve(policy.Options{}, g)
+	unclamped := policy.Resolve(policy.Options{}, policy.Group{Message: g.Message})
+	src := func(declared bool, clamped bool) string {
+		switch {
+		case clamped:
+			return "clamped"
+		case declared:
+			return "declared"
+		}
+		return "default"
+	}
+	dur := func(v time.Duration) string { return v.String() }
+	m := d.Message
+	out := []Setting{
+		{"message.timeout", dur(e.Timeout), src(m.Timeout != 0, e.Timeout != unclamped.Timeout)},
+		{"message.retry.max_retries", strconv.Itoa(e.MaxRetries), src(m.MaxRetries != 0, e.MaxRetries != unclamped.MaxRetries)},
+		{"message.retry.max_delays", strconv.Itoa(e.MaxDelays), src(m.MaxDelays != 0, e.MaxDelays != unclamped.MaxDelays)},
+		{"message.retry.base_delay", dur(e.BaseDelay), src(m.BaseDelay != 0, e.BaseDelay != unclamped.BaseDelay)},
+		{"message.retry.max_delay", dur(e.MaxDelay), src(m.MaxDelay != 0, e.MaxDelay != unclamped.MaxDelay)},
+		{"message.retry.exponent", strconv.FormatFloat(e.Exponent, 'g', -1, 64), src(m.Exponent != 0, e.Exponent != unclamped.Exponent)},
+		{"message.concurrency", string(unclamped.Concurrency), src(m.Concurrency != "", false)},
+		{"concurrency_override", orNone(string(g.Override)), src(g.Override != "", false)},
+		{"exception_initial_backoff", dur(g.InitialBackoffOrDefault()), src(g.InitialBackoff != 0, false)},
+		{"max_range_reclaims", strconv.Itoa(g.MaxRangeReclaimsOrDefault()), src(g.MaxRangeReclaims != 0, false)},
+		{"delivery_log", orDefault(g.DeliveryLog, policy.LogFailures), src(g.DeliveryLog != "", false)},
+		{"start", orDefault(d.Start, string(StartBeginning)), src(d.Start != "", false)},
+	}
+	for _, b := range []struct {
+		name string
+		o    policy.Options
+	}{{"message_min", d.MessageMin}, {"message_max", d.MessageMax}} {
+		raw, _ := json.Marshal(b.o)
+		if string(raw) != "{}" {
+			out = append(out, Setting{b.name, string(raw), "declared"})
+		}
+	}
+	return out
+}
+
+func orNone(s string) string { return orDefault(s, "none") }
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}

@@ -1,0 +1,128 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DeclareGroupConfig writes a declaration's per-worker documents (newest
+// wins) under the group row's lock, appending a snapshot to
+// worker_config_log for every document that changed. It returns the stored
+// documents it replaced; an identical declaration writes nothing.
+func (st *Store) DeclareGroupConfig(ctx context.Context, groupID int64, docs map[string][]byte, declaredBy string, now Now) (old map[string][]byte, changed bool, err error) {
+	old = map[string][]byte{}
+	err = pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, st.sql(`-- store.DeclareGroupConfig
+SELECT id FROM %[1]s.consumer_group_config WHERE id = $1 FOR UPDATE`), groupID); err != nil {
+			return fmt.Errorf("lock group row: %w", err)
+		}
+		for name, doc := range docs {
+			var id int64
+			var stored []byte
+			var same bool
+			if err := tx.QueryRow(ctx, st.sql(`-- store.DeclareGroupConfig
+SELECT id, metadata::text, metadata = $3::jsonb FROM %[1]s.worker_config WHERE consumer_group_id = $1 AND name = $2`),
+				groupID, name, string(doc)).Scan(&id, &stored, &same); err != nil {
+				return fmt.Errorf("read worker %s: %w", name, err)
+			}
+			old[name] = stored
+			if same {
+				continue
+			}
+			changed = true
+			if _, err := tx.Exec(ctx, st.sql(`-- store.DeclareGroupConfig
+WITH u AS (
+    UPDATE %[1]s.worker_config SET metadata = $2::jsonb, updated_at = coalesce($4, now()) WHERE id = $1
+)
+INSERT INTO %[1]s.worker_config_log (worker_config_id, metadata, declared_by, declared_at)
+VALUES ($1, $2::jsonb, $3, coalesce($4, now()))`), id, string(doc), declaredBy, now); err != nil {
+				return fmt.Errorf("replace worker %s: %w", name, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("declare group config: %w", err)
+	}
+	return old, changed, nil
+}
+
+// ReadGroupConfig reads the group's worker documents: the refresher's poll.
+func (st *Store) ReadGroupConfig(ctx context.Context, groupID int64) (map[string][]byte, error) {
+	rows, err := st.pool.Query(ctx, st.sql(`-- store.ReadGroupConfig
+SELECT name, metadata::text FROM %[1]s.worker_config WHERE consumer_group_id = $1`), groupID)
+	if err != nil {
+		return nil, fmt.Errorf("read group config: %w", err)
+	}
+	defer rows.Close()
+	out := map[string][]byte{}
+	for rows.Next() {
+		var name string
+		var doc []byte
+		if err := rows.Scan(&name, &doc); err != nil {
+			return nil, fmt.Errorf("read group config: scan: %w", err)
+		}
+		out[name] = doc
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read group config: %w", err)
+	}
+	return out, nil
+}
+
+// ConfigLogEntry is one snapshot in worker_config_log.
+type ConfigLogEntry struct {
+	Worker     string
+	Document   []byte
+	DeclaredBy string
+	DeclaredAt time.Time
+}
+
+// GroupConfigLog lists the group's declarations, newest first.
+func (st *Store) GroupConfigLog(ctx context.Context, groupID int64, limit int) ([]ConfigLogEntry, error) {
+	rows, err := st.pool.Query(ctx, st.sql(`-- store.GroupConfigLog
+SELECT w.name, l.metadata::text, l.declared_by, l.declared_at
+FROM %[1]s.worker_config_log l JOIN %[1]s.worker_config w ON w.id = l.worker_config_id
+WHERE w.consumer_group_id = $1
+ORDER BY l.id DESC
+LIMIT $2`), groupID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("group config log: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConfigLogEntry, error) {
+		var e ConfigLogEntry
+		err := r.Scan(&e.Worker, &e.Document, &e.DeclaredBy, &e.DeclaredAt)
+		return e, err
+	})
+}
+
+// InstanceRow is a worker_instance of a group.
+type InstanceRow struct {
+	ID          string
+	Worker      string
+	DeclaredBy  string
+	StartedAt   time.Time
+	HeartbeatAt time.Time
+	ExpiresAt   time.Time
+	Live        bool
+}
+
+// GroupInstances lists the group's worker instances, live ones first.
+func (st *Store) GroupInstances(ctx context.Context, groupID int64, now Now) ([]InstanceRow, error) {
+	rows, err := st.pool.Query(ctx, st.sql(`-- store.GroupInstances
+SELECT i.id::text, w.name, i.declared_by, i.started_at, i.heartbeat_at, i.expires_at, i.expires_at > coalesce($2, now())
+FROM %[1]s.worker_instance i JOIN %[1]s.worker_config w ON w.id = i.worker_config_id
+WHERE w.consumer_group_id = $1
+ORDER BY i.expires_at > coalesce($2, now()) DESC, w.name, i.started_at`), groupID, now)
+	if err != nil {
+		return nil, fmt.Errorf("group instances: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (InstanceRow, error) {
+		var i InstanceRow
+		err := r.Scan(&i.ID, &i.Worker, &i.DeclaredBy, &i.StartedAt, &i.HeartbeatAt, &i.ExpiresAt, &i.Live)
+		return i, err
+	})
+}
