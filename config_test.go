@@ -347,3 +347,22 @@ func TestClaimPathNeverReadsConfigFromTheDatabase(t *testing.T) {
 	require.Equal(t, before+1, tracer.reads.Load(), "only the refresher does, once per interval")
 
 }
+
+func TestStreamConfigLadder(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	s := Stream[order](e.client, "orders")
+	require.NoError(t, s.Register(ctx, &StreamConfig{MaxMessageBytes: 4096}))
+	require.NoError(t, s.Register(ctx, &StreamConfig{MaxMessageBytes: 4096}))
+	for _, m := range e.logs.messages(0) {
+		require.NotContains(t, m, "SQL0059", "creation and identical redeclaration are silent")
+	}
+	require.NoError(t, s.Register(ctx, &StreamConfig{MaxMessageBytes: 8192}))
+	require.Contains(t, e.logs.messages(0), "SQL0059 stream config redeclared; newest wins: max_message_bytes: 4096 → 8192")
+	var n int
+	require.NoError(t, e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.client.Schema()+".stream_config_log").Scan(&n))
+	require.Equal(t, 2, n, "one snapshot per change, the first declaration included")
+	_, cfg, err := Stream[order](e.client, "orders").resolve(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 8192, cfg.MaxMessageBytes, "newest wins")
+}

@@ -158,8 +158,8 @@ const (
 	// DefaultConfigRefreshInterval is how often a running instance reads
 	// its group's declared config.
 	DefaultConfigRefreshInterval = 30 * time.Second
-	DefaultStallWarning       = 10 * time.Second
-	DefaultTimeoutGrace       = time.Second
+	DefaultStallWarning          = 10 * time.Second
+	DefaultTimeoutGrace          = time.Second
 	// keyBusyDelay is how long a keyed message parks before trying a busy
 	// key again.
 	keyBusyDelay = 100 * time.Millisecond

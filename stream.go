@@ -1,14 +1,15 @@
 package sqlstreams
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"strings"
 	"sync"
 	"unicode"
 
+	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/topic"
 	"github.com/jackc/pgx/v5"
@@ -108,13 +109,23 @@ func (s *StreamHandle[T]) Register(ctx context.Context, cfg *StreamConfig) error
 	if err != nil {
 		return fmt.Errorf("register stream %q: encode config: %w", s.name, err)
 	}
-	row, old, changed, err := s.c.store.RegisterStream(ctx, s.name, doc, declaredBy(), s.c.dbNow())
+	row, old, changed, created, err := s.c.store.RegisterStream(ctx, s.name, doc, declaredBy(), s.c.dbNow())
 	if err != nil {
 		return err
 	}
-	if changed && !bytes.Equal(old, []byte("{}")) {
-		s.c.cfg.Logger.Warn("stream config redeclared; newest wins", "code", "SQL0059", "stream", s.name,
-			"old", string(old), "new", string(doc))
+	if changed && !created {
+		changes, err := groupconfig.DiffDoc(old, doc)
+		if err != nil {
+			return fmt.Errorf("register stream %q: %w", s.name, err)
+		}
+		if len(changes) > 0 {
+			fields := make([]string, len(changes))
+			for i, ch := range changes {
+				fields[i] = ch.String()
+			}
+			s.c.cfg.Logger.Warn("SQL0059 stream config redeclared; newest wins: "+strings.Join(fields, "; "),
+				"code", "SQL0059", "stream", s.name, "declared_by", declaredBy(), "changes", fields)
+		}
 	}
 	s.mu.Lock()
 	s.row, s.cfg = &row, declared.withDefaults()

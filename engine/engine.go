@@ -76,9 +76,9 @@ type Config struct {
 	DeclaredBy string
 	Handler    claimer.Handler
 	Options    Options
-	Clock   clock.Clock
-	Logger  *slog.Logger
-	Stats   *claimer.Stats
+	Clock      clock.Clock
+	Logger     *slog.Logger
+	Stats      *claimer.Stats
 	// OnStart, if set, is called with the message consumer's instance id
 	// once the instance rows exist and the actors are about to run.
 	OnStart func(instanceID string)

@@ -138,13 +138,17 @@ func (c Change) String() string {
 		}
 		return v
 	}
-	return fmt.Sprintf("%s %s: %s → %s", c.Worker, c.Field, show(c.Old), show(c.New))
+	return strings.TrimSpace(fmt.Sprintf("%s %s: %s → %s", c.Worker, c.Field, show(c.Old), show(c.New)))
 }
 
-// Diff lists the fields that differ between two sets of documents.
-func Diff(old, new map[string][]byte) ([]Change, error) {
+// Diff lists the fields that differ between two sets of documents, per
+// worker (all group workers when none are named).
+func Diff(old, new map[string][]byte, workers ...string) ([]Change, error) {
+	if len(workers) == 0 {
+		workers = Workers
+	}
 	var out []Change
-	for _, w := range Workers {
+	for _, w := range workers {
 		a, err := flatten(old[w])
 		if err != nil {
 			return nil, fmt.Errorf("%s stored document: %w", w, err)
@@ -170,6 +174,12 @@ func Diff(old, new map[string][]byte) ([]Change, error) {
 		}
 	}
 	return out, nil
+}
+
+// DiffDoc lists the fields that differ between two versions of one
+// document (a stream's config, say).
+func DiffDoc(old, new []byte) ([]Change, error) {
+	return Diff(map[string][]byte{"": old}, map[string][]byte{"": new}, "")
 }
 
 // flatten maps a JSON document to dotted paths and their values as text.

@@ -22,7 +22,7 @@ func TestClaimPathPlansUseTheLogIndex(t *testing.T) {
 	require.NoError(t, err)
 	_, err = st.Migrate(ctx)
 	require.NoError(t, err)
-	row, _, _, err := st.RegisterStream(ctx, "s", []byte(`{}`), "test", nil)
+	row, _, _, _, err := st.RegisterStream(ctx, "s", []byte(`{}`), "test", nil)
 	require.NoError(t, err)
 	g, err := st.RegisterGroup(ctx, row.ID, "g", StartBeginning, nil)
 	require.NoError(t, err)

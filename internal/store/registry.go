@@ -22,15 +22,17 @@ type StreamRow struct {
 }
 
 // RegisterStream creates the stream's row and tables, or reuses them. config
-// replaces the stored document (newest wins); changed reports whether it
-// differed, with the old document for the caller's warning.
-func (st *Store) RegisterStream(ctx context.Context, name string, config []byte, declaredBy string, now Now) (row StreamRow, old []byte, changed bool, err error) {
+// replaces the stored document (newest wins) and every change appends a
+// snapshot to stream_config_log; changed reports whether it differed, with
+// the old document for the caller's warning, and created whether this call
+// made the stream.
+func (st *Store) RegisterStream(ctx context.Context, name string, config []byte, declaredBy string, now Now) (row StreamRow, old []byte, changed, created bool, err error) {
 	err = pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, st.sql(`-- store.RegisterStream
 INSERT INTO %[1]s.stream_config AS s (name, config, created_at, updated_at)
-VALUES ($1, $2, coalesce($3, now()), coalesce($3, now()))
+VALUES ($1, '{}', coalesce($2, now()), coalesce($2, now()))
 ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
-RETURNING s.id, s.config`), name, config, now).Scan(&row.ID, &old); err != nil {
+RETURNING s.id, s.config, s.xmax = 0`), name, now).Scan(&row.ID, &old, &created); err != nil {
 			return fmt.Errorf("upsert stream row: %w", err)
 		}
 		row.Name = name
@@ -54,9 +56,9 @@ VALUES ($1, $2, $3, coalesce($4, now()))`), row.ID, config, declaredBy, now); er
 		return st.applyStreamTemplates(ctx, tx, row.ID)
 	})
 	if err != nil {
-		return StreamRow{}, nil, false, fmt.Errorf("register stream %q: %w", name, err)
+		return StreamRow{}, nil, false, false, fmt.Errorf("register stream %q: %w", name, err)
 	}
-	return row, old, changed, nil
+	return row, old, changed, created, nil
 }
 
 // LookupStream reads a registered stream by name.
