@@ -5,7 +5,8 @@
 // cannot stop them, so they are reported and left behind).
 //
 // The tree: a heartbeat per worker (message_consumer, exception_consumer),
-// the range claimer and the exception claimer. Shutdown order is the point of
+// the refresher (the group config snapshot the claimers read), the range
+// claimer and the exception claimer. Shutdown order is the point of
 // this package. When the caller's context ends, the claimers are asked to
 // drain first (no new claims; in-flight handlers get up to ShutdownTimeout;
 // finished work is committed and unfinished work handed back with its leases
