@@ -13,6 +13,7 @@ import (
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/c1702965/sqlstreams/internal/topic"
 )
 
 // Start says where a brand-new group's cursor is placed. It is read once,
@@ -49,6 +50,12 @@ type ConsumerConfig struct {
 	// holders before it is quarantined (split into exception rows). Default
 	// 3; NoRetries quarantines on the first reclaim.
 	MaxRangeReclaims int
+	// Bindings is the group's whole set of routing-key patterns (AMQP topic
+	// syntax: words split on '.', '*' one word, '#' zero or more). nil or
+	// empty is the whole stream; a group with any binding never receives a
+	// message produced without a routing key. Compared as a set. A changed
+	// set waits until no live instance holds the installed one (seed 0511).
+	Bindings []string
 	// DeliveryLog says which attempts the delivery log records, in the
 	// transaction that settles them: DeliveryLogFailures (default: failed
 	// and dead attempts), DeliveryLogAll, or DeliveryLogOff.
@@ -96,6 +103,11 @@ func (c ConsumerConfig) validate() error {
 		"ConsumerConfig.MessageMin": c.MessageMin, "ConsumerConfig.MessageMax": c.MessageMax} {
 		if err := o.validate(name); err != nil {
 			return err
+		}
+	}
+	for _, p := range c.Bindings {
+		if err := topic.ValidatePattern(p); err != nil {
+			return fmt.Errorf("%w: ConsumerConfig.Bindings: %v", ErrInvalidPattern, err)
 		}
 	}
 	switch {
@@ -147,6 +159,13 @@ type ConsumeOptions struct {
 	// declared config; a redeclaration reaches it within one interval.
 	// Default 30s.
 	ConfigRefreshInterval time.Duration
+	// BindingRetryInterval is how often a session whose binding set waits
+	// on live incumbents tries again. Default 10s. There is no timeout: it
+	// waits forever, and is not ready meanwhile.
+	BindingRetryInterval time.Duration
+	// Readiness, if set, turns ready when this session consumes and not
+	// before (see Readiness.Handler for an HTTP readiness probe).
+	Readiness *Readiness
 }
 
 // Default instance options.
@@ -155,6 +174,9 @@ const (
 	DefaultMessageConcurrency = 10
 	DefaultClaimPollRate      = 100 * time.Millisecond
 	DefaultInstanceTTL        = 30 * time.Second
+	// DefaultBindingRetryInterval is how often a waiting binding
+	// declaration tries again.
+	DefaultBindingRetryInterval = 10 * time.Second
 	// DefaultConfigRefreshInterval is how often a running instance reads
 	// its group's declared config.
 	DefaultConfigRefreshInterval = 30 * time.Second
@@ -188,6 +210,9 @@ func (o *ConsumeOptions) withDefaults() ConsumeOptions {
 	if out.ConfigRefreshInterval == 0 {
 		out.ConfigRefreshInterval = DefaultConfigRefreshInterval
 	}
+	if out.BindingRetryInterval == 0 {
+		out.BindingRetryInterval = DefaultBindingRetryInterval
+	}
 	if out.StallWarning == 0 {
 		out.StallWarning = DefaultStallWarning
 	}
@@ -209,6 +234,8 @@ func (o ConsumeOptions) validate() error {
 		return fmt.Errorf("%w: ConsumeOptions.ClaimPollRate %s is below 1ms", ErrInvalidConfig, o.ClaimPollRate)
 	case o.InstanceTTL < time.Second:
 		return fmt.Errorf("%w: ConsumeOptions.InstanceTTL %s is below 1s", ErrInvalidConfig, o.InstanceTTL)
+	case o.BindingRetryInterval < time.Millisecond:
+		return fmt.Errorf("%w: ConsumeOptions.BindingRetryInterval %s is below 1ms", ErrInvalidConfig, o.BindingRetryInterval)
 	case o.ConfigRefreshInterval < time.Millisecond:
 		return fmt.Errorf("%w: ConsumeOptions.ConfigRefreshInterval %s is below 1ms", ErrInvalidConfig, o.ConfigRefreshInterval)
 	case o.ShutdownTimeout < 0 || o.StallWarning < 0 || o.TimeoutGrace < 0:
@@ -230,11 +257,13 @@ func (s *StreamHandle[T]) Consumer(name string) *ConsumerHandle[T] {
 
 // Consumer is a registered group, ready to Consume.
 type Consumer[T any] struct {
-	s       *StreamHandle[T]
-	group   store.GroupRow
-	cfg     ConsumerConfig
-	stats   claimer.Stats
-	version int
+	s        *StreamHandle[T]
+	group    store.GroupRow
+	cfg      ConsumerConfig
+	stats    claimer.Stats
+	version  int
+	patterns []string // the declared binding set, normalized
+	regexes  []string
 }
 
 // Register declares the group on its stream (which must be registered) and
@@ -287,7 +316,21 @@ func (h *ConsumerHandle[T]) Register(ctx context.Context, cfg *ConsumerConfig) (
 				"code", "SQL0059", "group", h.name, "declared_by", declaredBy(), "changes", fields)
 		}
 	}
-	return &Consumer[T]{s: h.s, group: g, cfg: c, version: h.s.version}, nil
+	con := &Consumer[T]{s: h.s, group: g, cfg: c, version: h.s.version}
+	con.patterns, con.regexes = compileBindings(c.Bindings)
+	// One attempt at the binding declaration; the wait, if any, lives in
+	// Consume.
+	res, err := h.s.c.store.DeclareBindings(ctx, store.BindingRequest{StreamID: g.StreamID, GroupID: g.ID,
+		Patterns: con.patterns, Regexes: con.regexes, DeclaredBy: declaredBy(), Now: h.s.c.dbNow()})
+	if err != nil {
+		return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
+	}
+	if res.Outcome == store.BindingWaiting {
+		logger.Warn("WAITING: consumer group binding set differs from the installed one while live instances hold it; "+
+			"Consume will wait until they are gone", "group", h.name, "wanted", con.patterns,
+			"installed", res.Installed, "live_instances", res.Live)
+	}
+	return con, nil
 }
 
 // Name returns the group's name.
@@ -343,6 +386,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 		return err
 	}
 	client := c.s.c
+	alerted := false
 	return engine.Run(ctx, engine.Config{
 		Store: client.store, StreamID: c.group.StreamID, GroupID: c.group.ID, GroupName: c.group.Name,
 		Workers: c.group.Workers, DeclaredBy: declaredBy(), Handler: c.adapt(handler),
@@ -351,6 +395,17 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 			ClaimPollRate: o.ClaimPollRate, InstanceTTL: o.InstanceTTL, ShutdownTimeout: o.ShutdownTimeout,
 			DisableGracefulShutdown: o.DisableGracefulShutdown, StallAfter: o.StallWarning,
 			TimeoutGrace: o.TimeoutGrace, KeyBusyDelay: keyBusyDelay, ConfigRefreshInterval: o.ConfigRefreshInterval,
+			BindingRetryInterval: o.BindingRetryInterval,
+		},
+		Patterns: c.patterns, Regexes: c.regexes, Ready: o.Readiness.set,
+		OnWait: func(res store.BindingResult, since time.Time) {
+			if !alerted { // one alert per wait; the log line repeats every attempt
+				alerted = true
+				client.alertBindingWait(ctx, c.s.name, c.group.Name, c.patterns, res, since)
+			}
+		},
+		OnStall: func(waited time.Duration, blockers []store.Blocker) {
+			client.alertStall(ctx, c.s.name, c.group.Name, waited, blockers)
 		},
 		Clock: client.cfg.Clock, Logger: client.cfg.Logger, Stats: &c.stats,
 		OnStart: consumeHooks(ctx),
@@ -385,4 +440,16 @@ type hooksKey struct{}
 func consumeHooks(ctx context.Context) func(string) {
 	f, _ := ctx.Value(hooksKey{}).(func(string))
 	return f
+}
+
+// compileBindings normalizes a declared set and translates each pattern for
+// the database. Patterns were validated already.
+func compileBindings(patterns []string) (set, regexes []string) {
+	set = topic.NormalizeSet(patterns)
+	regexes = make([]string, len(set))
+	for i, p := range set {
+		c, _ := topic.Compile(p)
+		regexes[i] = c.Regex()
+	}
+	return set, regexes
 }

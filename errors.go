@@ -18,6 +18,8 @@ var (
 	ErrInvalidSchema = store.ErrInvalidIdentifier
 	// ErrInvalidRoutingKey: a routing key breaking the topic word rules.
 	ErrInvalidRoutingKey = topic.ErrInvalidRoutingKey
+	// ErrInvalidPattern: a binding pattern breaking the topic word rules.
+	ErrInvalidPattern = topic.ErrInvalidPattern
 	// ErrInvalidKey: a message or idempotency key too long or with control characters.
 	ErrInvalidKey = errors.New("invalid key")
 	// ErrMessageTooLarge: an encoded payload over the stream's MaxMessageBytes.

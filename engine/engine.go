@@ -28,6 +28,7 @@ import (
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/actors/refresher"
+	"github.com/c1702965/sqlstreams/actors/registrar"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
@@ -48,6 +49,7 @@ type Options struct {
 	TimeoutGrace            time.Duration
 	KeyBusyDelay            time.Duration
 	ConfigRefreshInterval   time.Duration
+	BindingRetryInterval    time.Duration
 }
 
 // ShutdownBudget is the drain bound in force: ShutdownTimeout when the
@@ -77,9 +79,20 @@ type Config struct {
 	DeclaredBy string
 	Handler    claimer.Handler
 	Options    Options
-	Clock      clock.Clock
-	Logger     *slog.Logger
-	Stats      *claimer.Stats
+	// Patterns and Regexes are the declared binding set (normalized; empty
+	// is the whole stream).
+	Patterns []string
+	Regexes  []string
+	// OnWait is called on each waiting binding attempt.
+	OnWait func(res store.BindingResult, since time.Time)
+	// OnStall is called once per delivery stall.
+	OnStall func(waited time.Duration, blockers []store.Blocker)
+	// Ready is called once the session consumes (its set is in force and
+	// its actors run); never while it waits.
+	Ready  func()
+	Clock  clock.Clock
+	Logger *slog.Logger
+	Stats  *claimer.Stats
 	// OnStart, if set, is called with the message consumer's instance id
 	// once the instance rows exist and the actors are about to run.
 	OnStart func(instanceID string)
@@ -124,7 +137,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	lost := make(chan struct{}, 1)
 	newBeat := func(id, worker string, lost chan<- struct{}) *heartbeat.Actor {
-		return heartbeat.New(heartbeat.Config{
+		return heartbeat.New(heartbeat.Config{Registered: true,
 			Store: cfg.Store, StreamID: cfg.StreamID, WorkerConfigID: cfg.Workers[worker],
 			InstanceID: id, DeclaredBy: cfg.DeclaredBy, TTL: o.InstanceTTL,
 			Clock: cfg.Clock, Logger: logger.With("worker", worker), DBNow: dbNow, Lost: lost,
@@ -137,13 +150,23 @@ func Run(ctx context.Context, cfg Config) error {
 	if _, err := ref.Step(ctx); err != nil {
 		return fmt.Errorf("consume %s: read group config: %w", cfg.GroupName, err)
 	}
+	reg := registrar.New(registrar.Config{
+		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, GroupName: cfg.GroupName,
+		Patterns: cfg.Patterns, Regexes: cfg.Regexes, DeclaredBy: cfg.DeclaredBy,
+		Instances: []store.InstanceInsert{
+			{ID: msgID, WorkerConfigID: cfg.Workers[store.WorkerMessageConsumer], TTL: o.InstanceTTL},
+			{ID: excID, WorkerConfigID: cfg.Workers[store.WorkerExceptionConsumer], TTL: o.InstanceTTL},
+		},
+		Interval: o.BindingRetryInterval, Clock: cfg.Clock, Logger: logger, DBNow: dbNow, OnWait: cfg.OnWait,
+	})
+	if _, err := reg.Run(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting: nothing was started
+		}
+		return fmt.Errorf("consume %s: declare bindings: %w", cfg.GroupName, err)
+	}
 	msgBeat := newBeat(msgID, store.WorkerMessageConsumer, lost)
 	excBeat := newBeat(excID, store.WorkerExceptionConsumer, make(chan struct{}, 1))
-	for _, hb := range []*heartbeat.Actor{msgBeat, excBeat} {
-		if err := hb.Step(ctx); err != nil {
-			return fmt.Errorf("consume %s: register instance: %w", cfg.GroupName, err)
-		}
-	}
 
 	drain := make(chan struct{})
 	common := claimer.Common{
@@ -154,7 +177,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	rc := common
 	rc.InstanceID = msgID
-	cl := claimer.New(claimer.Config{Common: rc, BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, StallAfter: o.StallAfter, Lost: lost})
+	cl := claimer.New(claimer.Config{Common: rc, BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, StallAfter: o.StallAfter, Lost: lost, OnStall: cfg.OnStall})
 	ec := common
 	ec.InstanceID = excID
 	ex := claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec})
@@ -186,6 +209,9 @@ func Run(ctx context.Context, cfg Config) error {
 	done := sup.ServeBackground(supCtx)
 	if cfg.OnStart != nil {
 		cfg.OnStart(msgID)
+	}
+	if cfg.Ready != nil {
+		cfg.Ready()
 	}
 
 	select {

@@ -94,6 +94,8 @@ type Config struct {
 	StallAfter time.Duration
 	// Lost carries the heartbeat's reports that the instance row was gone.
 	Lost <-chan struct{}
+	// OnStall, if set, is called once per stall (alerts).
+	OnStall func(waited time.Duration, blockers []store.Blocker)
 }
 
 type msgState uint8
@@ -190,12 +192,15 @@ func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
 // exception rows, so the healthy messages flow and a poison message ends
 // dead after its own retries.
 func (a *Actor) quarantine(ctx context.Context, r store.Range, group policy.Group, max int) error {
-	writes := make([]store.ExceptionWrite, len(r.Messages))
+	writes := make([]store.ExceptionWrite, 0, len(r.Messages))
 	for i := range r.Messages {
 		m := &r.Messages[i]
+		if !m.Matched {
+			continue
+		}
 		e := resolve(m, group)
-		writes[i] = store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(e.Concurrency),
-			Status: policy.StatusPending, Error: fmt.Sprintf("quarantined: its range was reclaimed %d times (MaxRangeReclaims %d)", r.Reclaims, max)}
+		writes = append(writes, store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(e.Concurrency),
+			Status: policy.StatusPending, Error: fmt.Sprintf("quarantined: its range was reclaimed %d times (MaxRangeReclaims %d)", r.Reclaims, max)})
 	}
 	if err := a.cfg.Store.CommitRange(ctx, a.cfg.StreamID, r.ID, r.Token, writes, nil, a.cfg.DBNow()); err != nil {
 		if errors.Is(err, store.ErrLeaseLost) {
@@ -232,6 +237,12 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 	var want []store.KeyClaim
 	for i := range r.Messages {
 		m := &r.Messages[i]
+		if !m.Matched { // not routed to this group: settled without delivery
+			in.state[i] = done
+			in.pending--
+			a.queued--
+			continue
+		}
 		in.eff[i] = resolve(m, group)
 		if in.eff[i].Concurrency.Keyed() && m.Key != "" {
 			if _, seen := in.queues[m.Key]; !seen {
@@ -258,6 +269,9 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 	var jobs []Job
 	for i := range r.Messages {
 		m := &r.Messages[i]
+		if !m.Matched {
+			continue
+		}
 		if q, keyed := in.queues[m.Key]; keyed && m.Key != "" {
 			switch {
 			case blocked[m.Key]:
@@ -282,7 +296,7 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 func (a *Actor) job(in *inflight, i int) Job {
 	e := in.eff[i]
 	return Job{Ref: ref{rangeID: in.r.ID, index: i}, Delivery: Delivery{
-		Msg: &in.r.Messages[i], Attempt: 1, Concurrency: e.Concurrency, Timeout: e.Timeout}}
+		Msg: &in.r.Messages[i], Attempt: 1, Concurrency: e.Concurrency, Timeout: e.Timeout, Bindings: in.r.Bindings}}
 }
 
 // defer_ parks message i as a pending exception row without spending a
@@ -329,6 +343,9 @@ func (a *Actor) checkGate(ctx context.Context) error {
 			"blocker_xact_start", b.XactStart, "blocker_state", b.State)
 	}
 	a.cfg.Logger.Warn("delivery stalled: committed messages wait behind an open transaction", attrs...)
+	if a.cfg.OnStall != nil {
+		a.cfg.OnStall(now.Sub(a.stallSince), blockers)
+	}
 	return nil
 }
 

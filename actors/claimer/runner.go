@@ -22,6 +22,9 @@ type Delivery struct {
 	Delays      int
 	Concurrency policy.Concurrency
 	Timeout     time.Duration
+	// Bindings is the binding declaration whose set routed the message to
+	// the group (0: whole stream), as read by the claim that handed it out.
+	Bindings int64
 }
 
 // Handler runs one delivery. nil is success; see policy.Classify for errors.

@@ -35,6 +35,9 @@ type Config struct {
 	Lost chan<- struct{}
 	// Graceful reports, at stop, whether to give the row back.
 	Graceful func() bool
+	// Registered says the row already exists (the registrar inserted it
+	// with the binding declaration), so the first step renews.
+	Registered bool
 }
 
 // Actor is the heartbeat actor.
@@ -45,7 +48,7 @@ type Actor struct {
 }
 
 // New returns a heartbeat actor.
-func New(cfg Config) *Actor { return &Actor{cfg: cfg} }
+func New(cfg Config) *Actor { return &Actor{cfg: cfg, registered: cfg.Registered} }
 
 // Interval is how often the actor beats: a third of the TTL, so two beats
 // may fail before the instance is seen as dead.

@@ -93,6 +93,7 @@ func (st *Store) ClaimExceptions(ctx context.Context, streamID, groupID int64, o
 			&m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, &m.Payload, &m.Options); err != nil {
 			return nil, fmt.Errorf("claim exceptions: scan: %w", err)
 		}
+		m.Matched = true // routed to the group when its range was claimed
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {

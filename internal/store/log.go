@@ -45,8 +45,11 @@ type Message struct {
 	Version    int
 	RoutingKey string
 	Key        string
-	Payload    []byte
+	Payload    []byte // nil when the message does not match the group's bindings
 	Options    []byte
+	// Matched is false for a message the group's binding set does not
+	// route to it: it is settled without being delivered.
+	Matched bool
 }
 
 // Produce writes msgs in one round trip: unkeyed messages in one multi-row
@@ -148,6 +151,9 @@ type Range struct {
 	Token    string
 	Reclaims int
 	Messages []Message
+	// Bindings is the binding declaration whose set filtered this claim
+	// (0: no bindings, the whole stream).
+	Bindings int64
 }
 
 // ClaimArgs are the inputs of a claim.
@@ -171,7 +177,7 @@ func (st *Store) ClaimRange(ctx context.Context, a ClaimArgs) (r Range, ok bool,
 	defer rows.Close()
 	for rows.Next() {
 		var m Message
-		if err := rows.Scan(&r.ID, &r.Token, &m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, &m.Payload, &m.Options); err != nil {
+		if err := rows.Scan(&r.ID, &r.Token, &m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, &m.Payload, &m.Options, &m.Matched, &r.Bindings); err != nil {
 			return r, false, fmt.Errorf("claim range: scan: %w", err)
 		}
 		r.Messages = append(r.Messages, m)
@@ -198,7 +204,7 @@ func (st *Store) ReclaimRange(ctx context.Context, a ClaimArgs) (r Range, ok boo
 			mxid, mid *int64
 			at        *time.Time
 		)
-		if err := rows.Scan(&r.ID, &r.Token, &r.Reclaims, &mxid, &mid, &at, &ver, &rk, &key, &m.Payload, &m.Options); err != nil {
+		if err := rows.Scan(&r.ID, &r.Token, &r.Reclaims, &mxid, &mid, &at, &ver, &rk, &key, &m.Payload, &m.Options, &m.Matched, &r.Bindings); err != nil {
 			return r, false, fmt.Errorf("reclaim range: scan: %w", err)
 		}
 		ok = true

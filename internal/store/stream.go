@@ -31,6 +31,12 @@ type tables struct {
 	exceptionState  string
 	deliveries      string
 	committed       string
+
+	currentBindings   string
+	appendDeclaration string
+	installBindings   string
+	ledger            string
+	bindingSet        string
 }
 
 var tablesCache sync.Map // key schema+"\x00"+streamID → *tables
@@ -113,10 +119,19 @@ WITH cur AS (
            coalesce($3, now()), coalesce($3, now()) + $5::interval
     FROM cur, last, moved
     RETURNING id, token
+), binds AS (
+    -- The group's binding set, read in this statement's snapshot: every
+    -- claim filters by exactly one declared set.
+    SELECT array_agg(regex) AS rx, coalesce(max(declaration_id), 0) AS decl
+    FROM {s}.{t}_binding WHERE group_id = $1
 )
 SELECT rng.id, rng.token::text, b.xid, b.id, b.produced_at, b.version,
-       coalesce(b.routing_key, ''), coalesce(b.message_key, ''), b.payload::text, coalesce(b.options::text, '')
-FROM batch b, rng
+       coalesce(b.routing_key, ''), coalesce(b.message_key, ''),
+       CASE WHEN mt.matched THEN b.payload::text END, coalesce(b.options::text, ''), mt.matched, binds.decl
+FROM batch b, rng, binds,
+     LATERAL (SELECT binds.rx IS NULL
+                  OR (b.routing_key IS NOT NULL
+                      AND EXISTS (SELECT 1 FROM unnest(binds.rx) AS r(x) WHERE ('.' || b.routing_key) ~ r.x)) AS matched) mt
 ORDER BY b.xid, b.id`),
 
 		reclaim: r.Replace(`-- store.ReclaimRange
@@ -131,16 +146,24 @@ WITH r AS (
         expires_at = coalesce($2, now()) + $4::interval, reclaims = g.reclaims + 1
     FROM r WHERE g.id = r.id
     RETURNING g.id, g.token, g.reclaims, g.lo_xid, g.lo_id, g.hi_xid, g.hi_id
+), binds AS (
+    SELECT array_agg(regex) AS rx, coalesce(max(declaration_id), 0) AS decl
+    FROM {s}.{t}_binding WHERE group_id = $1
 )
 SELECT upd.id, upd.token::text, upd.reclaims, m.xid, m.id, m.produced_at, m.version,
-       coalesce(m.routing_key, ''), coalesce(m.message_key, ''), m.payload::text, coalesce(m.options::text, '')
+       coalesce(m.routing_key, ''), coalesce(m.message_key, ''),
+       CASE WHEN mt.matched THEN m.payload::text END, coalesce(m.options::text, ''), coalesce(mt.matched, false), binds.decl
 FROM upd
+CROSS JOIN binds
 LEFT JOIN (
     SELECT l.xid, l.id, l.produced_at, l.version, l.routing_key, l.message_key, l.payload, l.options
     FROM {s}.{t}_log l
     WHERE (l.xid, l.id) > ((SELECT lo_xid FROM upd), (SELECT lo_id FROM upd))
       AND (l.xid, l.id) <= ((SELECT hi_xid FROM upd), (SELECT hi_id FROM upd))
 ) m ON true
+LEFT JOIN LATERAL (SELECT binds.rx IS NULL
+                       OR (m.routing_key IS NOT NULL
+                           AND EXISTS (SELECT 1 FROM unnest(binds.rx) AS r(x) WHERE ('.' || m.routing_key) ~ r.x)) AS matched) mt ON true
 ORDER BY m.xid, m.id`),
 
 		// Deleting the lease by its token is the fence: zero rows means a
@@ -305,6 +328,52 @@ WITH k AS (
     WHERE $12 <> '' AND (EXISTS (SELECT 1 FROM del) OR EXISTS (SELECT 1 FROM upd))
 )
 SELECT (SELECT count(*) FROM del) + (SELECT count(*) FROM upd)`),
+
+		currentBindings: r.Replace(`-- store.DeclareBindings
+SELECT id, patterns FROM {s}.{t}_binding_declaration
+WHERE group_id = $1 AND status = 'installed'
+ORDER BY id DESC LIMIT 1`),
+
+		// The ledger is append-only: these two statements are the only ones
+		// that write it, and both only insert.
+		appendDeclaration: r.Replace(`-- store.DeclareBindings
+INSERT INTO {s}.{t}_binding_declaration (group_id, status, patterns, declared_by, declared_at, attempt_at)
+VALUES ($1, $2, $3, $4, $5, coalesce($6, now()))`),
+
+		installBindings: r.Replace(`-- store.DeclareBindings
+WITH d AS (
+    INSERT INTO {s}.{t}_binding_declaration (group_id, status, patterns, declared_by, declared_at, attempt_at)
+    VALUES ($1, 'installed', $2, $4, $5, coalesce($6, now()))
+    RETURNING id
+), gone AS (
+    DELETE FROM {s}.{t}_binding WHERE group_id = $1
+), ins AS (
+    INSERT INTO {s}.{t}_binding (group_id, pattern, regex, declaration_id)
+    SELECT $1, p.pattern, p.regex, d.id FROM d, unnest($2::text[], $3::text[]) AS p(pattern, regex)
+)
+SELECT id FROM d`),
+
+		// The newest installed row, and each declarer's newest waiting row
+		// after it.
+		ledger: r.Replace(`-- store.BindingLedger
+WITH inst AS (
+    SELECT id, status, patterns, declared_by, declared_at, attempt_at
+    FROM {s}.{t}_binding_declaration
+    WHERE group_id = $1 AND status = 'installed'
+    ORDER BY id DESC LIMIT 1
+), waits AS (
+    SELECT DISTINCT ON (declared_by) id, status, patterns, declared_by, declared_at, attempt_at
+    FROM {s}.{t}_binding_declaration
+    WHERE group_id = $1 AND status = 'waiting' AND id > coalesce((SELECT id FROM inst), 0)
+    ORDER BY declared_by, id DESC
+)
+SELECT id, status, patterns, declared_by, declared_at, attempt_at FROM inst
+UNION ALL
+SELECT id, status, patterns, declared_by, declared_at, attempt_at FROM waits
+ORDER BY id`),
+
+		bindingSet: r.Replace(`-- store.BindingSet
+SELECT coalesce(array_agg(pattern ORDER BY pattern), '{}') FROM {s}.{t}_binding WHERE group_id = $1`),
 
 		deliveries: r.Replace(`-- store.Deliveries
 SELECT message_id, attempt, outcome, error, at FROM {s}.{t}_delivery

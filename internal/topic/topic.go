@@ -271,3 +271,28 @@ func NormalizeSet(patterns []string) []string {
 func SameSet(a, b []string) bool {
 	return slices.Equal(NormalizeSet(a), NormalizeSet(b))
 }
+
+// wordClass is one routing-key word in a POSIX regular expression.
+const wordClass = `[A-Za-z0-9_-]+`
+
+// Regex translates the pattern for the database, which matches it against
+// '.' || routing_key: every word, wildcard or not, consumes its leading dot,
+// so "#" can absorb zero words without leaving a dot behind. The expression
+// has no back-references and no capturing groups, so PostgreSQL runs it as
+// an automaton, linear in the key's length whatever the pattern.
+func (p *Pattern) Regex() string {
+	var b strings.Builder
+	b.WriteString("^")
+	for _, t := range p.toks {
+		switch t.kind {
+		case oneWord:
+			b.WriteString(`\.` + wordClass)
+		case anyWords:
+			b.WriteString(`(?:\.` + wordClass + `)*`)
+		default:
+			b.WriteString(`\.` + t.lit) // literal words hold only [A-Za-z0-9_-]
+		}
+	}
+	b.WriteString("$")
+	return b.String()
+}

@@ -106,3 +106,29 @@ CREATE TABLE {{schema}}.{{t}}_delivery (
 );
 CREATE INDEX {{t}}_delivery_message_idx ON {{schema}}.{{t}}_delivery (group_id, message_id);
 CREATE INDEX {{t}}_delivery_at_idx ON {{schema}}.{{t}}_delivery (at);
+
+-- The effective binding set of each group (seed 0511): the only place claims
+-- read it. Only the install/swap transaction writes these rows. A group with
+-- no rows receives the whole stream. regex is the pattern translated for
+-- matching against '.' || routing_key (internal/topic).
+CREATE TABLE {{schema}}.{{t}}_binding (
+    group_id        bigint NOT NULL,
+    pattern         text   NOT NULL,
+    regex           text   NOT NULL,
+    declaration_id  bigint NOT NULL,
+    PRIMARY KEY (group_id, pattern)
+);
+
+-- The binding declaration ledger: one row per Register attempt that
+-- installed a set or waited on a live incumbent's different set. Append-only:
+-- no statement ever updates it.
+CREATE TABLE {{schema}}.{{t}}_binding_declaration (
+    id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    group_id     bigint      NOT NULL,
+    status       text        NOT NULL,
+    patterns     text[]      NOT NULL,
+    declared_by  text        NOT NULL,
+    declared_at  timestamptz NOT NULL,
+    attempt_at   timestamptz NOT NULL
+);
+CREATE INDEX {{t}}_binding_declaration_group_idx ON {{schema}}.{{t}}_binding_declaration (group_id, status, id);

@@ -1,0 +1,100 @@
+// Package registrar is the binding-declaration actor of a Consume session
+// (seed 0511). Before the session claims anything it declares the group's
+// binding set: join or install when the stored set is the same or none is
+// stored; swap when the set differs and no live instance of the group
+// remains; otherwise wait — visibly, re-attempting every retry interval,
+// logging loudly each time, forever. A waiting instance holds no
+// worker_instance row, never claims and is never ready. The attempt that
+// succeeds inserts the session's worker_instance rows in its own
+// transaction, so no other declarer can swap the set between the install
+// and the first heartbeat.
+package registrar
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/store"
+)
+
+// Config is what the actor needs.
+type Config struct {
+	Store      *store.Store
+	StreamID   int64
+	GroupID    int64
+	GroupName  string
+	Patterns   []string // normalized
+	Regexes    []string
+	DeclaredBy string
+	Instances  []store.InstanceInsert
+	Interval   time.Duration
+	Clock      clock.Clock
+	Logger     *slog.Logger
+	DBNow      func() store.Now
+	// OnWait, if set, is called on every waiting attempt (alerts, tests).
+	OnWait func(res store.BindingResult, waitingSince time.Time)
+}
+
+// Actor is the registrar.
+type Actor struct {
+	cfg        Config
+	declaredAt *time.Time
+	since      time.Time
+}
+
+// New returns a registrar.
+func New(cfg Config) *Actor { return &Actor{cfg: cfg} }
+
+// Step makes one attempt. declared_at stays the first attempt's across
+// retries; attempt_at is each attempt's own.
+func (a *Actor) Step(ctx context.Context) (store.BindingResult, error) {
+	res, err := a.cfg.Store.DeclareBindings(ctx, store.BindingRequest{
+		StreamID: a.cfg.StreamID, GroupID: a.cfg.GroupID, Patterns: a.cfg.Patterns, Regexes: a.cfg.Regexes,
+		DeclaredBy: a.cfg.DeclaredBy, DeclaredAt: a.declaredAt, Instances: a.cfg.Instances, Now: a.cfg.DBNow(),
+	})
+	if err != nil {
+		return res, err
+	}
+	if a.declaredAt == nil {
+		at := res.DeclaredAt
+		a.declaredAt = &at
+		a.since = a.cfg.Clock.Now()
+	}
+	return res, nil
+}
+
+// Run attempts until the set is installed or joined, or ctx ends. Failed
+// attempts (a database restart, say) are retried on the same interval.
+func (a *Actor) Run(ctx context.Context) (store.BindingResult, error) {
+	var t *clock.Ticker
+	for {
+		res, err := a.Step(ctx)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return res, ctx.Err()
+		case err != nil:
+			a.cfg.Logger.Warn("binding declaration attempt failed; retrying", "group", a.cfg.GroupName, "error", err)
+		case res.Outcome != store.BindingWaiting:
+			return res, nil
+		default:
+			a.cfg.Logger.Warn("WAITING: consumer group binding set differs from the installed one while live instances hold it; "+
+				"this instance will not consume until they are gone",
+				"group", a.cfg.GroupName, "wanted", a.cfg.Patterns, "installed", res.Installed,
+				"live_instances", res.Live, "waiting_since", res.DeclaredAt, "retry_every", a.cfg.Interval.String())
+			if a.cfg.OnWait != nil {
+				a.cfg.OnWait(res, a.since)
+			}
+		}
+		if t == nil {
+			t = a.cfg.Clock.Ticker(a.cfg.Interval)
+			defer t.Stop()
+		}
+		select {
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,159 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Binding declaration outcomes.
+const (
+	BindingInstalled = "installed" // this attempt installed (or swapped in) the set
+	BindingJoined    = "joined"    // the stored set is the same: nothing written
+	BindingWaiting   = "waiting"   // a live incumbent holds a different set
+)
+
+// BindingRequest is one Register attempt's declaration of a group's set.
+type BindingRequest struct {
+	StreamID   int64
+	GroupID    int64
+	Patterns   []string // normalized: sorted, distinct
+	Regexes    []string // Patterns translated for the database, same order
+	DeclaredBy string
+	// DeclaredAt is when this declarer first stated the set (nil on its
+	// first attempt: the database's now, returned in the result).
+	DeclaredAt *time.Time
+	// Instances are inserted in the same transaction when the attempt
+	// installs or joins, so the instance holds a live heartbeat from the
+	// moment its set is in force and no other declarer can swap in between.
+	Instances []InstanceInsert
+	Now       Now
+}
+
+// InstanceInsert is a worker_instance row to create.
+type InstanceInsert struct {
+	ID             string
+	WorkerConfigID int64
+	TTL            time.Duration
+}
+
+// BindingResult is what an attempt found and did.
+type BindingResult struct {
+	Outcome string
+	// Installed is the group's set after the attempt (nil when none was
+	// ever declared and the attempt waited, which cannot happen).
+	Installed     []string
+	DeclarationID int64 // the installed row in force
+	Live          int   // live worker instances holding the installed set
+	DeclaredAt    time.Time
+}
+
+// DeclareBindings runs one attempt of seed 0511 in one transaction that
+// locks the group row (so concurrent installers serialize): same set or
+// none stored → join or install; a different set while any live worker
+// instance of the group exists → append a waiting row; a different set with
+// none → swap the binding rows and append an installed row.
+func (st *Store) DeclareBindings(ctx context.Context, req BindingRequest) (BindingResult, error) {
+	t := st.streamTables(req.StreamID)
+	var res BindingResult
+	err := pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
+		res = BindingResult{}
+		if err := tx.QueryRow(ctx, st.sql(`-- store.DeclareBindings
+SELECT coalesce($2, coalesce($3, now())) FROM %[1]s.consumer_group_config WHERE id = $1 FOR UPDATE`),
+			req.GroupID, req.DeclaredAt, req.Now).Scan(&res.DeclaredAt); err != nil {
+			return fmt.Errorf("lock group row: %w", err)
+		}
+		var current []string
+		err := tx.QueryRow(ctx, t.currentBindings, req.GroupID).Scan(&res.DeclarationID, &current)
+		stored := err == nil
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("read installed set: %w", err)
+		}
+		switch {
+		case stored && slices.Equal(current, req.Patterns):
+			res.Outcome, res.Installed = BindingJoined, current
+		case stored:
+			if err := tx.QueryRow(ctx, st.sql(`-- store.DeclareBindings
+SELECT count(*) FROM %[1]s.worker_instance i JOIN %[1]s.worker_config w ON w.id = i.worker_config_id
+WHERE w.consumer_group_id = $1 AND i.expires_at > coalesce($2, now())`), req.GroupID, req.Now).Scan(&res.Live); err != nil {
+				return fmt.Errorf("count live instances: %w", err)
+			}
+			if res.Live > 0 {
+				res.Outcome, res.Installed = BindingWaiting, current
+				if _, err := tx.Exec(ctx, t.appendDeclaration, req.GroupID, BindingWaiting, req.Patterns,
+					req.DeclaredBy, res.DeclaredAt, req.Now); err != nil {
+					return fmt.Errorf("append waiting row: %w", err)
+				}
+				return nil
+			}
+			fallthrough
+		default:
+			res.Outcome, res.Installed = BindingInstalled, req.Patterns
+			if err := tx.QueryRow(ctx, t.installBindings, req.GroupID, req.Patterns, req.Regexes,
+				req.DeclaredBy, res.DeclaredAt, req.Now).Scan(&res.DeclarationID); err != nil {
+				return fmt.Errorf("install set: %w", err)
+			}
+		}
+		for _, in := range req.Instances {
+			if _, err := tx.Exec(ctx, st.sql(`-- store.DeclareBindings
+INSERT INTO %[1]s.worker_instance (id, worker_config_id, declared_by, started_at, heartbeat_at, expires_at)
+VALUES ($1::uuid, $2, $3, coalesce($4, now()), coalesce($4, now()), coalesce($4, now()) + $5::interval)`),
+				in.ID, in.WorkerConfigID, req.DeclaredBy, req.Now, in.TTL); err != nil {
+				return fmt.Errorf("insert worker instance: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return BindingResult{}, fmt.Errorf("declare bindings: %w", err)
+	}
+	return res, nil
+}
+
+// LedgerRow is one row of the binding declaration ledger.
+type LedgerRow struct {
+	ID         int64
+	Status     string
+	Patterns   []string
+	DeclaredBy string
+	DeclaredAt time.Time
+	AttemptAt  time.Time
+}
+
+// BindingLedger returns the group's newest installed row (if any) and each
+// declarer's newest waiting row after it.
+func (st *Store) BindingLedger(ctx context.Context, streamID, groupID int64) (installed *LedgerRow, waiting []LedgerRow, err error) {
+	rows, err := st.pool.Query(ctx, st.streamTables(streamID).ledger, groupID)
+	if err != nil {
+		return nil, nil, fmt.Errorf("binding ledger: %w", err)
+	}
+	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (LedgerRow, error) {
+		var l LedgerRow
+		err := r.Scan(&l.ID, &l.Status, &l.Patterns, &l.DeclaredBy, &l.DeclaredAt, &l.AttemptAt)
+		return l, err
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("binding ledger: %w", err)
+	}
+	for i := range all {
+		if all[i].Status == BindingInstalled {
+			installed = &all[i]
+		} else {
+			waiting = append(waiting, all[i])
+		}
+	}
+	return installed, waiting, nil
+}
+
+// BindingSet reads the group's effective set from its binding rows.
+func (st *Store) BindingSet(ctx context.Context, streamID, groupID int64) ([]string, error) {
+	var set []string
+	if err := st.pool.QueryRow(ctx, st.streamTables(streamID).bindingSet, groupID).Scan(&set); err != nil {
+		return nil, fmt.Errorf("binding set: %w", err)
+	}
+	return set, nil
+}
