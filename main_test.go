@@ -1,7 +1,6 @@
 package sqlstreams
 
 import (
-	"bufio"
 	"context"
 	"log/slog"
 	"os"
@@ -63,11 +62,29 @@ func (s *logSink) Handle(_ context.Context, r slog.Record) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.records = append(s.records, r.Clone())
-	if ch, ok := s.waiters[r.Message]; ok {
-		close(ch)
-		delete(s.waiters, r.Message)
+	for prefix, ch := range s.waiters {
+		if strings.HasPrefix(r.Message, prefix) {
+			close(ch)
+			delete(s.waiters, prefix)
+		}
 	}
 	return nil
+}
+
+// next returns a channel closed by the next record whose message starts
+// with prefix: a test signal for asynchronous work that logs.
+func (s *logSink) next(prefix string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.waiters == nil {
+		s.waiters = map[string]chan struct{}{}
+	}
+	ch, ok := s.waiters[prefix]
+	if !ok {
+		ch = make(chan struct{})
+		s.waiters[prefix] = ch
+	}
+	return ch
 }
 
 // messages returns the logged messages at level or above.
@@ -95,9 +112,9 @@ func (s *logSink) record(msg string) (slog.Record, bool) {
 	return slog.Record{}, false
 }
 
-// conformance reads one of the shared conformance files: lines between bars,
-// '#' comments skipped.
-func conformance(t *testing.T, name string) []string {
+// readConformance returns one of the shared conformance files, which sit
+// beside the checkout in ../shared/conformance.
+func readConformance(t *testing.T, name string) string {
 	t.Helper()
 	dir, err := os.Getwd()
 	require.NoError(t, err)
@@ -109,20 +126,21 @@ func conformance(t *testing.T, name string) []string {
 		require.NotEqual(t, parent, dir, "go.mod not found above the test directory")
 		dir = parent
 	}
-	path := filepath.Join(dir, "..", "shared", "conformance", name)
-	f, err := os.Open(path)
+	b, err := os.ReadFile(filepath.Join(dir, "..", "shared", "conformance", name))
 	require.NoError(t, err, "the shared conformance files must sit beside the checkout")
-	defer f.Close()
+	return string(b)
+}
+
+// conformance reads one of the shared conformance files: lines between bars,
+// '#' comments skipped.
+func conformance(t *testing.T, name string) []string {
+	t.Helper()
 	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") || !strings.HasPrefix(line, "|") {
-			continue
+	for _, line := range strings.Split(readConformance(t, name), "\n") {
+		if strings.HasPrefix(line, "|") {
+			out = append(out, strings.TrimSuffix(strings.TrimPrefix(line, "|"), "|"))
 		}
-		out = append(out, strings.TrimSuffix(strings.TrimPrefix(line, "|"), "|"))
 	}
-	require.NoError(t, sc.Err())
 	require.NotEmpty(t, out)
 	return out
 }

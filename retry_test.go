@@ -42,17 +42,25 @@ func newStepper(t *testing.T, cfg *ConsumerConfig, h func(o *order, attempt int)
 	s := e.stream("orders")
 	c, err := s.Consumer("g").Register(context.Background(), cfg)
 	require.NoError(t, err)
-	st := &stepper{t: t, e: e, c: c, mock: mock}
-	handler := c.adapt(func(ctx context.Context, o *order) error {
+	var st *stepper
+	st = newStepperFor(t, e, c, mock, c.adapt(func(ctx context.Context, o *order) error {
 		meta, _ := MetaFromContext(ctx)
 		st.calls = append(st.calls, call{id: o.OrderID, attempt: meta.Attempt, at: mock.Now()})
 		return h(o, meta.Attempt)
-	})
-	common := e.common(c, mock, handler)
+	}))
+	return st, s
+}
+
+// newStepperFor drives c's claimers with handler h, under the group config
+// c was registered with.
+func newStepperFor(t *testing.T, e *env, c *Consumer[order], mock *clock.Mock, h claimer.Handler) *stepper {
+	t.Helper()
+	st := &stepper{t: t, e: e, c: c, mock: mock}
+	common := e.common(c, mock, h)
 	st.stats, st.common = common.Stats, common
 	st.ranges = claimer.New(claimer.Config{Common: common, BatchLimit: 10, QueueSize: 20, StallAfter: time.Hour})
 	st.exc, _ = st.newExc()
-	return st, s
+	return st
 }
 
 // newExc returns a fresh exception claimer with its own instance id, as a

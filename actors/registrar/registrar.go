@@ -79,13 +79,13 @@ func (a *Actor) Run(ctx context.Context) (store.BindingResult, error) {
 		case res.Outcome != store.BindingWaiting:
 			return res, nil
 		default:
+			if a.cfg.OnWait != nil {
+				a.cfg.OnWait(res, a.since)
+			}
 			a.cfg.Logger.Warn("WAITING: consumer group binding set differs from the installed one while live instances hold it; "+
 				"this instance will not consume until they are gone",
 				"group", a.cfg.GroupName, "wanted", a.cfg.Patterns, "installed", res.Installed,
 				"live_instances", res.Live, "waiting_since", res.DeclaredAt, "retry_every", a.cfg.Interval.String())
-			if a.cfg.OnWait != nil {
-				a.cfg.OnWait(res, a.since)
-			}
 		}
 		if t == nil {
 			t = a.cfg.Clock.Ticker(a.cfg.Interval)

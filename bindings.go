@@ -1,0 +1,60 @@
+package sqlstreams
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/c1702965/sqlstreams/internal/topic"
+)
+
+// BindingDeclaration is one row of a group's binding ledger as listed.
+type BindingDeclaration struct {
+	Patterns   []string
+	DeclaredBy string
+	// DeclaredAt is when the declarer first stated the set; on the row that
+	// ended a wait, the wait began then.
+	DeclaredAt time.Time
+	AttemptAt  time.Time
+	// Status is "installed", "waiting", or "stale" (a waiter whose newest
+	// attempt is older than the listing's staleAfter: probably gone).
+	Status string
+}
+
+// BindingListing is a group's effective declaration and its open waiters.
+type BindingListing struct {
+	Installed *BindingDeclaration // nil: never declared (the whole stream)
+	Waiting   []BindingDeclaration
+}
+
+// Bindings lists the group's newest installed declaration and the
+// declarers still waiting to change it. A waiter whose wanted set is the
+// installed one has been resolved and is not listed. staleAfter (0: three
+// default retry intervals) marks waiters that stopped retrying.
+func (c *Consumer[T]) Bindings(ctx context.Context, staleAfter time.Duration) (*BindingListing, error) {
+	if staleAfter <= 0 {
+		staleAfter = 3 * DefaultBindingRetryInterval
+	}
+	inst, waits, err := c.s.c.store.BindingLedger(ctx, c.group.StreamID, c.group.ID)
+	if err != nil {
+		return nil, fmt.Errorf("bindings of %q: %w", c.group.Name, err)
+	}
+	out := &BindingListing{}
+	if inst != nil {
+		out.Installed = &BindingDeclaration{Patterns: inst.Patterns, DeclaredBy: inst.DeclaredBy,
+			DeclaredAt: inst.DeclaredAt, AttemptAt: inst.AttemptAt, Status: "installed"}
+	}
+	now := c.s.c.cfg.Clock.Now()
+	for _, w := range waits {
+		if inst != nil && topic.SameSet(w.Patterns, inst.Patterns) {
+			continue
+		}
+		status := "waiting"
+		if now.Sub(w.AttemptAt) > staleAfter {
+			status = "stale"
+		}
+		out.Waiting = append(out.Waiting, BindingDeclaration{Patterns: w.Patterns, DeclaredBy: w.DeclaredBy,
+			DeclaredAt: w.DeclaredAt, AttemptAt: w.AttemptAt, Status: status})
+	}
+	return out, nil
+}

@@ -1,0 +1,515 @@
+package sqlstreams
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/actors/claimer"
+	"github.com/c1702965/sqlstreams/actors/heartbeat"
+	"github.com/c1702965/sqlstreams/actors/registrar"
+	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/c1702965/sqlstreams/internal/topic"
+	"github.com/stretchr/testify/require"
+)
+
+const waitingLog = "WAITING: consumer group binding set differs from the installed one while live instances hold it; this instance"
+
+// incumbent stands for a live instance of another process: its binding
+// attempt (which inserts its instance row) and its heartbeat, stepped by
+// the test.
+type incumbent struct {
+	reg *registrar.Actor
+	hb  *heartbeat.Actor
+	id  string
+}
+
+func (e *env) incumbent(t *testing.T, c *Consumer[order], clk clock.Clock, patterns []string) (*incumbent, store.BindingResult) {
+	t.Helper()
+	set, rx := compileBindings(patterns)
+	id := engine.NewID()
+	wid := c.group.Workers[store.WorkerMessageConsumer]
+	in := &incumbent{id: id}
+	in.reg = registrar.New(registrar.Config{Store: e.client.store, StreamID: c.group.StreamID, GroupID: c.group.ID,
+		GroupName: c.group.Name, Patterns: set, Regexes: rx, DeclaredBy: "incumbent:" + id[:8],
+		Instances: []store.InstanceInsert{{ID: id, WorkerConfigID: wid, TTL: 30 * time.Second}},
+		Interval: 10 * time.Second, Clock: clk, Logger: e.client.cfg.Logger, DBNow: engine.DBNow(clk)})
+	res, err := in.reg.Step(context.Background())
+	require.NoError(t, err)
+	in.hb = heartbeat.New(heartbeat.Config{Store: e.client.store, StreamID: c.group.StreamID, WorkerConfigID: wid,
+		InstanceID: id, DeclaredBy: "incumbent", TTL: 30 * time.Second, Clock: clk, Logger: e.client.cfg.Logger,
+		DBNow: engine.DBNow(clk), Lost: make(chan struct{}, 1), Graceful: func() bool { return true }, Registered: true})
+	return in, res
+}
+
+func (e *env) ledger(c *Consumer[order]) (installed []string, waitingRows int) {
+	e.t.Helper()
+	return e.ledgerOf(c.group.StreamID, c.group.ID)
+}
+
+func (e *env) ledgerOf(streamID, groupID int64) (installed []string, waitingRows int) {
+	e.t.Helper()
+	rows, err := e.pool.Query(context.Background(), fmt.Sprintf(
+		"SELECT status, patterns FROM %s.stream_%d_binding_declaration WHERE group_id = $1 ORDER BY id", e.client.Schema(), streamID), groupID)
+	require.NoError(e.t, err)
+	defer rows.Close()
+	for rows.Next() {
+		var status string
+		var p []string
+		require.NoError(e.t, rows.Scan(&status, &p))
+		if status == "installed" {
+			installed = p
+		} else {
+			waitingRows++
+		}
+	}
+	require.NoError(e.t, rows.Err())
+	return installed, waitingRows
+}
+
+func (e *env) liveInstances(c *Consumer[order], now store.Now) int {
+	e.t.Helper()
+	n := 0
+	for _, w := range []string{store.WorkerMessageConsumer, store.WorkerExceptionConsumer} {
+		k, err := e.client.store.LiveInstances(context.Background(), c.group.Workers[w], now)
+		require.NoError(e.t, err)
+		n += k
+	}
+	return n
+}
+
+func TestFirstInstallAndSameSetJoin(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	s := e.stream("orders")
+	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: []string{"orders.eu.#", "orders.us.*"}})
+	require.NoError(t, err)
+	installed, waits := e.ledger(c)
+	require.Equal(t, []string{"orders.eu.#", "orders.us.*"}, installed)
+	require.Zero(t, waits)
+	// The same set in another order, with a duplicate: a join appends nothing.
+	_, err = s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: []string{"orders.us.*", "orders.eu.#", "orders.us.*"}})
+	require.NoError(t, err)
+	rows := 0
+	require.NoError(t, e.pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s.stream_%d_binding_declaration", e.client.Schema(), c.group.StreamID)).Scan(&rows))
+	require.Equal(t, 1, rows)
+	set, err := e.client.store.BindingSet(ctx, c.group.StreamID, c.group.ID)
+	require.NoError(t, err)
+	require.Equal(t, []string{"orders.eu.#", "orders.us.*"}, set)
+
+	for _, bad := range conformance(t, "invalid-patterns.txt") {
+		_, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: []string{"ok", bad}})
+		require.ErrorIs(t, err, ErrInvalidPattern, "pattern %q", bad)
+		require.Contains(t, err.Error(), fmt.Sprintf("%q", bad))
+	}
+}
+
+// The whole seed scenario on one mock clock: an incumbent holds S1; a new
+// deployment with S2 waits (hours), never claims, never holds an instance
+// row, is not ready; when the incumbent's heartbeat lapses it swaps S2 in and
+// consumes only what S2 routes; a rollback to S1 waits for it in turn.
+func TestChangedSetWaitsForLiveIncumbentsThenSwapsAndRollsBack(t *testing.T) {
+	mock := clock.NewMock()
+	mock.Set(time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC))
+	e := newEnv(t, &ClientConfig{Clock: mock})
+	ctx := context.Background()
+	s := e.stream("orders")
+	s1, s2 := []string{"orders.eu.#"}, []string{"orders.us.#"}
+	c1, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: s1})
+	require.NoError(t, err)
+	a, res := e.incumbent(t, c1, mock, s1)
+	require.Equal(t, store.BindingJoined, res.Outcome)
+
+	_, err = s.ProduceBatch(ctx, []BatchItem[order]{
+		{Msg: order{OrderID: "eu-1"}, RoutingKey: "orders.eu.card"},
+		{Msg: order{OrderID: "us-1"}, RoutingKey: "orders.us.card"},
+		{Msg: order{OrderID: "none"}},
+	}, nil)
+	require.NoError(t, err)
+
+	c2, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: s2})
+	require.NoError(t, err, "Register attempts once and returns, even when it must wait")
+	ready := NewReadiness()
+	got := make(chan string, 10)
+	first := e.logs.next(waitingLog)
+	b := consume(t, c2, func(_ context.Context, o *order) error { got <- o.OrderID; return nil },
+		&ConsumeOptions{BindingRetryInterval: 10 * time.Second, ClaimPollRate: time.Second, Readiness: ready})
+	within(t, first, "the first waiting attempt")
+	for range 6 * 60 * 2 { // two hours of mock time, attempt by attempt
+		next := e.logs.next(waitingLog)
+		mock.Add(10 * time.Second)
+		require.NoError(t, a.hb.Step(ctx))
+		within(t, next, "a waiting attempt")
+	}
+	require.False(t, ready.Ready())
+	rec := httptest.NewRecorder()
+	ready.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/ready", nil))
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	require.Equal(t, 1, e.liveInstances(c2, engine.DBNow(mock)()), "the waiter holds no instance row")
+	require.Empty(t, got, "a waiting instance never claims")
+	installed, waits := e.ledger(c2)
+	require.Equal(t, s1, installed)
+	require.Greater(t, waits, 720, "every attempt appends a waiting row")
+	listing, err := c2.Bindings(ctx, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, s1, listing.Installed.Patterns)
+	require.Len(t, listing.Waiting, 1)
+	require.Equal(t, "waiting", listing.Waiting[0].Status)
+	require.Equal(t, s2, listing.Waiting[0].Patterns)
+	waitBegan := listing.Waiting[0].DeclaredAt
+
+	// The incumbent dies: its heartbeat lapses and the waiter swaps.
+	for !ready.Ready() {
+		next := e.logs.next(waitingLog)
+		mock.Add(10 * time.Second)
+		select {
+		case <-ready.Done():
+		case <-next:
+		}
+	}
+	require.Equal(t, "us-1", within(t, got, "the message S2 routes"))
+	installed, _ = e.ledger(c2)
+	require.Equal(t, s2, installed)
+	listing, err = c2.Bindings(ctx, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, listing.Waiting)
+	require.Equal(t, waitBegan, listing.Installed.DeclaredAt, "the installed row that ended the wait carries its whole span")
+	require.Greater(t, listing.Installed.AttemptAt.Sub(listing.Installed.DeclaredAt), 2*time.Hour)
+
+	// Rollback: the old set waits for the new fleet, and swaps back once it is gone.
+	old, res := e.incumbent(t, c1, mock, s1)
+	require.Equal(t, store.BindingWaiting, res.Outcome)
+	require.NoError(t, b.stop(t)) // a graceful stop gives the instance rows back
+	res, err = old.reg.Step(ctx)
+	require.NoError(t, err)
+	require.Equal(t, store.BindingInstalled, res.Outcome)
+	installed, _ = e.ledger(c1)
+	require.Equal(t, s1, installed)
+	select {
+	case id := <-got:
+		t.Fatalf("unexpected delivery %s", id)
+	default:
+	}
+}
+
+// Two divergent apps on one group: the first registered set stays, the
+// second waits for as long as the first lives.
+func TestDivergentAppsFirstWinsUntouched(t *testing.T) {
+	mock := clock.NewMock()
+	e := newEnv(t, &ClientConfig{Clock: mock})
+	s := e.stream("orders")
+	c, err := s.Consumer("g").Register(context.Background(), &ConsumerConfig{Bindings: []string{"a.#"}})
+	require.NoError(t, err)
+	first, res := e.incumbent(t, c, mock, []string{"a.#"})
+	require.Equal(t, store.BindingJoined, res.Outcome)
+	second, res := e.incumbent(t, c, mock, []string{"b.#"})
+	require.Equal(t, store.BindingWaiting, res.Outcome)
+	for range 100 {
+		mock.Add(10 * time.Second)
+		require.NoError(t, first.hb.Step(context.Background()))
+		res, err := second.reg.Step(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, store.BindingWaiting, res.Outcome)
+		require.Equal(t, []string{"a.#"}, res.Installed)
+	}
+	installed, _ := e.ledger(c)
+	require.Equal(t, []string{"a.#"}, installed)
+}
+
+// Concurrent installers of different sets on an empty group serialize on
+// the group row: exactly one installs, the others wait on it.
+func TestConcurrentInstallersEndWithExactlyOneSet(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	s := e.stream("orders")
+	c, err := s.Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+	// A fresh group without any declaration: start from a second group.
+	g2, err := s.Consumer("g2").Register(ctx, nil)
+	require.NoError(t, err)
+	_ = c
+	_, err = e.pool.Exec(ctx, fmt.Sprintf("DELETE FROM %s.stream_%d_binding_declaration WHERE group_id = $1", e.client.Schema(), g2.group.StreamID), g2.group.ID)
+	require.NoError(t, err)
+
+	const n = 6
+	results := make([]store.BindingResult, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			set, rx := compileBindings([]string{fmt.Sprintf("set%d.#", i)})
+			r, err := e.client.store.DeclareBindings(ctx, store.BindingRequest{StreamID: g2.group.StreamID, GroupID: g2.group.ID,
+				Patterns: set, Regexes: rx, DeclaredBy: fmt.Sprint("installer-", i),
+				Instances: []store.InstanceInsert{{ID: engine.NewID(), WorkerConfigID: g2.group.Workers[store.WorkerMessageConsumer], TTL: time.Minute}}})
+			require.NoError(t, err)
+			results[i] = r
+		}()
+	}
+	wg.Wait()
+	installedCount := 0
+	var winner []string
+	for i, r := range results {
+		if r.Outcome == store.BindingInstalled {
+			installedCount++
+			winner = []string{fmt.Sprintf("set%d.#", i)}
+		} else {
+			require.Equal(t, store.BindingWaiting, r.Outcome)
+		}
+	}
+	require.Equal(t, 1, installedCount)
+	set, err := e.client.store.BindingSet(ctx, g2.group.StreamID, g2.group.ID)
+	require.NoError(t, err)
+	require.Equal(t, winner, set)
+}
+
+func TestGroupWithBindingsNeverGetsMessagesWithoutRoutingKey(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	s := e.stream("orders")
+	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: []string{"#"}})
+	require.NoError(t, err)
+	whole, err := s.Consumer("whole").Register(ctx, nil)
+	require.NoError(t, err)
+	_, err = s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "keyless"}}, {Msg: order{OrderID: "keyed"}, RoutingKey: "x"}}, nil)
+	require.NoError(t, err)
+	got := make(chan string, 4)
+	all := newCollector(2)
+	sess := consume(t, c, func(_ context.Context, o *order) error { got <- o.OrderID; return nil }, fast())
+	consume(t, whole, func(_ context.Context, o *order) error { all.add(o.OrderID); return nil }, fast())
+	require.Equal(t, "keyed", within(t, got, "the keyed message"))
+	within(t, all.done, "a group without bindings gets both")
+	require.NoError(t, sess.stop(t))
+	require.Empty(t, e.leases(c), "the keyless message was settled without a delivery")
+	select {
+	case id := <-got:
+		t.Fatalf("unexpected delivery %s", id)
+	default:
+	}
+}
+
+// Register installed S1, a competitor replaced it with S2 while this process
+// had no instance row; Consume re-attempts and (no live incumbent) swaps S1
+// back in before consuming.
+func TestConsumeReattemptsAfterACompetitorReplacedTheSet(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	s := e.stream("orders")
+	mine, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: []string{"mine.#"}})
+	require.NoError(t, err)
+	_, err = s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: []string{"theirs.#"}})
+	require.NoError(t, err)
+	installed, _ := e.ledger(mine)
+	require.Equal(t, []string{"theirs.#"}, installed)
+	_, err = s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "t"}, RoutingKey: "theirs.x"}, {Msg: order{OrderID: "m"}, RoutingKey: "mine.x"}}, nil)
+	require.NoError(t, err)
+	got := make(chan string, 4)
+	consume(t, mine, func(_ context.Context, o *order) error { got <- o.OrderID; return nil }, fast())
+	require.Equal(t, "m", within(t, got, "the message mine.# routes"))
+	installed, _ = e.ledger(mine)
+	require.Equal(t, []string{"mine.#"}, installed)
+}
+
+// No union window: during a rolling change every claim is filtered by
+// exactly one declared set, and every delivered message matches the set of
+// the claim that handed it out.
+func TestEveryClaimUsesExactlyOneDeclaredSet(t *testing.T) {
+	mock := clock.NewMock()
+	e := newEnv(t, &ClientConfig{Clock: mock})
+	ctx := context.Background()
+	s := e.stream("orders")
+	sets := map[int64][]string{}
+	var mu sync.Mutex
+	type seen struct {
+		decl int64
+		rk   string
+	}
+	var deliveries []seen
+	h := func(_ context.Context, d *claimer.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		deliveries = append(deliveries, seen{d.Bindings, d.Msg.RoutingKey})
+		return nil
+	}
+	keys := []string{"a.x", "b.x", "a.y.z", "c", "b.q"}
+	produce := func(n int) {
+		items := make([]BatchItem[order], n)
+		for i := range items {
+			items[i] = BatchItem[order]{Msg: order{OrderID: fmt.Sprint(i)}, RoutingKey: keys[i%len(keys)]}
+		}
+		_, err := s.ProduceBatch(ctx, items, nil)
+		require.NoError(t, err)
+	}
+	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: []string{"a.#"}})
+	require.NoError(t, err)
+	for step, set := range [][]string{{"a.#"}, {"b.*"}, {"a.#", "c"}, nil} {
+		if step > 0 {
+			_, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: set}) // no live instance: swaps
+			require.NoError(t, err)
+		}
+		inst, _, err := e.client.store.BindingLedger(ctx, c.group.StreamID, c.group.ID)
+		require.NoError(t, err)
+		if len(inst.Patterns) == 0 {
+			sets[0] = nil // the whole stream: no binding rows
+		} else {
+			sets[inst.ID] = inst.Patterns
+		}
+		st := newStepperFor(t, e, c, mock, h)
+		produce(23)
+		for st.claimRange() > 0 {
+		}
+	}
+	require.NotEmpty(t, deliveries)
+	usedSets := map[int64]bool{}
+	for _, d := range deliveries {
+		set, ok := sets[d.decl]
+		require.True(t, ok, "claim used declaration %d, which was never installed", d.decl)
+		usedSets[d.decl] = true
+		if len(set) > 0 {
+			require.True(t, topic.MatchAny(set, d.rk), "%q delivered under %v", d.rk, set)
+		}
+	}
+	require.Len(t, usedSets, 4, "each declared set filtered its own claims")
+}
+
+func TestSQLMatchingPassesConformance(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	cases := conformanceTSV(t)
+	require.NotEmpty(t, cases)
+	for _, c := range cases {
+		p, err := topic.Compile(c[0])
+		require.NoError(t, err)
+		var got bool
+		key := c[1]
+		require.NoError(t, e.pool.QueryRow(ctx, "SELECT $1::text IS NOT NULL AND ('.' || $1::text) ~ $2", nullIfNone(key), p.Regex()).Scan(&got))
+		require.Equal(t, c[2] == "match", got, "pattern %q key %q", c[0], key)
+		require.Equal(t, topic.Match(c[0], noneToEmpty(key)), got, "SQL and Go agree on %q %q", c[0], key)
+	}
+	// Many '#' against a long key: an automaton, no backtracking blow-up.
+	long := ""
+	for i := range 400 {
+		if i > 0 {
+			long += "."
+		}
+		long += "w"
+	}
+	pattern := ""
+	for range 40 {
+		pattern += "#.w."
+	}
+	pattern += "x"
+	p, err := topic.Compile(pattern)
+	require.NoError(t, err)
+	var got bool
+	require.NoError(t, e.pool.QueryRow(ctx, "SELECT ('.' || $1::text) ~ $2", long, p.Regex()).Scan(&got))
+	require.False(t, got)
+	require.False(t, topic.Match(pattern, long))
+}
+
+func TestSystemProducesAlerts(t *testing.T) {
+	mock := clock.NewMock()
+	e := newEnv(t, &ClientConfig{Clock: mock})
+	ctx := context.Background()
+	require.NoError(t, e.client.System().Register(ctx, nil))
+	alerts := Stream[Alert](e.client, AlertStream)
+	watch, err := alerts.Consumer(AlertGroupBindings).Register(ctx, &ConsumerConfig{Bindings: AlertGroups[AlertGroupBindings]})
+	require.NoError(t, err)
+	installed, _ := e.ledgerOf(watch.group.StreamID, watch.group.ID)
+	require.Equal(t, AlertGroups[AlertGroupBindings], installed, "the user's consumer joined the seeded set")
+
+	s := e.stream("orders")
+	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: []string{"a.#"}})
+	require.NoError(t, err)
+	_, _ = e.incumbent(t, c, mock, []string{"a.#"})
+	c2, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: []string{"b.#"}})
+	require.NoError(t, err)
+	first := e.logs.next(waitingLog)
+	consume(t, c2, func(context.Context, *order) error { return nil }, &ConsumeOptions{BindingRetryInterval: time.Minute})
+	within(t, first, "the waiting attempt")
+
+	got := make(chan Alert, 4)
+	ws := consume(t, watch, func(_ context.Context, a *Alert) error { got <- *a; return nil }, nil)
+	a := within(t, got, "the binding alert") // the first claim runs at once: no mock time needed
+	require.Equal(t, AlertBindingWaiting, a.Kind)
+	require.Equal(t, "g", a.Group)
+	require.Equal(t, []string{"b.#"}, a.Wanted)
+	require.Equal(t, []string{"a.#"}, a.Installed)
+	require.Equal(t, 1, a.LiveInstances)
+	require.NoError(t, ws.stop(t))
+
+	// A stalled producer raises the other alert.
+	stallWatch, err := alerts.Consumer(AlertGroupDelivery).Register(ctx, &ConsumerConfig{Bindings: AlertGroups[AlertGroupDelivery]})
+	require.NoError(t, err)
+	other, err := e.stream("other").Consumer("o").Register(ctx, nil)
+	require.NoError(t, err)
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = Stream[order](e.client, "other").Produce(ctx, order{OrderID: "late"}, &ProduceOptions{Tx: tx})
+	require.NoError(t, err)
+	e.produceN(Stream[order](e.client, "other"), "after", 1)
+	st := newStepperFor(t, e, other, mock, func(context.Context, *claimer.Delivery) error { return nil })
+	stalled := make(chan struct{})
+	cl := claimer.New(claimer.Config{Common: st.common, BatchLimit: 10, QueueSize: 10, StallAfter: 30 * time.Second,
+		OnStall: func(waited time.Duration, b []store.Blocker) {
+			e.client.alertStall(ctx, "other", "o", waited, b)
+			close(stalled)
+		}})
+	for i := 0; ; i++ {
+		require.Less(t, i, 5)
+		_, err := cl.Claim(ctx)
+		require.NoError(t, err)
+		mock.Add(31 * time.Second)
+		select {
+		case <-stalled:
+		default:
+			continue
+		}
+		break
+	}
+	require.NoError(t, tx.Rollback(ctx)) // the gate holds every stream while it is open
+	stallGot := make(chan Alert, 2)
+	consume(t, stallWatch, func(_ context.Context, a *Alert) error { stallGot <- *a; return nil }, nil)
+	sa := within(t, stallGot, "the stall alert")
+	require.Equal(t, AlertDeliveryStalled, sa.Kind)
+	require.Contains(t, sa.Detail, "behind an open transaction")
+	raw, _ := json.Marshal(sa)
+	require.NotContains(t, string(raw), "late", "no payloads in alerts")
+}
+
+// conformanceTSV reads the shared bindings.tsv: pattern, key, expected.
+func conformanceTSV(t *testing.T) [][3]string {
+	t.Helper()
+	var out [][3]string
+	for _, line := range strings.Split(readConformance(t, "bindings.tsv"), "\n") {
+		f := strings.Split(line, "\t")
+		if len(f) != 3 {
+			continue // comments and blank lines
+		}
+		out = append(out, [3]string{f[0], f[1], f[2]})
+	}
+	return out
+}
+
+func nullIfNone(key string) *string {
+	if key == "(none)" {
+		return nil
+	}
+	return &key
+}
+
+func noneToEmpty(key string) string {
+	if key == "(none)" {
+		return ""
+	}
+	return key
+}
