@@ -41,7 +41,7 @@ func (e *env) incumbent(t *testing.T, c *Consumer[order], clk clock.Clock, patte
 	in.reg = registrar.New(registrar.Config{Store: e.client.store, StreamID: c.group.StreamID, GroupID: c.group.ID,
 		GroupName: c.group.Name, Patterns: set, Regexes: rx, DeclaredBy: "incumbent:" + id[:8],
 		Instances: []store.InstanceInsert{{ID: id, WorkerConfigID: wid, TTL: 30 * time.Second}},
-		Interval: 10 * time.Second, Clock: clk, Logger: e.client.cfg.Logger, DBNow: engine.DBNow(clk)})
+		Interval:  10 * time.Second, Clock: clk, Logger: e.client.cfg.Logger, DBNow: engine.DBNow(clk)})
 	res, err := in.reg.Step(context.Background())
 	require.NoError(t, err)
 	in.hb = heartbeat.New(heartbeat.Config{Store: e.client.store, StreamID: c.group.StreamID, WorkerConfigID: wid,

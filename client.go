@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -49,6 +50,7 @@ func (c *ClientConfig) withDefaults() ClientConfig {
 type Client struct {
 	cfg   ClientConfig
 	store *store.Store
+	hub   *engine.Hub
 }
 
 // NewClient validates cfg, brings the schema's tables up to date (under an
@@ -62,7 +64,7 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg *ClientConfig) (*Cli
 	if _, err := st.Migrate(ctx); err != nil {
 		return nil, fmt.Errorf("new client: %w", err)
 	}
-	return &Client{cfg: c, store: st}, nil
+	return &Client{cfg: c, store: st, hub: engine.NewHub(st, c.Clock, c.Logger)}, nil
 }
 
 // Schema returns the schema the client works in.

@@ -133,8 +133,10 @@ type ConsumeOptions struct {
 	QueueSize int
 	// MessageConcurrency is how many handlers run at once. Default 10.
 	MessageConcurrency int
-	// ClaimPollRate is how often an idle instance looks for new messages.
-	// Default 100ms.
+	// ClaimPollRate is how often an idle instance looks for new messages
+	// (and due retries) without being told. Producers notify on commit and
+	// an idle instance claims at once, so this is the fallback for a lost
+	// listener connection and the cadence of retries. Default 1s.
 	ClaimPollRate time.Duration
 	// InstanceTTL is how long this instance's heartbeat and range leases
 	// last without renewal; a crashed instance's ranges are reclaimed this
@@ -172,7 +174,7 @@ type ConsumeOptions struct {
 const (
 	DefaultBatchLimit         = 100
 	DefaultMessageConcurrency = 10
-	DefaultClaimPollRate      = 100 * time.Millisecond
+	DefaultClaimPollRate      = time.Second
 	DefaultInstanceTTL        = 30 * time.Second
 	// DefaultBindingRetryInterval is how often a waiting binding
 	// declaration tries again.
@@ -397,7 +399,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 			TimeoutGrace: o.TimeoutGrace, KeyBusyDelay: keyBusyDelay, ConfigRefreshInterval: o.ConfigRefreshInterval,
 			BindingRetryInterval: o.BindingRetryInterval,
 		},
-		Patterns: c.patterns, Regexes: c.regexes, Ready: o.Readiness.set,
+		Patterns: c.patterns, Regexes: c.regexes, Ready: o.Readiness.set, Hub: client.hub,
 		OnWait: func(res store.BindingResult, since time.Time) {
 			if !alerted { // one alert per wait; the log line repeats every attempt
 				alerted = true

@@ -85,6 +85,8 @@ type Config struct {
 	Regexes  []string
 	// OnWait is called on each waiting binding attempt.
 	OnWait func(res store.BindingResult, since time.Time)
+	// Hub, if set, wakes the range claimer when the stream is produced to.
+	Hub *Hub
 	// OnStall is called once per delivery stall.
 	OnStall func(waited time.Duration, blockers []store.Blocker)
 	// Ready is called once the session consumes (its set is in force and
@@ -177,7 +179,14 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	rc := common
 	rc.InstanceID = msgID
-	cl := claimer.New(claimer.Config{Common: rc, BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, StallAfter: o.StallAfter, Lost: lost, OnStall: cfg.OnStall})
+	var wake <-chan struct{}
+	if cfg.Hub != nil {
+		ch, unsubscribe := cfg.Hub.Subscribe(cfg.StreamID)
+		defer unsubscribe()
+		wake = ch
+	}
+	cl := claimer.New(claimer.Config{Common: rc, BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, StallAfter: o.StallAfter,
+		Lost: lost, OnStall: cfg.OnStall, Wake: wake})
 	ec := common
 	ec.InstanceID = excID
 	ex := claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec})

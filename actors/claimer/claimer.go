@@ -94,6 +94,9 @@ type Config struct {
 	StallAfter time.Duration
 	// Lost carries the heartbeat's reports that the instance row was gone.
 	Lost <-chan struct{}
+	// Wake, if set, receives a value when the stream is produced to: the
+	// claimer claims at once instead of at its next poll.
+	Wake <-chan struct{}
 	// OnStall, if set, is called once per stall (alerts).
 	OnStall func(waited time.Duration, blockers []store.Blocker)
 }
@@ -589,6 +592,7 @@ func (a *Actor) Serve(ctx context.Context) error {
 			send(jobs)
 		case <-a.cfg.Lost:
 			a.cfg.Logger.Warn("instance row was lost; in-flight ranges are fenced if reclaimed", "in_flight", a.queued)
+		case <-a.cfg.Wake: // produced to: the loop claims now
 		case <-ticker.C:
 			a.report(ctx, a.Flush(ctx))
 		}

@@ -68,7 +68,10 @@ func (a *Actor) Step(ctx context.Context) (store.BindingResult, error) {
 // Run attempts until the set is installed or joined, or ctx ends. Failed
 // attempts (a database restart, say) are retried on the same interval.
 func (a *Actor) Run(ctx context.Context) (store.BindingResult, error) {
-	var t *clock.Ticker
+	// The ticker exists before the first attempt reports, so a mock clock
+	// advanced after that report always reaches it.
+	t := a.cfg.Clock.Ticker(a.cfg.Interval)
+	defer t.Stop()
 	for {
 		res, err := a.Step(ctx)
 		switch {
@@ -86,10 +89,6 @@ func (a *Actor) Run(ctx context.Context) (store.BindingResult, error) {
 				"this instance will not consume until they are gone",
 				"group", a.cfg.GroupName, "wanted", a.cfg.Patterns, "installed", res.Installed,
 				"live_instances", res.Live, "waiting_since", res.DeclaredAt, "retry_every", a.cfg.Interval.String())
-		}
-		if t == nil {
-			t = a.cfg.Clock.Ticker(a.cfg.Interval)
-			defer t.Stop()
 		}
 		select {
 		case <-ctx.Done():

@@ -82,11 +82,14 @@ func (st *Store) Produce(ctx context.Context, q Querier, streamID int64, msgs []
 		payloads = append(payloads, string(m.Payload))
 		options = append(options, string(m.Options))
 	}
+	channel, wake := st.NotifyChannel(), fmt.Sprint(streamID)
 	if len(keyedIdx) == 0 {
-		return out, st.insertPlain(ctx, q, t, now, plainIdx, versions, rks, keys, payloads, options, out)
+		return out, st.insertPlain(ctx, q, t, now, plainIdx, versions, rks, keys, payloads, options, out, channel, wake)
 	}
 	if len(plainIdx) > 0 {
-		batch.Queue(t.insertBatch, now, versions, rks, keys, payloads, options)
+		batch.Queue(t.insertBatch, now, versions, rks, keys, payloads, options, channel, wake)
+	} else {
+		batch.Queue(t.notify, channel, wake)
 	}
 	br := q.SendBatch(ctx, &batch)
 	for _, i := range keyedIdx {
@@ -105,6 +108,9 @@ func (st *Store) Produce(ctx context.Context, q Querier, streamID int64, msgs []
 			_ = br.Close()
 			return nil, err
 		}
+	} else if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return nil, fmt.Errorf("produce: notify: %w", err)
 	}
 	if err := br.Close(); err != nil {
 		return nil, fmt.Errorf("produce: %w", err)
@@ -112,8 +118,8 @@ func (st *Store) Produce(ctx context.Context, q Querier, streamID int64, msgs []
 	return out, nil
 }
 
-func (st *Store) insertPlain(ctx context.Context, q Querier, t *tables, now Now, idx []int, versions []int32, rks, keys, payloads, options []string, out []Produced) error {
-	rows, err := q.Query(ctx, t.insertBatch, now, versions, rks, keys, payloads, options)
+func (st *Store) insertPlain(ctx context.Context, q Querier, t *tables, now Now, idx []int, versions []int32, rks, keys, payloads, options []string, out []Produced, channel, wake string) error {
+	rows, err := q.Query(ctx, t.insertBatch, now, versions, rks, keys, payloads, options, channel, wake)
 	if err != nil {
 		return fmt.Errorf("produce: %w", err)
 	}

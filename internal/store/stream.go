@@ -9,6 +9,7 @@ import (
 // tables holds one stream's statements, built once: pgx caches prepared
 // statements by text, so a stable text per stream is also a fast one.
 type tables struct {
+	notify         string
 	insertCursor   string
 	insertBatch    string
 	insertKeyed    string
@@ -61,14 +62,23 @@ SELECT $1,
        0, coalesce($3, now())
 ON CONFLICT (group_id) DO NOTHING`),
 
+		// One notification per produce statement (PostgreSQL folds identical
+		// ones within a transaction and delivers them at commit), so idle
+		// consumers wake without tight polling.
 		insertBatch: r.Replace(`-- store.Produce
-INSERT INTO {s}.{t}_log (produced_at, version, routing_key, message_key, payload, options)
-SELECT coalesce($1, now()), m.version, nullif(m.routing_key, ''), nullif(m.message_key, ''),
-       m.payload::jsonb, nullif(m.options, '')::jsonb
-FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[])
-     WITH ORDINALITY AS m(version, routing_key, message_key, payload, options, n)
-ORDER BY m.n
-RETURNING id`),
+WITH ins AS (
+    INSERT INTO {s}.{t}_log (produced_at, version, routing_key, message_key, payload, options)
+    SELECT coalesce($1, now()), m.version, nullif(m.routing_key, ''), nullif(m.message_key, ''),
+           m.payload::jsonb, nullif(m.options, '')::jsonb
+    FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[])
+         WITH ORDINALITY AS m(version, routing_key, message_key, payload, options, n)
+    ORDER BY m.n
+    RETURNING id
+)
+SELECT ins.id FROM ins, (SELECT pg_notify($7, $8)) AS wake(x)`),
+
+		notify: `-- store.Produce
+SELECT pg_notify($1, $2)`,
 
 		// The idempotency row takes the message's id from the log's identity
 		// sequence first, so two producers racing on one key serialize on the

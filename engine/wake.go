@@ -1,0 +1,145 @@
+package engine
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/store"
+)
+
+// Hub shares one LISTEN connection among every Consume session of a
+// client: each produce transaction notifies once at commit, and the hub
+// wakes the sessions of that stream, so an idle consumer claims at once
+// instead of at its next poll. Polling stays the fallback: if the listening
+// connection drops, the hub logs once and reconnects while sessions keep
+// polling.
+//
+// The hub's goroutine is started by the first subscription and stopped, and
+// waited for, by the last unsubscribe.
+type Hub struct {
+	store  *store.Store
+	clock  clock.Clock
+	logger *slog.Logger
+	retry  time.Duration
+
+	mu     sync.Mutex
+	subs   map[int64]map[chan struct{}]struct{}
+	refs   int
+	cancel context.CancelFunc
+	done   chan struct{}
+	// OnListen, if set, is called with the backend pid each time the hub
+	// starts listening (tests).
+	OnListen func(pid uint32)
+}
+
+// NewHub returns a hub; nothing runs until Subscribe.
+func NewHub(st *store.Store, clk clock.Clock, logger *slog.Logger) *Hub {
+	return &Hub{store: st, clock: clk, logger: logger, retry: time.Second, subs: map[int64]map[chan struct{}]struct{}{}}
+}
+
+// Subscribe returns a channel that receives a value when streamID is
+// produced to, and the function that ends the subscription.
+func (h *Hub) Subscribe(streamID int64) (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.subs[streamID] == nil {
+		h.subs[streamID] = map[chan struct{}]struct{}{}
+	}
+	h.subs[streamID][ch] = struct{}{}
+	if h.refs == 0 {
+		ctx, cancel := context.WithCancel(context.Background())
+		h.cancel, h.done = cancel, make(chan struct{})
+		go h.run(ctx, h.done)
+	}
+	h.refs++
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			h.mu.Lock()
+			delete(h.subs[streamID], ch)
+			h.refs--
+			var cancel context.CancelFunc
+			var done chan struct{}
+			if h.refs == 0 {
+				cancel, done = h.cancel, h.done
+			}
+			h.mu.Unlock()
+			if cancel != nil { // the last one out stops the listener and waits for it
+				cancel()
+				<-done
+			}
+		})
+	}
+}
+
+func (h *Hub) wake(streamID int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for ch := range h.subs[streamID] {
+		select {
+		case ch <- struct{}{}:
+		default: // a wake-up is already pending
+		}
+	}
+}
+
+// wakeAll is sent after a reconnect: notifications may have been missed.
+func (h *Hub) wakeAll() {
+	h.mu.Lock()
+	ids := make([]int64, 0, len(h.subs))
+	for id := range h.subs {
+		ids = append(ids, id)
+	}
+	h.mu.Unlock()
+	for _, id := range ids {
+		h.wake(id)
+	}
+}
+
+func (h *Hub) run(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	lost := false
+	for ctx.Err() == nil {
+		l, err := h.store.Listen(ctx)
+		if err == nil {
+			if lost {
+				h.logger.Info("notification listener reconnected")
+				lost = false
+				h.wakeAll()
+			}
+			if h.OnListen != nil {
+				h.OnListen(l.PID())
+			}
+			err = h.listen(ctx, l)
+			_ = l.Close(context.WithoutCancel(ctx))
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if !lost {
+			lost = true
+			h.logger.Warn("notification listener lost its connection; consumers poll until it is back", "error", err)
+		}
+		t := h.clock.Timer(h.retry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (h *Hub) listen(ctx context.Context, l *store.Listener) error {
+	for {
+		id, err := l.Wait(ctx)
+		if err != nil {
+			return err
+		}
+		h.wake(id)
+	}
+}
