@@ -222,6 +222,15 @@ func TestDivergentAppsFirstWinsUntouched(t *testing.T) {
 	}
 	installed, _ := e.ledger(c)
 	require.Equal(t, []string{"a.#"}, installed)
+
+	listing, err := c.Bindings(context.Background(), time.Minute)
+	require.NoError(t, err)
+	require.Len(t, listing.Waiting, 1)
+	require.Equal(t, "waiting", listing.Waiting[0].Status)
+	mock.Add(10 * time.Minute) // the second app stops retrying
+	listing, err = c.Bindings(context.Background(), time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, "stale", listing.Waiting[0].Status, "a waiter that stopped retrying shows as stale")
 }
 
 // Concurrent installers of different sets on an empty group serialize on
