@@ -2,7 +2,9 @@
 GO ?= go
 SEEDS ?= 20
 
-.PHONY: test demo vet bench check-postgres
+DURATION ?= 5m
+
+.PHONY: test demo vet bench chaos check-postgres
 
 ## test: vet, then the whole suite with the race detector, on a private PostgreSQL
 test: check-postgres vet
@@ -14,6 +16,10 @@ vet:
 ## demo: produce and consume on a local PostgreSQL (SQLSTREAMS_DATABASE_URL, or a private one)
 demo: check-postgres
 	$(GO) run ./cmd/sqlstreams demo
+
+## chaos: the chaos run for DURATION (make chaos DURATION=30m); make test runs a 15s one
+chaos: check-postgres
+	SQLSTREAMS_CHAOS=$(DURATION) $(GO) test -race -count=1 -run '^TestChaos$$' -v -timeout 0 .
 
 ## bench: the benchmark harness (its own module); writes BENCHMARKS results
 bench: check-postgres

@@ -410,7 +410,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 			client.alertStall(ctx, c.s.name, c.group.Name, waited, blockers)
 		},
 		Clock: client.cfg.Clock, Logger: client.cfg.Logger, Stats: &c.stats,
-		OnStart: consumeHooks(ctx),
+		OnStart: consumeHooks(ctx), Fault: faultHook(ctx),
 	})
 }
 
@@ -437,6 +437,14 @@ func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
 }
 
 type hooksKey struct{}
+
+type faultKey struct{}
+
+// faultHook returns the chaos tests' fault injector riding ctx, if any.
+func faultHook(ctx context.Context) func(string) error {
+	f, _ := ctx.Value(faultKey{}).(func(string) error)
+	return f
+}
 
 // consumeHooks returns the test hook riding ctx, if any.
 func consumeHooks(ctx context.Context) func(string) {

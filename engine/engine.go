@@ -87,6 +87,8 @@ type Config struct {
 	OnWait func(res store.BindingResult, since time.Time)
 	// Hub, if set, wakes the range claimer when the stream is produced to.
 	Hub *Hub
+	// Fault, if set, is called at the top of every claim (chaos tests).
+	Fault func(site string) error
 	// OnStall is called once per delivery stall.
 	OnStall func(waited time.Duration, blockers []store.Blocker)
 	// Ready is called once the session consumes (its set is in force and
@@ -175,7 +177,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, Handler: cfg.Handler, Group: snap.Group,
 		Concurrency: o.MessageConcurrency, PollRate: o.ClaimPollRate, Lease: o.InstanceTTL,
 		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: ShutdownBudget(o, snap),
-		Clock: cfg.Clock, Logger: logger, DBNow: dbNow, Stats: cfg.Stats, Drain: drain,
+		Clock: cfg.Clock, Logger: logger, DBNow: dbNow, Stats: cfg.Stats, Drain: drain, Fault: cfg.Fault,
 	}
 	rc := common
 	rc.InstanceID = msgID
@@ -202,15 +204,11 @@ func Run(ctx context.Context, cfg Config) error {
 	for _, d := range actors {
 		sup.Add(supervisor.Guard(d.name, serviceFunc(func(ctx context.Context) error {
 			err := d.serve(ctx)
-			select {
-			case <-drain:
-				if ctx.Err() == nil { // the drain finished: report it and stay down
-					d.done <- err
-					return suture.ErrDoNotRestart
-				}
-			default:
+			if errors.Is(err, claimer.ErrDrained) { // the drain finished: stay down
+				d.done <- nil
+				return suture.ErrDoNotRestart
 			}
-			return err
+			return err // anything else, during a drain too, is a reason to restart
 		})))
 	}
 	supCtx, stop := context.WithCancel(context.WithoutCancel(ctx))

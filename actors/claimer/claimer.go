@@ -77,6 +77,9 @@ type Common struct {
 	Logger          *slog.Logger
 	DBNow           func() store.Now
 	Stats           *Stats
+	// Fault, if set, is called at the top of every claim: chaos tests make
+	// it panic or fail to show the supervisor restarts the actor.
+	Fault func(site string) error
 	// Drain is closed to ask for a graceful stop.
 	Drain <-chan struct{}
 }
@@ -162,6 +165,11 @@ func (a *Actor) Run(ctx context.Context, j Job) Outcome { return a.runner.Run(ct
 func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
 	if a.queued+a.cfg.BatchLimit > a.cfg.QueueSize {
 		return nil, nil
+	}
+	if a.cfg.Fault != nil {
+		if err := a.cfg.Fault("claimer"); err != nil {
+			return nil, err
+		}
 	}
 	group := a.cfg.Group()
 	args := store.ClaimArgs{
@@ -510,12 +518,35 @@ func (a *Actor) HandBack(ctx context.Context) error {
 		}
 		err := a.cfg.Store.ReleaseRange(ctx, a.cfg.StreamID, in.r.ID, in.r.Token, lo, a.cfg.DBNow())
 		if err != nil && !errors.Is(err, store.ErrLeaseLost) {
-			errs = append(errs, err)
+			errs = append(errs, err) // kept: a later HandBack tries again
+			continue
 		}
 		a.queued -= in.pending
 		a.forget(id)
 	}
 	return errors.Join(errs...)
+}
+
+// handBackAttempts bounds the retries of a hand-back whose writes fail (a
+// connection cut mid-shutdown): a new attempt gets a new connection.
+const handBackAttempts = 3
+
+// retryHandBack runs hand back until it succeeds or its attempts run out;
+// what it could not hand back is logged, not returned: those leases lapse
+// after InstanceTTL and another instance delivers their messages.
+func retryHandBack(ctx context.Context, clk clock.Clock, logger *slog.Logger, what string, hand func(context.Context) error) {
+	var err error
+	for attempt := 1; attempt <= handBackAttempts; attempt++ {
+		if err = hand(ctx); err == nil {
+			return
+		}
+		if attempt < handBackAttempts {
+			t := clk.Timer(100 * time.Millisecond)
+			<-t.C
+		}
+	}
+	logger.Warn("could not hand "+what+" back at shutdown; their leases lapse after InstanceTTL and another instance takes them",
+		"error", err)
 }
 
 // Serve runs the actor until ctx ends (an abrupt stop: nothing is committed
@@ -527,6 +558,7 @@ func (a *Actor) Serve(ctx context.Context) error {
 		return err
 	}
 	a.reset()
+	a.runner.generation()
 	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelHandlers()
 	p := a.runner.startPool(hctx, a.cfg.Concurrency, a.cfg.QueueSize)
@@ -556,9 +588,24 @@ func (a *Actor) Serve(ctx context.Context) error {
 
 	ticker := a.cfg.Clock.Ticker(a.cfg.PollRate)
 	defer ticker.Stop()
+	stopTimer := func() bool { return false }
 	drain := a.cfg.Drain
 	var deadline <-chan time.Time
+	startDrain := func() {
+		drain = nil
+		timer := a.cfg.Clock.Timer(a.cfg.ShutdownTimeout())
+		stopTimer = timer.Stop
+		deadline = timer.C
+	}
+	defer func() { stopTimer() }()
 	for {
+		if deadline == nil && drain != nil {
+			select { // a drain asked for while this actor restarted: no claims
+			case <-drain:
+				startDrain()
+			default:
+			}
+		}
 		if deadline == nil {
 			for {
 				before := a.queued
@@ -577,10 +624,7 @@ func (a *Actor) Serve(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-drain:
-			drain = nil
-			timer := a.cfg.Clock.Timer(a.cfg.ShutdownTimeout())
-			defer timer.Stop()
-			deadline = timer.C
+			startDrain()
 		case <-deadline:
 			a.cfg.Logger.Warn("shutdown timeout reached with handlers still running; handing their ranges back",
 				"in_flight", a.queued)
@@ -613,12 +657,15 @@ func (a *Actor) absorb(ctx context.Context, p *pool, send func([]Job)) {
 	}
 }
 
+// ErrDrained is what a claimer's Serve returns once its drain is complete
+// (joined with any hand-back error): the one result that is not a reason to
+// restart it.
+var ErrDrained = errors.New("drained")
+
 func (a *Actor) finishDrain(ctx context.Context, p *pool, send func([]Job)) error {
 	a.absorb(ctx, p, send)
-	if err := a.HandBack(context.WithoutCancel(ctx)); err != nil {
-		return fmt.Errorf("hand back in-flight ranges: %w", err)
-	}
-	return nil
+	retryHandBack(context.WithoutCancel(ctx), a.cfg.Clock, a.cfg.Logger, "in-flight ranges", a.HandBack)
+	return ErrDrained
 }
 
 // report logs a failing store call once per outage; the actor keeps its

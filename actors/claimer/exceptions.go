@@ -3,7 +3,6 @@ package claimer
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
@@ -53,6 +52,11 @@ func (a *ExceptionActor) Claim(ctx context.Context) ([]Job, error) {
 	free := a.cfg.Concurrency - len(a.running)
 	if free <= 0 {
 		return nil, nil
+	}
+	if a.cfg.Fault != nil {
+		if err := a.cfg.Fault("exceptions"); err != nil {
+			return nil, err
+		}
 	}
 	group := a.cfg.Group()
 	rows, err := a.cfg.Store.ClaimExceptions(ctx, a.cfg.StreamID, a.cfg.GroupID, a.cfg.InstanceID, free, a.cfg.Lease, a.cfg.DBNow())
@@ -147,7 +151,10 @@ func (a *ExceptionActor) handBack(ctx context.Context) error {
 		if r.unwritten != nil {
 			s = *r.unwritten
 		}
-		errs = append(errs, a.settle(ctx, r, s))
+		if err := a.settle(ctx, r, s); err != nil {
+			errs = append(errs, err) // kept: a later handBack tries again
+			continue
+		}
 		delete(a.running, pos)
 	}
 	return errors.Join(errs...)
@@ -160,6 +167,7 @@ func (a *ExceptionActor) Serve(ctx context.Context) error {
 		return err
 	}
 	a.running = map[store.Position]*excRun{}
+	a.runner.generation()
 	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelHandlers()
 	p := a.runner.startPool(hctx, a.cfg.Concurrency, a.cfg.Concurrency)
@@ -192,7 +200,19 @@ func (a *ExceptionActor) Serve(ctx context.Context) error {
 			p.jobs <- j
 		}
 	}
-	claim()
+	stopTimer := func() bool { return false }
+	defer func() { stopTimer() }()
+	startDrain := func() {
+		drain = nil
+		timer := a.cfg.Clock.Timer(a.cfg.ShutdownTimeout())
+		stopTimer, deadline = timer.Stop, timer.C
+	}
+	select { // a drain asked for while this actor restarted: no claims
+	case <-drain:
+		startDrain()
+	default:
+		claim()
+	}
 	for {
 		if deadline != nil && len(a.running) == 0 {
 			return a.finish(ctx)
@@ -201,10 +221,7 @@ func (a *ExceptionActor) Serve(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-drain:
-			drain = nil
-			timer := a.cfg.Clock.Timer(a.cfg.ShutdownTimeout())
-			defer timer.Stop()
-			deadline = timer.C
+			startDrain()
 		case <-deadline:
 			cancelHandlers()
 			return a.finish(ctx)
@@ -223,10 +240,8 @@ func (a *ExceptionActor) Serve(ctx context.Context) error {
 }
 
 func (a *ExceptionActor) finish(ctx context.Context) error {
-	if err := a.handBack(context.WithoutCancel(ctx)); err != nil {
-		return fmt.Errorf("hand back exception rows: %w", err)
-	}
-	return nil
+	retryHandBack(context.WithoutCancel(ctx), a.cfg.Clock, a.cfg.Logger, "exception rows", a.handBack)
+	return ErrDrained
 }
 
 func (a *ExceptionActor) report(ctx context.Context, err error) {

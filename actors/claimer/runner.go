@@ -53,8 +53,27 @@ type runner struct {
 	grace   time.Duration
 	stats   *Stats
 
-	handlers sync.WaitGroup // every handler goroutine, abandoned ones included
-	live     atomic.Int64   // handler goroutines not yet returned
+	mu       sync.Mutex
+	handlers *sync.WaitGroup // this Serve generation's handler goroutines, abandoned ones included
+	live     atomic.Int64    // handler goroutines not yet returned
+}
+
+// generation starts tracking a new Serve's handlers. The previous
+// generation's wait may still be running (abandoned handlers), so it keeps
+// its own WaitGroup.
+func (r *runner) generation() {
+	r.mu.Lock()
+	r.handlers = &sync.WaitGroup{}
+	r.mu.Unlock()
+}
+
+func (r *runner) tracker() *sync.WaitGroup {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.handlers == nil {
+		r.handlers = &sync.WaitGroup{}
+	}
+	return r.handlers
 }
 
 // Run executes one job synchronously. It is the step tests drive directly.
@@ -66,10 +85,11 @@ func (r *runner) Run(ctx context.Context, j Job) Outcome {
 	hctx, cancel := r.clock.WithTimeout(ctx, d.Timeout)
 	defer cancel()
 	done := make(chan error, 1)
-	r.handlers.Add(1)
+	wg := r.tracker()
+	wg.Add(1)
 	r.live.Add(1)
 	go func() {
-		defer r.handlers.Done()
+		defer wg.Done()
 		defer r.live.Add(-1)
 		done <- r.call(hctx, &d)
 	}()
@@ -148,7 +168,8 @@ func (p *pool) stop() {
 // bound such handlers are reported and left running.
 func (r *runner) waitHandlers(bound time.Duration) int64 {
 	done := make(chan struct{})
-	go func() { r.handlers.Wait(); close(done) }()
+	wg := r.tracker()
+	go func() { wg.Wait(); close(done) }()
 	t := r.clock.Timer(bound)
 	defer t.Stop()
 	select {

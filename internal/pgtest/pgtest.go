@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -26,7 +27,10 @@ import (
 // that outlives the test run).
 const EnvURL = "SQLSTREAMS_TEST_DATABASE_URL"
 
-var dbURL string
+var (
+	dbURL   string
+	cluster *pgcluster.Cluster // nil when the database is external
+)
 
 // Main is meant to be the whole body of TestMain. It starts the cluster
 // before any test runs and stops it afterwards even when tests fail, so the
@@ -73,7 +77,20 @@ func run(m *testing.M) int {
 	}()
 
 	dbURL = c.URL("postgres")
+	cluster = c
 	return m.Run()
+}
+
+// ErrExternal reports that the tests run on a server the harness did not
+// start (SQLSTREAMS_TEST_DATABASE_URL), which it must not restart.
+var ErrExternal = errors.New("pgtest: the database is external; it is not restarted")
+
+// Restart restarts the private cluster, cutting every session.
+func Restart(ctx context.Context) error {
+	if cluster == nil {
+		return ErrExternal
+	}
+	return cluster.Restart(ctx)
 }
 
 // URL returns the URL of the database the tests use.

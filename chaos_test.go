@@ -1,0 +1,312 @@
+package sqlstreams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/c1702965/sqlstreams/internal/pgtest"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// chaosDuration is how long the fault injector runs: SQLSTREAMS_CHAOS
+// (a Go duration; `make chaos DURATION=30m`), else a short run for CI.
+func chaosDuration(t *testing.T) time.Duration {
+	if v := os.Getenv("SQLSTREAMS_CHAOS"); v != "" {
+		d, err := time.ParseDuration(v)
+		require.NoError(t, err, "SQLSTREAMS_CHAOS")
+		return d
+	}
+	if testing.Short() {
+		t.Skip("chaos run skipped in -short")
+	}
+	return 15 * time.Second
+}
+
+// chaosSeed is the fault injector's seed: SQLSTREAMS_CHAOS_SEED, else random
+// (printed, so a failing run can be repeated with the same faults).
+func chaosSeed(t *testing.T) uint64 {
+	if v := os.Getenv("SQLSTREAMS_CHAOS_SEED"); v != "" {
+		var s uint64
+		_, err := fmt.Sscan(v, &s)
+		require.NoError(t, err)
+		return s
+	}
+	return rand.Uint64()
+}
+
+// TestChaos runs several Consume sessions of one group while producers
+// produce and a seeded injector kills instances, terminates backends,
+// restarts PostgreSQL, panics actors, and handlers fail, panic and hang. A
+// ledger written in the producers' own transactions lets the checker sort
+// every message: handled, dead, or missing. Missing must be 0; duplicates
+// (at-least-once) are counted, not failed.
+func TestChaos(t *testing.T) {
+	duration := chaosDuration(t)
+	seed := chaosSeed(t)
+	t.Logf("chaos: duration %s, seed %d (SQLSTREAMS_CHAOS_SEED=%d repeats the faults)", duration, seed, seed)
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	var rngMu sync.Mutex
+	roll := func(n int) int { rngMu.Lock(); defer rngMu.Unlock(); return rng.IntN(n) }
+
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = 40
+	cfg.ConnConfig.RuntimeParams["application_name"] = "chaos-app"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	control := pgtest.Pool(t) // the harness's own connections, never terminated
+	sink := &logSink{}
+	client, err := NewClient(ctx, pool, &ClientConfig{Schema: schema, Logger: slog.New(sink)})
+	require.NoError(t, err)
+	s := Stream[order](client, "chaos")
+	require.NoError(t, s.Register(ctx, nil))
+	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{
+		Message:                 &MessageOptions{Timeout: 300 * time.Millisecond, Retry: &RetryPolicy{MaxRetries: 30, BaseDelay: 10 * time.Millisecond, MaxDelay: 200 * time.Millisecond}},
+		ExceptionInitialBackoff: 10 * time.Millisecond,
+		MaxRangeReclaims:        5,
+	})
+	require.NoError(t, err)
+	_, err = control.Exec(ctx, "CREATE TABLE "+schema+".chaos_ledger (id text PRIMARY KEY, handled int NOT NULL DEFAULT 0)")
+	require.NoError(t, err)
+
+	stopAll := make(chan struct{}) // releases handlers still hanging at the end
+	var faults sync.Map            // kind → *atomic.Int64
+	count := func(kind string) {
+		v, _ := faults.LoadOrStore(kind, new(atomic.Int64))
+		v.(*atomic.Int64).Add(1)
+	}
+	handler := func(ctx context.Context, o *order) error {
+		switch r := roll(1000); {
+		case r < 40:
+			count("handler error")
+			return errors.New("chaos: handler fails")
+		case r < 55:
+			count("handler panic")
+			panic("chaos: handler panics")
+		case r < 60:
+			count("handler hang")
+			select { // ignores its context well past Timeout + TimeoutGrace
+			case <-time.After(time.Second):
+			case <-stopAll:
+			}
+			return nil
+		}
+		_, err := pool.Exec(ctx, "UPDATE "+schema+".chaos_ledger SET handled = handled + 1 WHERE id = $1", o.OrderID)
+		return err
+	}
+	var actorPanics atomic.Bool
+	fault := func(site string) error {
+		if actorPanics.Load() && roll(50) == 0 {
+			count("actor panic")
+			panic("chaos: " + site + " actor panics")
+		}
+		return nil
+	}
+	opts := &ConsumeOptions{BatchLimit: 20, MessageConcurrency: 4, ClaimPollRate: 20 * time.Millisecond,
+		InstanceTTL: 2 * time.Second, TimeoutGrace: 100 * time.Millisecond, ShutdownTimeout: 500 * time.Millisecond,
+		ConfigRefreshInterval: time.Second}
+
+	type inst struct {
+		cancel context.CancelFunc
+		done   chan error
+		abrupt bool
+	}
+	var mu sync.Mutex
+	var running []*inst
+	var all []*inst
+	start := func(abrupt bool) {
+		o := *opts
+		o.DisableGracefulShutdown = abrupt
+		ictx, cancel := context.WithCancel(context.WithValue(ctx, faultKey{}, fault))
+		in := &inst{cancel: cancel, done: make(chan error, 1), abrupt: abrupt}
+		go func() { in.done <- c.Consume(ictx, handler, &o) }()
+		mu.Lock()
+		running, all = append(running, in), append(all, in)
+		mu.Unlock()
+	}
+	for i := range 3 {
+		start(i == 0)
+	}
+
+	// Producers: each message and its ledger row in one transaction.
+	var produced atomic.Int64
+	stopProducing := make(chan struct{})
+	var producers sync.WaitGroup
+	for p := range 2 {
+		producers.Add(1)
+		go func() {
+			defer producers.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stopProducing:
+					return
+				default:
+				}
+				id := fmt.Sprintf("p%d-%d", p, i)
+				tx, err := control.Begin(ctx)
+				if err != nil {
+					continue // the server is restarting
+				}
+				_, err = tx.Exec(ctx, "INSERT INTO "+schema+".chaos_ledger (id) VALUES ($1)", id)
+				if err == nil {
+					_, err = s.Produce(ctx, order{OrderID: id}, &ProduceOptions{Tx: tx})
+				}
+				if err == nil {
+					err = tx.Commit(ctx)
+				} else {
+					_ = tx.Rollback(ctx)
+				}
+				if err == nil {
+					produced.Add(1)
+				}
+			}
+		}()
+	}
+
+	// The fault injector.
+	actorPanics.Store(true)
+	deadline := time.After(duration)
+	tick := time.NewTicker(300 * time.Millisecond)
+inject:
+	for {
+		select {
+		case <-deadline:
+			break inject
+		case <-tick.C:
+		}
+		switch roll(10) {
+		case 0, 1: // an instance dies without a graceful shutdown; a new one starts
+			mu.Lock()
+			victim := running[roll(len(running))]
+			running = remove(running, victim)
+			mu.Unlock()
+			victim.cancel()
+			if victim.abrupt {
+				count("instance killed")
+			} else {
+				count("instance stopped gracefully")
+			}
+			start(roll(2) == 0)
+		case 2: // a graceful restart of an instance
+			mu.Lock()
+			victim := running[roll(len(running))]
+			running = remove(running, victim)
+			mu.Unlock()
+			victim.cancel()
+			count("instance restarted")
+			start(false)
+		case 3, 4: // every application connection is cut
+			_, err := control.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'chaos-app'")
+			if err == nil {
+				count("backends terminated")
+			}
+		case 5:
+			if err := pgtest.Restart(ctx); err == nil {
+				count("postgres restarted")
+			} else if !errors.Is(err, pgtest.ErrExternal) {
+				t.Fatalf("restart postgres: %v", err)
+			}
+		}
+	}
+	tick.Stop()
+	actorPanics.Store(false)
+	close(stopProducing)
+	producers.Wait()
+
+	// Every produced message ends handled or dead.
+	var handled, dead, missing, dups int
+	check := func() bool {
+		rows, err := control.Query(ctx, fmt.Sprintf(`SELECT l.handled, x.status = 'dead'
+FROM %[1]s.chaos_ledger l
+JOIN %[1]s.stream_%[2]d_log m ON m.payload->>'order_id' = l.id
+LEFT JOIN %[1]s.stream_%[2]d_exception x ON x.group_id = %[3]d AND x.message_id = m.id`, schema, c.group.StreamID, c.group.ID))
+		if err != nil {
+			return false
+		}
+		defer rows.Close()
+		handled, dead, missing, dups = 0, 0, 0, 0
+		for rows.Next() {
+			var h int
+			var isDead *bool
+			if rows.Scan(&h, &isDead) != nil {
+				return false
+			}
+			switch {
+			case h > 0:
+				handled++
+				dups += h - 1
+			case isDead != nil && *isDead:
+				dead++
+			default:
+				missing++
+			}
+		}
+		return rows.Err() == nil && missing == 0
+	}
+	settle := time.After(2 * time.Minute)
+	poll := time.NewTicker(250 * time.Millisecond)
+	defer poll.Stop()
+	for !check() {
+		select {
+		case <-settle:
+			t.Fatalf("chaos: %d produced, %d handled, %d dead, %d missing after 2 minutes of calm", produced.Load(), handled, dead, missing)
+		case <-poll.C:
+		}
+	}
+	close(stopAll)
+
+	mu.Lock()
+	for _, in := range all {
+		in.cancel()
+	}
+	mu.Unlock()
+	for _, in := range all {
+		select {
+		case err := <-in.done:
+			require.NoError(t, err)
+		case <-time.After(time.Minute):
+			t.Fatal("an instance did not return")
+		}
+	}
+	pool.Close()
+	var report []string
+	faults.Range(func(k, v any) bool {
+		report = append(report, fmt.Sprintf("%s=%d", k, v.(*atomic.Int64).Load()))
+		return true
+	})
+	t.Logf("chaos: produced %d, handled %d, dead %d, missing %d, duplicates %d; faults: %s",
+		produced.Load(), handled, dead, missing, dups, strings.Join(report, " "))
+	require.Positive(t, produced.Load())
+	require.Zero(t, missing)
+
+	// No goroutine of ours outlives the sessions.
+	buf := make([]byte, 1<<20)
+	n := runtime.Stack(buf, true)
+	for _, g := range strings.Split(string(buf[:n]), "\n\n") {
+		if strings.Contains(g, "github.com/c1702965/sqlstreams/actors") || strings.Contains(g, "github.com/c1702965/sqlstreams/engine") {
+			t.Errorf("goroutine left behind:\n%s", g)
+		}
+	}
+}
+
+func remove[T comparable](s []T, v T) []T {
+	for i, x := range s {
+		if x == v {
+			return append(s[:i], s[i+1:]...)
+		}
+	}
+	return s
+}
