@@ -20,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -558,28 +557,8 @@ func (a *Actor) Serve(ctx context.Context) error {
 		return err
 	}
 	a.reset()
-	a.runner.generation()
-	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelHandlers()
-	p := a.runner.startPool(hctx, a.cfg.Concurrency, a.cfg.QueueSize)
-	var watch sync.WaitGroup
-	watch.Add(1)
-	go func() { // handler contexts end with the actor's unless a drain is under way
-		defer watch.Done()
-		select {
-		case <-ctx.Done():
-			cancelHandlers()
-		case <-hctx.Done():
-		}
-	}()
-	defer func() {
-		cancelHandlers()
-		p.stop()
-		watch.Wait()
-		if n := a.runner.waitHandlers(a.cfg.ShutdownTimeout()); n > 0 {
-			a.cfg.Logger.Error("handlers still running after shutdown: they ignore their context and are left behind", "count", n)
-		}
-	}()
+	p, cancelHandlers, closePool := a.runner.session(ctx, a.cfg.Concurrency, a.cfg.QueueSize, a.cfg.ShutdownTimeout, a.cfg.Logger, "handlers")
+	defer closePool()
 	send := func(jobs []Job) {
 		for _, j := range jobs {
 			p.jobs <- j

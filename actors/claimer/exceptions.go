@@ -3,7 +3,6 @@ package claimer
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/c1702965/sqlstreams/internal/policy"
@@ -167,28 +166,8 @@ func (a *ExceptionActor) Serve(ctx context.Context) error {
 		return err
 	}
 	a.running = map[store.Position]*excRun{}
-	a.runner.generation()
-	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelHandlers()
-	p := a.runner.startPool(hctx, a.cfg.Concurrency, a.cfg.Concurrency)
-	var watch sync.WaitGroup
-	watch.Add(1)
-	go func() {
-		defer watch.Done()
-		select {
-		case <-ctx.Done():
-			cancelHandlers()
-		case <-hctx.Done():
-		}
-	}()
-	defer func() {
-		cancelHandlers()
-		p.stop()
-		watch.Wait()
-		if n := a.runner.waitHandlers(a.cfg.ShutdownTimeout()); n > 0 {
-			a.cfg.Logger.Error("exception handlers still running after shutdown: they ignore their context and are left behind", "count", n)
-		}
-	}()
+	p, cancelHandlers, closePool := a.runner.session(ctx, a.cfg.Concurrency, a.cfg.Concurrency, a.cfg.ShutdownTimeout, a.cfg.Logger, "exception handlers")
+	defer closePool()
 	ticker := a.cfg.Clock.Ticker(a.cfg.PollRate)
 	defer ticker.Stop()
 	drain := a.cfg.Drain

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -177,5 +178,34 @@ func (r *runner) waitHandlers(bound time.Duration) int64 {
 		return 0
 	case <-t.C:
 		return r.live.Load()
+	}
+}
+
+// session starts one Serve generation's handler pool. Handler contexts end
+// with the actor's context unless a drain is under way (the actor then
+// cancels them itself, at its deadline). close stops the pool, waits for its
+// workers and, up to bound, for every handler goroutine, and reports those
+// that ignore their context.
+func (r *runner) session(ctx context.Context, workers, capacity int, bound func() time.Duration, logger *slog.Logger, what string) (p *pool, cancelHandlers context.CancelFunc, close func()) {
+	r.generation()
+	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	p = r.startPool(hctx, workers, capacity)
+	var watch sync.WaitGroup
+	watch.Add(1)
+	go func() {
+		defer watch.Done()
+		select {
+		case <-ctx.Done():
+			cancel()
+		case <-hctx.Done():
+		}
+	}()
+	return p, cancel, func() {
+		cancel()
+		p.stop()
+		watch.Wait()
+		if n := r.waitHandlers(bound()); n > 0 {
+			logger.Error(what+" still running after shutdown: they ignore their context and are left behind", "count", n)
+		}
 	}
 }
