@@ -242,7 +242,6 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 		return nil, a.settle(ctx, r.ID)
 	}
 	a.queued += n
-	a.cfg.Stats.Claimed.Add(int64(n))
 
 	var want []store.KeyClaim
 	for i := range r.Messages {
@@ -253,6 +252,7 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 			a.queued--
 			continue
 		}
+		a.cfg.Stats.Claimed.Add(1)
 		in.eff[i] = resolve(m, group)
 		if in.eff[i].Concurrency.Keyed() && m.Key != "" {
 			if _, seen := in.queues[m.Key]; !seen {
