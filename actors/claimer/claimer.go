@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
@@ -137,12 +138,13 @@ type Actor struct {
 
 	stallSince time.Time
 	stalled    bool
-	failing    bool
+	outage     *outage.Reporter
 }
 
 // New returns a range claimer.
 func New(cfg Config) *Actor {
-	a := &Actor{cfg: cfg, runner: &runner{handler: cfg.Handler, clock: cfg.Clock, grace: cfg.TimeoutGrace, stats: cfg.Stats}}
+	a := &Actor{cfg: cfg, runner: &runner{handler: cfg.Handler, clock: cfg.Clock, grace: cfg.TimeoutGrace, stats: cfg.Stats},
+		outage: &outage.Reporter{Logger: cfg.Logger, What: "claimer store call", Retry: "every poll", Attrs: []any{"group_id", cfg.GroupID}}}
 	a.reset()
 	return a
 }
@@ -636,9 +638,8 @@ func (a *Actor) absorb(ctx context.Context, p *pool, send func([]Job)) {
 	}
 }
 
-// ErrDrained is what a claimer's Serve returns once its drain is complete
-// (joined with any hand-back error): the one result that is not a reason to
-// restart it.
+// ErrDrained is what a claimer's Serve returns once its drain is complete:
+// the one result that is not a reason to restart it.
 var ErrDrained = errors.New("drained")
 
 func (a *Actor) finishDrain(ctx context.Context, p *pool, send func([]Job)) error {
@@ -649,13 +650,4 @@ func (a *Actor) finishDrain(ctx context.Context, p *pool, send func([]Job)) erro
 
 // report logs a failing store call once per outage; the actor keeps its
 // state and retries, so a database restart costs a pause, not a session.
-func (a *Actor) report(ctx context.Context, err error) {
-	switch {
-	case err != nil && !a.failing && ctx.Err() == nil:
-		a.failing = true
-		a.cfg.Logger.Warn("claimer store call failed; retrying every poll", "group_id", a.cfg.GroupID, "error", err)
-	case err == nil && a.failing:
-		a.failing = false
-		a.cfg.Logger.Info("claimer recovered", "group_id", a.cfg.GroupID)
-	}
-}
+func (a *Actor) report(ctx context.Context, err error) { a.outage.Report(ctx, err) }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
@@ -31,13 +32,14 @@ type ExceptionActor struct {
 	cfg     ExceptionConfig
 	runner  *runner
 	running map[store.Position]*excRun
-	failing bool
+	outage  *outage.Reporter
 }
 
 // NewExceptionActor returns an exception claimer.
 func NewExceptionActor(cfg ExceptionConfig) *ExceptionActor {
 	return &ExceptionActor{cfg: cfg, running: map[store.Position]*excRun{},
-		runner: &runner{handler: cfg.Handler, clock: cfg.Clock, grace: cfg.TimeoutGrace, stats: cfg.Stats}}
+		runner: &runner{handler: cfg.Handler, clock: cfg.Clock, grace: cfg.TimeoutGrace, stats: cfg.Stats},
+		outage: &outage.Reporter{Logger: cfg.Logger, What: "exception claimer store call", Retry: "every poll", Attrs: []any{"group_id", cfg.GroupID}}}
 }
 
 // Running returns how many rows are leased and not settled.
@@ -223,13 +225,4 @@ func (a *ExceptionActor) finish(ctx context.Context) error {
 	return ErrDrained
 }
 
-func (a *ExceptionActor) report(ctx context.Context, err error) {
-	switch {
-	case err != nil && !a.failing && ctx.Err() == nil:
-		a.failing = true
-		a.cfg.Logger.Warn("exception claimer store call failed; retrying every poll", "group_id", a.cfg.GroupID, "error", err)
-	case err == nil && a.failing:
-		a.failing = false
-		a.cfg.Logger.Info("exception claimer recovered", "group_id", a.cfg.GroupID)
-	}
-}
+func (a *ExceptionActor) report(ctx context.Context, err error) { a.outage.Report(ctx, err) }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
@@ -44,11 +45,14 @@ type Config struct {
 type Actor struct {
 	cfg        Config
 	registered bool
-	failing    bool
+	outage     *outage.Reporter
 }
 
 // New returns a heartbeat actor.
-func New(cfg Config) *Actor { return &Actor{cfg: cfg, registered: cfg.Registered} }
+func New(cfg Config) *Actor {
+	return &Actor{cfg: cfg, registered: cfg.Registered,
+		outage: &outage.Reporter{Logger: cfg.Logger, What: "heartbeat", Retry: "every interval", Attrs: []any{"instance", cfg.InstanceID}}}
+}
 
 // Interval is how often the actor beats: a third of the TTL, so two beats
 // may fail before the instance is seen as dead.
@@ -98,15 +102,7 @@ func (a *Actor) Serve(ctx context.Context) error {
 			}
 			return ctx.Err()
 		case <-t.C:
-			err := a.Step(ctx)
-			switch {
-			case err != nil && !a.failing && ctx.Err() == nil:
-				a.failing = true
-				a.cfg.Logger.Warn("heartbeat failed; retrying every interval", "instance", a.cfg.InstanceID, "error", err)
-			case err == nil && a.failing:
-				a.failing = false
-				a.cfg.Logger.Info("heartbeat recovered", "instance", a.cfg.InstanceID)
-			}
+			a.outage.Report(ctx, a.Step(ctx))
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
+	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
@@ -27,12 +28,15 @@ type Config struct {
 
 // Actor is the refresher.
 type Actor struct {
-	cfg     Config
-	failing bool
+	cfg    Config
+	outage *outage.Reporter
 }
 
 // New returns a refresher.
-func New(cfg Config) *Actor { return &Actor{cfg: cfg} }
+func New(cfg Config) *Actor {
+	return &Actor{cfg: cfg, outage: &outage.Reporter{Logger: cfg.Logger, What: "group config refresh",
+		Retry: "every interval, keeping the last copy", Attrs: []any{"group_id", cfg.GroupID}}}
+}
 
 // Step reads the group's documents once and swaps them in. It reports
 // whether the effective declaration changed.
@@ -59,14 +63,7 @@ func (a *Actor) Serve(ctx context.Context) error {
 			return ctx.Err()
 		case <-t.C:
 			changed, err := a.Step(ctx)
-			switch {
-			case err != nil && !a.failing && ctx.Err() == nil:
-				a.failing = true
-				a.cfg.Logger.Warn("group config refresh failed; keeping the last copy", "group_id", a.cfg.GroupID, "error", err)
-			case err == nil && a.failing:
-				a.failing = false
-				a.cfg.Logger.Info("group config refresh recovered", "group_id", a.cfg.GroupID)
-			}
+			a.outage.Report(ctx, err)
 			if changed {
 				a.cfg.Logger.Info("group config changed; new claims and exception writes use it", "group_id", a.cfg.GroupID)
 			}
