@@ -78,8 +78,12 @@ UPDATE %[1]s.worker_instance SET expires_at = now() - interval '1 second' WHERE 
 // claimer that restarts without its in-memory state calls it, so ranges it can
 // no longer finish are not kept alive by the heartbeat.
 func (st *Store) ExpireOwnedRanges(ctx context.Context, owner string, streamID int64, now Now) error {
-	if _, err := st.pool.Exec(ctx, st.streamTables(streamID).renewRanges, owner, now, -time.Millisecond); err != nil {
+	t := st.streamTables(streamID)
+	if _, err := st.pool.Exec(ctx, t.renewRanges, owner, now, -time.Millisecond); err != nil {
 		return fmt.Errorf("expire owned ranges: %w", err)
+	}
+	if _, err := st.pool.Exec(ctx, t.releaseOwnedKeys, owner); err != nil {
+		return fmt.Errorf("release owned keys: %w", err)
 	}
 	return nil
 }

@@ -23,15 +23,16 @@ type tables struct {
 	countException string
 	rangeLeases    string
 
-	acquireKeys     string
-	blockOrdered    string
-	claimExceptions string
-	settleException string
-	listDead        string
-	redrive         string
-	exceptionState  string
-	deliveries      string
-	committed       string
+	acquireKeys      string
+	releaseOwnedKeys string
+	blockOrdered     string
+	claimExceptions  string
+	settleException  string
+	listDead         string
+	redrive          string
+	exceptionState   string
+	deliveries       string
+	committed        string
 
 	currentBindings   string
 	appendDeclaration string
@@ -212,14 +213,18 @@ SET lo_xid = coalesce($3, lo_xid), lo_id = coalesce($4, lo_id), expires_at = coa
 WHERE id = $1 AND token = $2::uuid`),
 
 		// Everything an instance holds lives exactly as long as its heartbeat.
+		// Key leases are not renewed here: a key is held while its owner's
+		// worker_instance is live (see acquireKeys), so a beat never locks
+		// the key rows a commit is deleting (the two used to deadlock).
 		renewRanges: r.Replace(`-- store.RenewInstance
 WITH r AS (
     UPDATE {s}.{t}_range SET expires_at = coalesce($2, now()) + $3::interval WHERE owner = $1::uuid
-), k AS (
-    UPDATE {s}.{t}_key_lease SET expires_at = coalesce($2, now()) + $3::interval WHERE owner = $1::uuid
 )
 UPDATE {s}.{t}_exception SET expires_at = coalesce($2, now()) + $3::interval
 WHERE owner = $1::uuid AND status = 'running'`),
+
+		releaseOwnedKeys: r.Replace(`-- store.ExpireOwnedRanges
+DELETE FROM {s}.{t}_key_lease WHERE owner = $1::uuid`),
 
 		gateProbe: r.Replace(`-- store.GateProbe
 SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
@@ -244,7 +249,8 @@ SELECT $1, k.key, $3::uuid, $4::uuid, coalesce($5, now()) + $6::interval
 FROM unnest($2::text[]) AS k(key)
 ON CONFLICT (group_id, message_key) DO UPDATE
     SET token = EXCLUDED.token, owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
-    WHERE l.expires_at < coalesce($5, now())
+    WHERE NOT EXISTS (SELECT 1 FROM {s}.worker_instance i
+                      WHERE i.id = l.owner AND i.expires_at > coalesce($5, now()))
 RETURNING l.message_key`),
 
 		// An ordered key held by us is blocked, and given back, while an

@@ -80,8 +80,9 @@ CREATE INDEX {{t}}_exception_key_idx ON {{schema}}.{{t}}_exception (group_id, me
 CREATE INDEX {{t}}_exception_owner_idx ON {{schema}}.{{t}}_exception (owner) WHERE owner IS NOT NULL;
 
 -- Key leases: at most one in-flight message per key of an exclusive or
--- ordered message, across the group. Owned by a worker instance and renewed
--- with its heartbeat; released in the transaction that settles the message.
+-- ordered message, across the group. A key is held while its owner's
+-- worker_instance is live; released in the transaction that settles the
+-- message. expires_at records the claim's lease for inspection only.
 CREATE TABLE {{schema}}.{{t}}_key_lease (
     group_id     bigint      NOT NULL,
     message_key  text        NOT NULL,
@@ -91,6 +92,8 @@ CREATE TABLE {{schema}}.{{t}}_key_lease (
     PRIMARY KEY (group_id, message_key)
 );
 CREATE INDEX {{t}}_key_lease_owner_idx ON {{schema}}.{{t}}_key_lease (owner);
+-- Settling a range or an exception row deletes its keys by token.
+CREATE INDEX {{t}}_key_lease_token_idx ON {{schema}}.{{t}}_key_lease (token);
 
 -- The delivery log: one row per handled attempt (ConsumerConfig.DeliveryLog
 -- decides which), written in the transaction that settles it.
