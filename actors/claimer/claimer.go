@@ -136,10 +136,9 @@ type Actor struct {
 	queued   int     // messages claimed and not settled
 	toCommit []int64 // complete ranges whose commit failed and must be retried
 
-	stallSince  time.Time
-	stalled     bool
-	lastReclaim time.Time
-	outage      *outage.Reporter
+	stallSince time.Time
+	stalled    bool
+	outage     *outage.Reporter
 }
 
 // New returns a range claimer.
@@ -178,16 +177,9 @@ func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
 		StreamID: a.cfg.StreamID, GroupID: a.cfg.GroupID, Owner: a.cfg.InstanceID,
 		Limit: a.cfg.BatchLimit, Lease: a.cfg.Lease, Now: a.cfg.DBNow(),
 	}
-	// Expired leases are looked for at most once per poll interval, so a
-	// burn-down's back-to-back claims cost one statement each.
-	var r store.Range
-	var ok bool
-	if now := a.cfg.Clock.Now(); a.lastReclaim.IsZero() || now.Sub(a.lastReclaim) >= a.cfg.PollRate {
-		a.lastReclaim = now
-		var err error
-		if r, ok, err = a.cfg.Store.ReclaimRange(ctx, args); err != nil {
-			return nil, err
-		}
+	r, ok, err := a.cfg.Store.ReclaimRange(ctx, args)
+	if err != nil {
+		return nil, err
 	}
 	if ok {
 		a.cfg.Stats.Reclaimed.Add(1)
@@ -197,7 +189,7 @@ func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
 		a.cfg.Logger.Info("reclaimed an expired range", "range", r.ID, "reclaims", r.Reclaims, "messages", len(r.Messages))
 		return a.dispatch(ctx, r, group)
 	}
-	r, ok, err := a.cfg.Store.ClaimRange(ctx, args)
+	r, ok, err = a.cfg.Store.ClaimRange(ctx, args)
 	if err != nil {
 		return nil, err
 	}
