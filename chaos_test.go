@@ -262,6 +262,7 @@ LEFT JOIN %[1]s.stream_%[2]d_exception x ON x.group_id = %[3]d AND x.message_id 
 	for !check() {
 		select {
 		case <-settle:
+			chaosDiagnose(t, ctx, control, schema, c.group.StreamID, c.group.ID)
 			t.Fatalf("chaos: %d produced, %d handled, %d dead, %d missing after 2 minutes of calm", produced.Load(), handled, dead, missing)
 		case <-poll.C:
 		}
@@ -309,4 +310,55 @@ func remove[T comparable](s []T, v T) []T {
 		}
 	}
 	return s
+}
+
+// chaosDiagnose prints, for each missing message, where the engine last saw
+// it: inside an outstanding range, an exception row, beyond the cursor head.
+func chaosDiagnose(t *testing.T, ctx context.Context, control *pgxpool.Pool, schema string, streamID, groupID int64) {
+	rows, err := control.Query(ctx, fmt.Sprintf(`SELECT l.id, m.xid, m.id, coalesce(m.message_key, ''),
+  (SELECT format('head=(%%s,%%s)', c.head_xid, c.head_id) FROM %[1]s.stream_%[2]d_cursor c WHERE c.group_id = %[3]d),
+  (SELECT string_agg(format('range %%s owner=%%s live=%%s exp=%%s reclaims=%%s', r.id, r.owner,
+      EXISTS (SELECT 1 FROM %[1]s.worker_instance w WHERE w.id = r.owner AND w.expires_at > now()), r.expires_at - now(), r.reclaims), '; ')
+   FROM %[1]s.stream_%[2]d_range r WHERE r.group_id = %[3]d AND (m.xid, m.id) > (r.lo_xid, r.lo_id) AND (m.xid, m.id) <= (r.hi_xid, r.hi_id)),
+  (SELECT format('exception status=%%s attempts=%%s owner=%%s live=%%s exp=%%s due=%%s', x.status, x.attempts, x.owner,
+      EXISTS (SELECT 1 FROM %[1]s.worker_instance w WHERE w.id = x.owner AND w.expires_at > now()), x.expires_at - now(), x.can_run_after - now())
+   FROM %[1]s.stream_%[2]d_exception x WHERE x.group_id = %[3]d AND x.message_id = m.id),
+  (SELECT string_agg(format('keylease owner=%%s', k.owner), '; ') FROM %[1]s.stream_%[2]d_key_lease k WHERE k.group_id = %[3]d AND k.message_key = m.message_key)
+FROM %[1]s.chaos_ledger l
+JOIN %[1]s.stream_%[2]d_log m ON m.payload->>'order_id' = l.id
+LEFT JOIN %[1]s.stream_%[2]d_exception x ON x.group_id = %[3]d AND x.message_id = m.id
+WHERE l.handled = 0 AND (x.status IS NULL OR x.status <> 'dead')
+ORDER BY m.xid, m.id LIMIT 50`, schema, streamID, groupID))
+	if err != nil {
+		t.Logf("diagnose: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, key string
+		var xid, mid int64
+		var head, rng, exc, kl *string
+		if err := rows.Scan(&id, &xid, &mid, &key, &head, &rng, &exc, &kl); err != nil {
+			t.Logf("diagnose: %v", err)
+			return
+		}
+		str := func(p *string) string {
+			if p == nil {
+				return "-"
+			}
+			return *p
+		}
+		t.Logf("missing %s at (%d,%d) key=%q %s | %s | %s | %s", id, xid, mid, key, str(head), str(rng), str(exc), str(kl))
+	}
+	ranges, err := control.Query(ctx, fmt.Sprintf(`SELECT format('range %%s (%%s,%%s]-(%%s,%%s] owner=%%s exp=%%s reclaims=%%s', id, lo_xid, lo_id, hi_xid, hi_id, owner, expires_at - now(), reclaims)
+FROM %[1]s.stream_%[2]d_range WHERE group_id = %[3]d ORDER BY id`, schema, streamID, groupID))
+	if err == nil {
+		defer ranges.Close()
+		for ranges.Next() {
+			var s string
+			if ranges.Scan(&s) == nil {
+				t.Logf("%s", s)
+			}
+		}
+	}
 }

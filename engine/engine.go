@@ -30,6 +30,7 @@ import (
 	"github.com/c1702965/sqlstreams/actors/refresher"
 	"github.com/c1702965/sqlstreams/actors/registrar"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
+	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/supervisor"
@@ -151,8 +152,8 @@ func Run(ctx context.Context, cfg Config) error {
 	snap := groupconfig.NewSnapshot(groupconfig.Declared{})
 	ref := refresher.New(refresher.Config{Store: cfg.Store, GroupID: cfg.GroupID, Interval: o.ConfigRefreshInterval,
 		Snapshot: snap, Clock: cfg.Clock, Logger: logger})
-	if _, err := ref.Step(ctx); err != nil {
-		return fmt.Errorf("consume %s: read group config: %w", cfg.GroupName, err)
+	if err := firstRefresh(ctx, ref, cfg.Clock, o.ClaimPollRate, logger); err != nil {
+		return nil // stopped before the first read: nothing was started
 	}
 	reg := registrar.New(registrar.Config{
 		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, GroupName: cfg.GroupName,
@@ -246,4 +247,25 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("consume %s: %w", cfg.GroupName, errors.Join(errs...))
 	}
 	return nil
+}
+
+// firstRefresh reads the group's config before anything starts, retrying
+// every poll while the database is unreachable (a restart during a deploy
+// must not fail Consume). It returns an error only when ctx ends.
+func firstRefresh(ctx context.Context, ref *refresher.Actor, clk clock.Clock, every time.Duration, logger *slog.Logger) error {
+	rep := outage.Reporter{Logger: logger, What: "read group config", Retry: "every poll"}
+	t := clk.Ticker(every)
+	defer t.Stop()
+	for {
+		_, err := ref.Step(ctx)
+		rep.Report(ctx, err)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }
