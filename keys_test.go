@@ -245,3 +245,70 @@ func TestOrderedKeysRunInPositionOrderEvenWhenAnEarlierMessageRetries(t *testing
 	require.Positive(t, reg.Stats().Failed)
 	_, _ = e, c
 }
+
+// An exclusive key held for one range is shared with the instance's next
+// range: the later messages queue behind the running one instead of being
+// parked as exception rows, they run one at a time in claim order, and the
+// lease row stays until the last range using it commits.
+func TestExclusiveKeyIsSharedAcrossAnInstancesRanges(t *testing.T) {
+	st, s := newStepper(t, nil, func(*order, int) error { return nil })
+	ctx := context.Background()
+	_, err := s.ProduceBatch(ctx, keyedBatch(20, 2), &ProduceOptions{Message: &MessageOptions{Concurrency: Exclusive}})
+	require.NoError(t, err)
+	leaseRows := func() (n int, tokens int) {
+		require.NoError(t, st.e.pool.QueryRow(ctx, fmt.Sprintf(
+			"SELECT count(*), count(DISTINCT token) FROM %s.stream_%d_key_lease WHERE group_id = $1",
+			st.e.client.Schema(), st.c.group.StreamID), st.c.group.ID).Scan(&n, &tokens))
+		return n, tokens
+	}
+
+	first, err := st.ranges.Claim(ctx)
+	require.NoError(t, err)
+	require.Len(t, first, 2, "one running message per key")
+	second, err := st.ranges.Claim(ctx)
+	require.NoError(t, err)
+	require.Empty(t, second, "the second range's messages queue behind the first's")
+	require.Zero(t, st.stats.Deferred.Load(), "nothing parked")
+	n, tokens := leaseRows()
+	require.Equal(t, 2, n)
+	require.Equal(t, 1, tokens, "the leases keep the acquiring range's token")
+
+	var ran []int
+	running := map[string]bool{}
+	for _, j := range first {
+		running[j.Delivery.Msg.Key] = true
+	}
+	jobs := first
+	for len(jobs) > 0 {
+		j := jobs[0]
+		jobs = jobs[1:]
+		var o order
+		require.NoError(t, json.Unmarshal(j.Delivery.Msg.Payload, &o))
+		ran = append(ran, o.Amount)
+		running[j.Delivery.Msg.Key] = false
+		more, err := st.ranges.Outcome(ctx, st.ranges.Run(ctx, j))
+		require.NoError(t, err)
+		for _, m := range more {
+			require.False(t, running[m.Delivery.Msg.Key], "two messages of key %s at once", m.Delivery.Msg.Key)
+			running[m.Delivery.Msg.Key] = true
+		}
+		jobs = append(jobs, more...)
+		if st.stats.Committed.Load() == 1 {
+			n, _ := leaseRows()
+			require.Equal(t, 2, n, "the second range still uses both keys")
+		}
+	}
+	require.Len(t, ran, 20)
+	require.EqualValues(t, 2, st.stats.Committed.Load())
+	n, _ = leaseRows()
+	require.Zero(t, n, "released with the last range")
+	perKey := map[int][]int{}
+	for _, a := range ran {
+		perKey[a%2] = append(perKey[a%2], a)
+	}
+	for k, got := range perKey {
+		require.IsIncreasing(t, got, "key k%d ran in claim order", k)
+	}
+	require.Zero(t, st.stats.Deferred.Load())
+	require.Zero(t, st.e.exceptions(st.c))
+}

@@ -61,7 +61,7 @@ func TestLateCommitIsNotSkipped(t *testing.T) {
 		ids = append(ids, m.ID)
 	}
 	require.Equal(t, []int64{a.ID, b.ID}, ids, "both arrive, in commit-safe order")
-	require.NoError(t, e.client.store.CommitRange(ctx, c.group.StreamID, r.ID, r.Token, nil, nil, nil))
+	require.NoError(t, e.client.store.CommitRange(ctx, c.group.StreamID, store.RangeCommit{GroupID: c.group.ID, RangeID: r.ID, Token: r.Token}, nil))
 	_, ok, err = e.client.store.ClaimRange(ctx, args)
 	require.NoError(t, err)
 	require.False(t, ok)
@@ -141,13 +141,13 @@ func TestLeaseFenceRejectsTheOldOwner(t *testing.T) {
 	require.Len(t, rb.Messages, 5)
 
 	fail := []store.ExceptionWrite{{Position: ra.Messages[0].Position, Concurrency: "parallel", Status: "pending", Attempts: 1, Error: "late"}}
-	err = st.CommitRange(ctx, c.group.StreamID, ra.ID, ra.Token, fail, nil, nil)
+	err = st.CommitRange(ctx, c.group.StreamID, store.RangeCommit{GroupID: c.group.ID, RangeID: ra.ID, Token: ra.Token, Exceptions: fail}, nil)
 	require.ErrorIs(t, err, store.ErrLeaseLost)
-	require.ErrorIs(t, st.ReleaseRange(ctx, c.group.StreamID, ra.ID, ra.Token, nil, nil), store.ErrLeaseLost)
+	require.ErrorIs(t, st.ReleaseRange(ctx, c.group.StreamID, store.Release{GroupID: c.group.ID, RangeID: ra.ID, Token: ra.Token}, nil), store.ErrLeaseLost)
 	require.Zero(t, e.exceptions(c), "a fenced commit writes nothing")
 	require.Len(t, e.leases(c), 1)
 
-	require.NoError(t, st.CommitRange(ctx, c.group.StreamID, rb.ID, rb.Token, nil, nil, nil))
+	require.NoError(t, st.CommitRange(ctx, c.group.StreamID, store.RangeCommit{GroupID: c.group.ID, RangeID: rb.ID, Token: rb.Token}, nil))
 	require.Empty(t, e.leases(c))
 }
 

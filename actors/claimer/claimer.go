@@ -124,7 +124,21 @@ type inflight struct {
 	writes  []*store.ExceptionWrite // nil: success (or not done)
 	log     []store.DeliveryWrite   // delivery-log rows, per the group's mode
 	pending int                     // messages without an outcome
-	queues  map[string][]int        // held keys: indices waiting, in log order
+	keys    []string                // held keys this range uses (acquired or shared)
+	release []store.KeyLease        // keys its settlement releases, once computed
+}
+
+// keyState is a key lease this instance holds. Its queue spans the
+// instance's ranges: an exclusive key held for one range admits the next
+// range's messages of that key behind the running one instead of parking
+// them, so a hot key costs no exception round trips. The lease row keeps the
+// token of the range that acquired it and is released by the settlement of
+// the last range that uses it.
+type keyState struct {
+	token   string
+	ordered bool           // acquired for ordered messages: never shared
+	queue   []ref          // messages of the key, in claim order; [0] runs
+	ranges  map[int64]bool // ranges using the lease
 }
 
 // Actor is the range claimer.
@@ -132,7 +146,8 @@ type Actor struct {
 	cfg      Config
 	runner   *runner
 	ranges   map[int64]*inflight
-	order    []int64 // range ids in claim order, for hand-back
+	keys     map[string]*keyState // key leases held, across ranges
+	order    []int64              // range ids in claim order, for hand-back
 	queued   int     // messages claimed and not settled
 	toCommit []int64 // complete ranges whose commit failed and must be retried
 
@@ -151,6 +166,7 @@ func New(cfg Config) *Actor {
 
 func (a *Actor) reset() {
 	a.ranges = map[int64]*inflight{}
+	a.keys = map[string]*keyState{}
 	a.order, a.toCommit, a.queued = nil, nil, 0
 }
 
@@ -214,7 +230,8 @@ func (a *Actor) quarantine(ctx context.Context, r store.Range, group policy.Grou
 		writes = append(writes, store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(e.Concurrency),
 			Status: policy.StatusPending, Error: fmt.Sprintf("quarantined: its range was reclaimed %d times (MaxRangeReclaims %d)", r.Reclaims, max)})
 	}
-	if err := a.cfg.Store.CommitRange(ctx, a.cfg.StreamID, r.ID, r.Token, writes, nil, a.cfg.DBNow()); err != nil {
+	s := store.RangeCommit{GroupID: a.cfg.GroupID, RangeID: r.ID, Token: r.Token, Exceptions: writes}
+	if err := a.cfg.Store.CommitRange(ctx, a.cfg.StreamID, s, a.cfg.DBNow()); err != nil {
 		if errors.Is(err, store.ErrLeaseLost) {
 			return nil
 		}
@@ -237,7 +254,7 @@ func resolve(m *store.Message, group policy.Group) policy.Effective {
 func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group) ([]Job, error) {
 	n := len(r.Messages)
 	in := &inflight{r: r, eff: make([]policy.Effective, n), state: make([]msgState, n),
-		writes: make([]*store.ExceptionWrite, n), pending: n, queues: map[string][]int{}}
+		writes: make([]*store.ExceptionWrite, n), pending: n}
 	a.ranges[r.ID] = in
 	a.order = append(a.order, r.ID)
 	if n == 0 { // a reclaimed lease over positions that no longer exist
@@ -245,7 +262,14 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 	}
 	a.queued += n
 
-	var want []store.KeyClaim
+	// Keyed messages, by key in order of first appearance.
+	type keyed struct {
+		idx     []int
+		ordered bool
+	}
+	byKey := map[string]*keyed{}
+	var keyOrder []string
+	var jobs []Job
 	for i := range r.Messages {
 		m := &r.Messages[i]
 		if !m.Matched { // not routed to this group: settled without delivery
@@ -256,11 +280,28 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 		}
 		a.cfg.Stats.Claimed.Add(1)
 		in.eff[i] = resolve(m, group)
-		if in.eff[i].Concurrency.Keyed() && m.Key != "" {
-			if _, seen := in.queues[m.Key]; !seen {
-				want = append(want, store.KeyClaim{Key: m.Key, Ordered: in.eff[i].Concurrency == policy.Ordered, Position: m.Position})
-			}
-			in.queues[m.Key] = append(in.queues[m.Key], i)
+		if !in.eff[i].Concurrency.Keyed() || m.Key == "" {
+			in.state[i] = running
+			jobs = append(jobs, a.job(in, i))
+			continue
+		}
+		k := byKey[m.Key]
+		if k == nil {
+			k = &keyed{}
+			byKey[m.Key] = k
+			keyOrder = append(keyOrder, m.Key)
+		}
+		k.idx = append(k.idx, i)
+		k.ordered = k.ordered || in.eff[i].Concurrency == policy.Ordered
+	}
+	var want []store.KeyClaim
+	for _, key := range keyOrder {
+		// A key this instance holds is shared below, or parked as busy when
+		// either side is ordered (an ordered key's order is decided by the
+		// database, never by a queue in one process).
+		if a.keys[key] == nil {
+			k := byKey[key]
+			want = append(want, store.KeyClaim{Key: key, Ordered: k.ordered, Position: r.Messages[k.idx[0]].Position})
 		}
 	}
 	var held, blocked map[string]bool
@@ -270,39 +311,54 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 		if err != nil {
 			// Keys unknown: hand the range back rather than run keyed
 			// messages unguarded.
-			a.queued -= n
+			a.queued -= in.pending
 			a.forget(r.ID)
-			if rerr := a.cfg.Store.ReleaseRange(ctx, a.cfg.StreamID, r.ID, r.Token, nil, a.cfg.DBNow()); rerr != nil {
+			if rerr := a.cfg.Store.ReleaseRange(ctx, a.cfg.StreamID, store.Release{GroupID: a.cfg.GroupID, RangeID: r.ID, Token: r.Token}, a.cfg.DBNow()); rerr != nil {
 				return nil, errors.Join(err, rerr)
 			}
 			return nil, err
 		}
 	}
-	var jobs []Job
-	for i := range r.Messages {
-		m := &r.Messages[i]
-		if !m.Matched {
-			continue
-		}
-		if q, keyed := in.queues[m.Key]; keyed && m.Key != "" {
-			switch {
-			case blocked[m.Key]:
+	for _, key := range keyOrder {
+		k := byKey[key]
+		ks := a.keys[key]
+		switch {
+		case ks != nil && !ks.ordered && !k.ordered: // shared: queued behind this instance's earlier messages
+		case blocked[key]:
+			for _, i := range k.idx {
 				a.defer_(in, i, 0, "waiting behind an earlier unresolved message of its ordered key")
-				continue
-			case !held[m.Key]:
-				a.defer_(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
-				continue
-			case q[0] != i:
-				continue // runs when the key's earlier messages in this range finish
 			}
+			continue
+		case !held[key]:
+			for _, i := range k.idx {
+				a.defer_(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
+			}
+			continue
+		default:
+			ks = &keyState{token: r.Token, ordered: k.ordered, ranges: map[int64]bool{}}
+			a.keys[key] = ks
 		}
-		in.state[i] = running
-		jobs = append(jobs, a.job(in, i))
+		ks.ranges[r.ID] = true
+		in.keys = append(in.keys, key)
+		idle := len(ks.queue) == 0
+		for _, i := range k.idx {
+			ks.queue = append(ks.queue, ref{rangeID: r.ID, index: i})
+		}
+		if idle {
+			jobs = append(jobs, a.start(ks.queue[0]))
+		}
 	}
 	if in.pending == 0 {
 		return nil, a.settle(ctx, r.ID)
 	}
 	return jobs, nil
+}
+
+// start marks a queued message running and returns its job.
+func (a *Actor) start(rf ref) Job {
+	in := a.ranges[rf.rangeID]
+	in.state[rf.index] = running
+	return a.job(in, rf.index)
 }
 
 func (a *Actor) job(in *inflight, i int) Job {
@@ -394,20 +450,17 @@ func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 			Status: next.Status, Attempts: next.Attempts, Delays: next.Delays, Error: errText(o.Err), After: next.After}
 	}
 	var jobs []Job
-	if q, keyed := in.queues[m.Key]; keyed && m.Key != "" && len(q) > 0 && q[0] == i {
-		q = q[1:]
-		in.queues[m.Key] = q
-		if len(q) > 0 {
-			if e.Concurrency == policy.Ordered && !next.Delete {
-				// A later message of an ordered key waits for this one.
-				for _, j := range q {
-					a.defer_(in, j, 0, "waiting behind an earlier unresolved message of its ordered key")
-				}
-				in.queues[m.Key] = nil
-			} else {
-				in.state[q[0]] = running
-				jobs = append(jobs, a.job(in, q[0]))
+	if ks := a.keys[m.Key]; ks != nil && m.Key != "" && len(ks.queue) > 0 && ks.queue[0] == rf {
+		ks.queue = ks.queue[1:]
+		if e.Concurrency == policy.Ordered && !next.Delete {
+			// A later message of an ordered key waits for this one. An
+			// ordered lease is never shared, so they are all this range's.
+			for _, q := range ks.queue {
+				a.defer_(a.ranges[q.rangeID], q.index, 0, "waiting behind an earlier unresolved message of its ordered key")
 			}
+			ks.queue = nil
+		} else if len(ks.queue) > 0 {
+			jobs = append(jobs, a.start(ks.queue[0]))
 		}
 	}
 	if in.pending > 0 {
@@ -455,7 +508,8 @@ func (a *Actor) commit(ctx context.Context, id int64) error {
 			writes = append(writes, *w)
 		}
 	}
-	err := a.cfg.Store.CommitRange(ctx, a.cfg.StreamID, id, in.r.Token, writes, in.log, a.cfg.DBNow())
+	s := store.RangeCommit{GroupID: a.cfg.GroupID, RangeID: id, Token: in.r.Token, Exceptions: writes, Deliveries: in.log, Keys: a.releaseKeys(in)}
+	err := a.cfg.Store.CommitRange(ctx, a.cfg.StreamID, s, a.cfg.DBNow())
 	if errors.Is(err, store.ErrLeaseLost) {
 		a.cfg.Stats.LeasesLost.Add(1)
 		a.cfg.Logger.Warn("range lease lost before commit; a reclaimer delivers it again", "range", id)
@@ -468,6 +522,34 @@ func (a *Actor) commit(ctx context.Context, id int64) error {
 	a.cfg.Stats.Committed.Add(1)
 	a.forget(id)
 	return nil
+}
+
+// releaseKeys detaches a leaving range from the keys it used and returns the
+// leases no other range of this instance uses. They are dropped from the
+// instance's map before the statement runs: if it fails, nothing more is
+// queued behind a lease whose release may already have committed, and the
+// retry releases the same rows by the same tokens.
+func (a *Actor) releaseKeys(in *inflight) []store.KeyLease {
+	for _, key := range in.keys {
+		ks := a.keys[key]
+		if ks == nil {
+			continue
+		}
+		delete(ks.ranges, in.r.ID)
+		kept := ks.queue[:0]
+		for _, q := range ks.queue {
+			if q.rangeID != in.r.ID {
+				kept = append(kept, q)
+			}
+		}
+		ks.queue = kept
+		if len(ks.ranges) == 0 {
+			in.release = append(in.release, store.KeyLease{Key: key, Token: ks.token})
+			delete(a.keys, key)
+		}
+	}
+	in.keys = nil
+	return in.release
 }
 
 func (a *Actor) forget(id int64) {
@@ -517,7 +599,8 @@ func (a *Actor) HandBack(ctx context.Context) error {
 			}
 			lo = &in.r.Messages[i].Position
 		}
-		err := a.cfg.Store.ReleaseRange(ctx, a.cfg.StreamID, in.r.ID, in.r.Token, lo, a.cfg.DBNow())
+		rel := store.Release{GroupID: a.cfg.GroupID, RangeID: in.r.ID, Token: in.r.Token, Lo: lo, Keys: a.releaseKeys(in)}
+		err := a.cfg.Store.ReleaseRange(ctx, a.cfg.StreamID, rel, a.cfg.DBNow())
 		if err != nil && !errors.Is(err, store.ErrLeaseLost) {
 			errs = append(errs, err) // kept: a later HandBack tries again
 			continue

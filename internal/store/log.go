@@ -252,49 +252,88 @@ type DeliveryWrite struct {
 	Error   string
 }
 
+// KeyLease names one key lease row by the token that acquired it.
+type KeyLease struct {
+	Key   string
+	Token string
+}
+
+// RangeCommit is what a range leaves behind when it is committed.
+type RangeCommit struct {
+	GroupID    int64
+	RangeID    int64
+	Token      string
+	Exceptions []ExceptionWrite
+	Deliveries []DeliveryWrite
+	// Keys are the key leases to release. A key the instance's later range
+	// still uses is left out: the lease passes to that range.
+	Keys []KeyLease
+}
+
+func keyArrays(keys []KeyLease) (names, tokens []string) {
+	names, tokens = make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		names[i], tokens[i] = k.Key, k.Token
+	}
+	return names, tokens
+}
+
 // CommitRange settles a range: deletes the lease by its token, releases the
-// range's key leases and writes the exception rows and delivery-log rows, in
+// given key leases and writes the exception rows and delivery-log rows, in
 // one statement.
-func (st *Store) CommitRange(ctx context.Context, streamID, rangeID int64, token string, rows []ExceptionWrite, log []DeliveryWrite, now Now) error {
+func (st *Store) CommitRange(ctx context.Context, streamID int64, s RangeCommit, now Now) error {
 	t := st.streamTables(streamID)
-	n := len(rows)
+	n := len(s.Exceptions)
 	xids, ids, afters := make([]int64, n), make([]int64, n), make([]int64, n)
 	keys, concs, statuses, errs := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	attempts, delays := make([]int32, n), make([]int32, n)
-	for i, r := range rows {
+	for i, r := range s.Exceptions {
 		xids[i], ids[i], keys[i], concs[i], statuses[i] = r.Xid, r.ID, r.Key, r.Concurrency, r.Status
 		attempts[i], delays[i], errs[i], afters[i] = int32(r.Attempts), int32(r.Delays), r.Error, r.After.Microseconds()
 	}
-	m := len(log)
+	m := len(s.Deliveries)
 	lxids, lids, lattempts, loutcomes, lerrs := make([]int64, m), make([]int64, m), make([]int32, m), make([]string, m), make([]string, m)
-	for i, d := range log {
+	for i, d := range s.Deliveries {
 		lxids[i], lids[i], lattempts[i], loutcomes[i], lerrs[i] = d.Xid, d.ID, int32(d.Attempt), d.Outcome, d.Error
 	}
+	knames, ktokens := keyArrays(s.Keys)
 	var deleted int
-	if err := st.pool.QueryRow(ctx, t.commit, rangeID, token, now, xids, ids, keys, concs, statuses, attempts, delays, errs, afters,
-		lxids, lids, lattempts, loutcomes, lerrs).Scan(&deleted); err != nil {
-		return fmt.Errorf("commit range %d: %w", rangeID, err)
+	if err := st.pool.QueryRow(ctx, t.commit, s.RangeID, s.Token, now, xids, ids, keys, concs, statuses, attempts, delays, errs, afters,
+		lxids, lids, lattempts, loutcomes, lerrs, knames, ktokens, s.GroupID).Scan(&deleted); err != nil {
+		return fmt.Errorf("commit range %d: %w", s.RangeID, err)
 	}
 	if deleted == 0 {
-		return fmt.Errorf("commit range %d: %w", rangeID, ErrLeaseLost)
+		return fmt.Errorf("commit range %d: %w", s.RangeID, ErrLeaseLost)
 	}
 	return nil
 }
 
-// ReleaseRange hands a range back for immediate reclaim, dropping its settled
-// prefix (everything up to and including lo; nil keeps the bound).
-func (st *Store) ReleaseRange(ctx context.Context, streamID, rangeID int64, token string, lo *Position, now Now) error {
+// Release hands a range back for immediate reclaim.
+type Release struct {
+	GroupID int64
+	RangeID int64
+	Token   string
+	// Lo drops the settled prefix: everything up to and including it (nil
+	// keeps the bound).
+	Lo *Position
+	// Keys are the key leases to release, as in RangeCommit.
+	Keys []KeyLease
+}
+
+// ReleaseRange hands a range back for immediate reclaim.
+func (st *Store) ReleaseRange(ctx context.Context, streamID int64, r Release, now Now) error {
 	t := st.streamTables(streamID)
 	var xid, id *int64
-	if lo != nil {
-		xid, id = &lo.Xid, &lo.ID
+	if r.Lo != nil {
+		xid, id = &r.Lo.Xid, &r.Lo.ID
 	}
-	tag, err := st.pool.Exec(ctx, t.release, rangeID, token, xid, id, now)
+	knames, ktokens := keyArrays(r.Keys)
+	tag, err := st.pool.Exec(ctx, t.release, r.RangeID, r.Token, xid, id, now, knames, ktokens, r.GroupID)
 	if err != nil {
-		return fmt.Errorf("release range %d: %w", rangeID, err)
+		return fmt.Errorf("release range %d: %w", r.RangeID, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("release range %d: %w", rangeID, ErrLeaseLost)
+		return fmt.Errorf("release range %d: %w", r.RangeID, ErrLeaseLost)
 	}
 	return nil
 }

@@ -178,15 +178,19 @@ LEFT JOIN LATERAL (SELECT binds.rx IS NULL
 ORDER BY m.xid, m.id`),
 
 		// Deleting the lease by its token is the fence: zero rows means a
-		// reclaimer owns the range now, and nothing else is written. The
-		// range's key leases (taken with its token) go in the same statement
-		// as the exception rows, so an ordered key's next message sees its
-		// predecessor's exception row the moment the key is free.
+		// reclaimer owns the range now, and no exception or delivery row is
+		// written. The key leases the caller no longer needs go in the same
+		// statement as the exception rows, so an ordered key's next message
+		// sees its predecessor's exception row the moment the key is free.
+		// They go even when the fence fails (the caller is done with them),
+		// each by the token that acquired it, so a retried statement cannot
+		// release a later acquisition of the same key.
 		commit: r.Replace(`-- store.CommitRange
 WITH d AS (
     DELETE FROM {s}.{t}_range WHERE id = $1 AND token = $2::uuid RETURNING group_id
 ), k AS (
-    DELETE FROM {s}.{t}_key_lease l USING d WHERE l.group_id = d.group_id AND l.token = $2::uuid
+    DELETE FROM {s}.{t}_key_lease l USING unnest($18::text[], $19::uuid[]) AS r(key, token)
+    WHERE l.group_id = $20 AND l.message_key = r.key AND l.token = r.token
 ), e AS (
     INSERT INTO {s}.{t}_exception (group_id, message_xid, message_id, message_key, concurrency, status,
                                     attempts, delays, last_error, can_run_after, created_at, updated_at)
@@ -206,7 +210,8 @@ SELECT count(*) FROM d`),
 		// lo, and the lease expires now so any instance reclaims the rest.
 		release: r.Replace(`-- store.ReleaseRange
 WITH k AS (
-    DELETE FROM {s}.{t}_key_lease WHERE token = $2::uuid
+    DELETE FROM {s}.{t}_key_lease l USING unnest($6::text[], $7::uuid[]) AS r(key, token)
+    WHERE l.group_id = $8 AND l.message_key = r.key AND l.token = r.token
 )
 UPDATE {s}.{t}_range
 SET lo_xid = coalesce($3, lo_xid), lo_id = coalesce($4, lo_id), expires_at = coalesce($5, now()) - interval '1 millisecond'
