@@ -148,8 +148,8 @@ type Actor struct {
 	ranges   map[int64]*inflight
 	keys     map[string]*keyState // key leases held, across ranges
 	order    []int64              // range ids in claim order, for hand-back
-	queued   int     // messages claimed and not settled
-	toCommit []int64 // complete ranges whose commit failed and must be retried
+	queued   int                  // messages claimed and not settled
+	toCommit []int64              // complete ranges whose commit failed and must be retried
 
 	stallSince time.Time
 	stalled    bool
