@@ -1,10 +1,10 @@
 # The two commands of the README: `make demo` (the main job) and `make test`.
 GO ?= go
-SEEDS ?= 20
+SEEDS ?= 200
 
 DURATION ?= 5m
 
-.PHONY: test demo vet bench chaos check-postgres
+.PHONY: test demo vet bench chaos sim check-postgres
 
 ## test: vet, then the whole suite with the race detector, on a private PostgreSQL
 test: check-postgres vet
@@ -17,9 +17,13 @@ vet:
 demo: check-postgres
 	$(GO) run ./cmd/sqlstreams demo
 
-## chaos: the chaos run for DURATION (make chaos DURATION=30m); not in make test while ROADMAP.md's open bug stands
+## chaos: the chaos run for DURATION (make chaos DURATION=30m); make test runs a 45 s one
 chaos: check-postgres
 	SQLSTREAMS_CHAOS=$(DURATION) $(GO) test -race -count=1 -run '^TestChaos$$' -v -timeout 0 .
+
+## sim: the simulator's random runs for SEEDS seeds (make sim SEEDS=1000); make test runs 50
+sim: check-postgres
+	SQLSTREAMS_SIM_SEEDS=$(SEEDS) $(GO) test -race -count=1 -run '^TestRandomSeeds$$' -timeout 0 ./sim
 
 ## bench: the benchmark harness (its own module); writes BENCHMARKS results
 bench: check-postgres

@@ -1,8 +1,22 @@
-// Package sim will hold the deterministic simulator: many instances' actors
-// driven through their step functions against a real PostgreSQL, one mock
-// clock and a seeded PRNG, with invariants checked after every step.
+// Package sim is the deterministic simulator: fleets of instances of one
+// consumer group, their actors driven through their step functions (the
+// registrar, heartbeats, refresher, range and exception claimers) against a
+// real PostgreSQL schema, one clock.Mock whose time reaches every statement,
+// and one seeded PRNG that decides which actor steps next, when instances
+// start, stop and crash, when heartbeats are late, when producers produce,
+// how handlers end and how far the clock moves. Nothing runs on another
+// goroutine, so a seed replays exactly: the trace of a run is a function of
+// its seed.
 //
-// Nothing lives here yet. The actors already expose step functions
-// (claimer.Claim, claimer.Outcome, heartbeat.Step) and take an injected clock
-// whose time reaches the database, which is what the simulator will drive.
+// Runs come two ways: scripts (testdata/*.sim, a small command language,
+// see World.Exec), whose traces are committed as golden files, and random
+// runs (World.RunRandom). Either way every invariant (invariants.go) is
+// checked after every step, and each has a broken variant — a test-only
+// fault switch in the engine (claimer.Broken) or the driver — that the
+// tests show it catches.
+//
+// What the simulator does not model: concurrent handlers inside one
+// instance (jobs run one at a time, in an order the PRNG picks), database
+// outages (the chaos run covers those), and wall-clock effects such as slow
+// statements.
 package sim

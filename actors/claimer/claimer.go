@@ -82,6 +82,22 @@ type Common struct {
 	Fault func(site string) error
 	// Drain is closed to ask for a graceful stop.
 	Drain <-chan struct{}
+	// Skipped, if set, is told of each message a range settles without
+	// delivery because the binding set in force (declaration id) does not
+	// route it to the group (the simulator checks it).
+	Skipped func(m *store.Message, bindings int64)
+	// Broken is for tests only: see Broken.
+	Broken Broken
+}
+
+// Broken holds test-only fault switches. Each breaks one promise on purpose
+// so the simulator can show that its invariants catch it; nothing outside
+// the simulator's tests sets them.
+type Broken struct {
+	DropFailures         bool // a range commit omits its exception rows: failed messages vanish
+	SkipKeyLeases        bool // keyed messages run at once, without a key lease
+	DeliverUnmatched     bool // messages outside the group's binding set are delivered
+	IgnoreOrderedFailure bool // a failed ordered message does not hold back its key's later messages
 }
 
 // Config is the range claimer's config.
@@ -272,7 +288,10 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 	var jobs []Job
 	for i := range r.Messages {
 		m := &r.Messages[i]
-		if !m.Matched { // not routed to this group: settled without delivery
+		if !m.Matched && !a.cfg.Broken.DeliverUnmatched { // not routed to this group: settled without delivery
+			if a.cfg.Skipped != nil {
+				a.cfg.Skipped(m, r.Bindings)
+			}
 			in.state[i] = done
 			in.pending--
 			a.queued--
@@ -280,7 +299,7 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 		}
 		a.cfg.Stats.Claimed.Add(1)
 		in.eff[i] = resolve(m, group)
-		if !in.eff[i].Concurrency.Keyed() || m.Key == "" {
+		if !in.eff[i].Concurrency.Keyed() || m.Key == "" || a.cfg.Broken.SkipKeyLeases {
 			in.state[i] = running
 			jobs = append(jobs, a.job(in, i))
 			continue
@@ -452,7 +471,7 @@ func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 	var jobs []Job
 	if ks := a.keys[m.Key]; ks != nil && m.Key != "" && len(ks.queue) > 0 && ks.queue[0] == rf {
 		ks.queue = ks.queue[1:]
-		if e.Concurrency == policy.Ordered && !next.Delete {
+		if e.Concurrency == policy.Ordered && !next.Delete && !a.cfg.Broken.IgnoreOrderedFailure {
 			// A later message of an ordered key waits for this one. An
 			// ordered lease is never shared, so they are all this range's.
 			for _, q := range ks.queue {
@@ -504,7 +523,7 @@ func (a *Actor) commit(ctx context.Context, id int64) error {
 	in := a.ranges[id]
 	var writes []store.ExceptionWrite
 	for _, w := range in.writes {
-		if w != nil {
+		if w != nil && !a.cfg.Broken.DropFailures {
 			writes = append(writes, *w)
 		}
 	}

@@ -144,8 +144,10 @@ func (a *ExceptionActor) Flush(ctx context.Context) error {
 	return nil
 }
 
-// handBack returns unfinished rows to pending without spending a retry.
-func (a *ExceptionActor) handBack(ctx context.Context) error {
+// HandBack returns unfinished rows to pending without spending a retry
+// (or writes a finished row's result that failed to write); a drain and the
+// simulator's graceful stop call it.
+func (a *ExceptionActor) HandBack(ctx context.Context) error {
 	var errs []error
 	for pos, r := range a.running {
 		s := store.Settlement{Status: policy.StatusPending, Attempts: r.run.Attempts, Delays: r.run.Delays, Error: "handed back at shutdown"}
@@ -221,7 +223,7 @@ func (a *ExceptionActor) Serve(ctx context.Context) error {
 }
 
 func (a *ExceptionActor) finish(ctx context.Context) error {
-	retryHandBack(context.WithoutCancel(ctx), a.cfg.Clock, a.cfg.Logger, "exception rows", a.handBack)
+	retryHandBack(context.WithoutCancel(ctx), a.cfg.Clock, a.cfg.Logger, "exception rows", a.HandBack)
 	return ErrDrained
 }
 

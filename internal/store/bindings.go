@@ -157,3 +157,28 @@ func (st *Store) BindingSet(ctx context.Context, streamID, groupID int64) ([]str
 	}
 	return set, nil
 }
+
+// BindingsInForce returns the declaration a claim made now would filter by
+// (0: no bindings, the whole stream) and its patterns.
+func (st *Store) BindingsInForce(ctx context.Context, streamID, groupID int64) (int64, []string, error) {
+	var id int64
+	var set []string
+	if err := st.pool.QueryRow(ctx, st.streamTables(streamID).bindingsInForce, groupID).Scan(&id, &set); err != nil {
+		return 0, nil, fmt.Errorf("bindings in force: %w", err)
+	}
+	return id, set, nil
+}
+
+// LedgerRows returns every row of the group's binding declaration ledger,
+// oldest first.
+func (st *Store) LedgerRows(ctx context.Context, streamID, groupID int64) ([]LedgerRow, error) {
+	rows, err := st.pool.Query(ctx, st.streamTables(streamID).ledgerAll, groupID)
+	if err != nil {
+		return nil, fmt.Errorf("ledger rows: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (LedgerRow, error) {
+		var l LedgerRow
+		err := r.Scan(&l.ID, &l.Status, &l.Patterns, &l.DeclaredBy, &l.DeclaredAt, &l.AttemptAt)
+		return l, err
+	})
+}

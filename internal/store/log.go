@@ -425,3 +425,15 @@ func (st *Store) RangeLeases(ctx context.Context, streamID, groupID int64) ([]Le
 		return l, err
 	})
 }
+
+// Unaccounted returns those of ids (messages the caller has not seen
+// settled) that the group no longer holds anywhere: below the cursor head,
+// in no outstanding range, with no exception row. The simulator's
+// no-message-lost invariant; it must always be empty.
+func (st *Store) Unaccounted(ctx context.Context, streamID, groupID int64, ids []int64) ([]int64, error) {
+	rows, err := st.pool.Query(ctx, st.streamTables(streamID).unaccounted, groupID, ids)
+	if err != nil {
+		return nil, fmt.Errorf("unaccounted: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}

@@ -33,12 +33,15 @@ type tables struct {
 	exceptionState   string
 	deliveries       string
 	committed        string
+	unaccounted      string
 
 	currentBindings   string
 	appendDeclaration string
 	installBindings   string
 	ledger            string
 	bindingSet        string
+	bindingsInForce   string
+	ledgerAll         string
 }
 
 var tablesCache sync.Map // key schema+"\x00"+streamID → *tables
@@ -238,6 +241,16 @@ SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
                                       (SELECT head_id FROM {s}.{t}_cursor WHERE group_id = $1))
                ORDER BY m.xid, m.id LIMIT 1), false)`),
 
+		unaccounted: r.Replace(`-- store.Unaccounted
+SELECT m.id FROM {s}.{t}_log m
+WHERE m.id = ANY($2::bigint[])
+  AND NOT EXISTS (SELECT 1 FROM {s}.{t}_exception x
+                  WHERE x.group_id = $1 AND x.message_xid = m.xid AND x.message_id = m.id)
+  AND NOT EXISTS (SELECT 1 FROM {s}.{t}_range g
+                  WHERE g.group_id = $1 AND (m.xid, m.id) > (g.lo_xid, g.lo_id) AND (m.xid, m.id) <= (g.hi_xid, g.hi_id))
+  AND (m.xid, m.id) <= (SELECT c.head_xid, c.head_id FROM {s}.{t}_cursor c WHERE c.group_id = $1)
+ORDER BY m.id`),
+
 		countLog: r.Replace(`-- store.CountLog
 SELECT count(*) FROM {s}.{t}_log`),
 
@@ -361,16 +374,21 @@ ORDER BY id DESC LIMIT 1`),
 INSERT INTO {s}.{t}_binding_declaration (group_id, status, patterns, declared_by, declared_at, attempt_at)
 VALUES ($1, $2, $3, $4, $5, coalesce($6, now()))`),
 
+		// Swap the binding rows. Sibling CTEs do not see each other's
+		// deletes, so the rows of patterns both sets share are updated in
+		// place, never deleted and inserted again (which collided on the
+		// primary key: the simulator's rolling-deploy scenario found it).
 		installBindings: r.Replace(`-- store.DeclareBindings
 WITH d AS (
     INSERT INTO {s}.{t}_binding_declaration (group_id, status, patterns, declared_by, declared_at, attempt_at)
     VALUES ($1, 'installed', $2, $4, $5, coalesce($6, now()))
     RETURNING id
 ), gone AS (
-    DELETE FROM {s}.{t}_binding WHERE group_id = $1
+    DELETE FROM {s}.{t}_binding WHERE group_id = $1 AND pattern <> ALL ($2::text[])
 ), ins AS (
-    INSERT INTO {s}.{t}_binding (group_id, pattern, regex, declaration_id)
+    INSERT INTO {s}.{t}_binding AS b (group_id, pattern, regex, declaration_id)
     SELECT $1, p.pattern, p.regex, d.id FROM d, unnest($2::text[], $3::text[]) AS p(pattern, regex)
+    ON CONFLICT (group_id, pattern) DO UPDATE SET regex = EXCLUDED.regex, declaration_id = EXCLUDED.declaration_id
 )
 SELECT id FROM d`),
 
@@ -392,6 +410,14 @@ SELECT id, status, patterns, declared_by, declared_at, attempt_at FROM inst
 UNION ALL
 SELECT id, status, patterns, declared_by, declared_at, attempt_at FROM waits
 ORDER BY id`),
+
+		bindingsInForce: r.Replace(`-- store.BindingsInForce
+SELECT coalesce(max(declaration_id), 0), coalesce(array_agg(pattern ORDER BY pattern), '{}')
+FROM {s}.{t}_binding WHERE group_id = $1`),
+
+		ledgerAll: r.Replace(`-- store.LedgerRows
+SELECT id, status, patterns, declared_by, declared_at, attempt_at
+FROM {s}.{t}_binding_declaration WHERE group_id = $1 ORDER BY id`),
 
 		bindingSet: r.Replace(`-- store.BindingSet
 SELECT coalesce(array_agg(pattern ORDER BY pattern), '{}') FROM {s}.{t}_binding WHERE group_id = $1`),

@@ -1,0 +1,152 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/c1702965/sqlstreams/internal/policy"
+)
+
+// step is one kind of random step and its weight.
+type step struct {
+	weight int
+	name   string
+	do     func(ctx context.Context, w *World) error
+}
+
+var steps = []step{
+	{12, "produce", func(ctx context.Context, w *World) error {
+		n := 1 + w.rng.IntN(4)
+		switch r := w.rng.IntN(10); {
+		case r < 4:
+			return w.Produce(ctx, n, "", "", "")
+		case r < 7:
+			return w.Produce(ctx, n, fmt.Sprintf("x%d", w.rng.IntN(3)), policy.Exclusive, "")
+		default:
+			return w.Produce(ctx, n, fmt.Sprintf("o%d", w.rng.IntN(2)), policy.Ordered, "")
+		}
+	}},
+	{25, "claim", func(ctx context.Context, w *World) error {
+		if in := w.pick(w.consumers()); in != nil {
+			return w.Claim(ctx, in)
+		}
+		return nil
+	}},
+	{30, "run", func(ctx context.Context, w *World) error {
+		if in := w.pick(w.withJobs(false)); in != nil {
+			return w.RunOne(ctx, in, false, "")
+		}
+		return nil
+	}},
+	{8, "retry", func(ctx context.Context, w *World) error {
+		if in := w.pick(w.consumers()); in != nil {
+			return w.Retry(ctx, in)
+		}
+		return nil
+	}},
+	{12, "runretry", func(ctx context.Context, w *World) error {
+		if in := w.pick(w.withJobs(true)); in != nil {
+			return w.RunOne(ctx, in, true, "")
+		}
+		return nil
+	}},
+	{8, "advance", func(ctx context.Context, w *World) error {
+		return w.Advance(ctx, time.Duration(w.rng.IntN(1500))*time.Millisecond, 0.3)
+	}},
+	{2, "crash", func(ctx context.Context, w *World) error {
+		if in := w.pick(w.live()); in != nil {
+			w.Crash(in)
+		}
+		return nil
+	}},
+	{2, "start", func(ctx context.Context, w *World) error {
+		if len(w.live()) < 4 {
+			_, err := w.Start(ctx, nil)
+			return err
+		}
+		return nil
+	}},
+	{1, "stop", func(ctx context.Context, w *World) error {
+		if in := w.pick(w.live()); in != nil {
+			return w.Stop(ctx, in)
+		}
+		return nil
+	}},
+	{1, "redeclare", func(ctx context.Context, w *World) error {
+		d := w.declared
+		d.Message.MaxRetries = 1 + w.rng.IntN(5)
+		w.tracef("config declared: max_retries=%d", d.Message.MaxRetries)
+		return w.declare(ctx, d)
+	}},
+}
+
+func (w *World) pick(ins []*instance) *instance {
+	if len(ins) == 0 {
+		return nil
+	}
+	return ins[w.rng.IntN(len(ins))]
+}
+
+func (w *World) withJobs(exc bool) []*instance {
+	var out []*instance
+	for _, in := range w.consumers() {
+		if (!exc && len(in.jobs) > 0) || (exc && len(in.exJobs) > 0) {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+// RandomStep takes one step chosen by the PRNG.
+func (w *World) RandomStep(ctx context.Context) error {
+	total := 0
+	for _, s := range steps {
+		total += s.weight
+	}
+	r := w.rng.IntN(total)
+	for _, s := range steps {
+		if r < s.weight {
+			if err := s.do(ctx, w); err != nil {
+				return fmt.Errorf("%s: %w", s.name, err)
+			}
+			return nil
+		}
+		r -= s.weight
+	}
+	return nil
+}
+
+// RunRandom starts two instances, takes n random steps checking the
+// invariants after each, then settles: every message must end handled or
+// dead.
+func (w *World) RunRandom(ctx context.Context, n int) error {
+	for range 2 {
+		if _, err := w.Start(ctx, nil); err != nil {
+			return err
+		}
+	}
+	for i := range n {
+		if err := w.RandomStep(ctx); err != nil {
+			return fmt.Errorf("step %d: %w", i, err)
+		}
+		if err := w.Check(ctx); err != nil {
+			return fmt.Errorf("step %d: %w", i, err)
+		}
+	}
+	if len(w.consumers()) == 0 {
+		if _, err := w.Start(ctx, nil); err != nil {
+			return err
+		}
+	}
+	w.tracef("calm: settling")
+	if err := w.Settle(ctx, 400); err != nil {
+		return err
+	}
+	sum, err := w.Summary(ctx)
+	if err != nil {
+		return err
+	}
+	w.tracef("end: %s", sum)
+	return nil
+}
