@@ -93,9 +93,12 @@ WHERE w.consumer_group_id = $1 AND i.expires_at > coalesce($2, now())`), req.Gro
 			fallthrough
 		default:
 			res.Outcome, res.Installed = BindingInstalled, req.Patterns
-			if err := tx.QueryRow(ctx, t.installBindings, req.GroupID, req.Patterns, req.Regexes,
+			if err := tx.QueryRow(ctx, t.installBindings, req.GroupID, req.Patterns,
 				req.DeclaredBy, res.DeclaredAt, req.Now).Scan(&res.DeclarationID); err != nil {
 				return fmt.Errorf("install set: %w", err)
+			}
+			if _, err := tx.Exec(ctx, t.swapBindings, req.GroupID, req.Patterns, req.Regexes, res.DeclarationID); err != nil {
+				return fmt.Errorf("install set: swap binding rows: %w", err)
 			}
 		}
 		for _, in := range req.Instances {

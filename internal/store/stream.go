@@ -38,6 +38,7 @@ type tables struct {
 	currentBindings   string
 	appendDeclaration string
 	installBindings   string
+	swapBindings      string
 	ledger            string
 	bindingSet        string
 	bindingsInForce   string
@@ -374,23 +375,23 @@ ORDER BY id DESC LIMIT 1`),
 INSERT INTO {s}.{t}_binding_declaration (group_id, status, patterns, declared_by, declared_at, attempt_at)
 VALUES ($1, $2, $3, $4, $5, coalesce($6, now()))`),
 
-		// Swap the binding rows. Sibling CTEs do not see each other's
+		installBindings: r.Replace(`-- store.DeclareBindings
+INSERT INTO {s}.{t}_binding_declaration (group_id, status, patterns, declared_by, declared_at, attempt_at)
+VALUES ($1, 'installed', $2, $3, $4, coalesce($5, now()))
+RETURNING id`),
+
+		// Swap the binding rows to the installed declaration $4, in the
+		// transaction that appended it. Sibling CTEs do not see each other's
 		// deletes, so the rows of patterns both sets share are updated in
 		// place, never deleted and inserted again (which collided on the
 		// primary key: the simulator's rolling-deploy scenario found it).
-		installBindings: r.Replace(`-- store.DeclareBindings
-WITH d AS (
-    INSERT INTO {s}.{t}_binding_declaration (group_id, status, patterns, declared_by, declared_at, attempt_at)
-    VALUES ($1, 'installed', $2, $4, $5, coalesce($6, now()))
-    RETURNING id
-), gone AS (
+		swapBindings: r.Replace(`-- store.DeclareBindings
+WITH gone AS (
     DELETE FROM {s}.{t}_binding WHERE group_id = $1 AND pattern <> ALL ($2::text[])
-), ins AS (
-    INSERT INTO {s}.{t}_binding AS b (group_id, pattern, regex, declaration_id)
-    SELECT $1, p.pattern, p.regex, d.id FROM d, unnest($2::text[], $3::text[]) AS p(pattern, regex)
-    ON CONFLICT (group_id, pattern) DO UPDATE SET regex = EXCLUDED.regex, declaration_id = EXCLUDED.declaration_id
 )
-SELECT id FROM d`),
+INSERT INTO {s}.{t}_binding AS b (group_id, pattern, regex, declaration_id)
+SELECT $1, p.pattern, p.regex, $4 FROM unnest($2::text[], $3::text[]) AS p(pattern, regex)
+ON CONFLICT (group_id, pattern) DO UPDATE SET regex = EXCLUDED.regex, declaration_id = EXCLUDED.declaration_id`),
 
 		// The newest installed row, and each declarer's newest waiting row
 		// after it.
