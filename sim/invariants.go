@@ -235,8 +235,8 @@ func (w *World) checkHandOut(in *instance, j claimer.Job, m *message) error {
 	if err != nil {
 		return err
 	}
-	for _, e := range w.msgs[:m.n] {
-		if e.key == m.key && !e.succeeded && !e.skipped && status[e.id] != policy.StatusDead {
+	for _, e := range w.msgs {
+		if e.id < m.id && e.key == m.key && !e.succeeded && !e.skipped && status[e.id] != policy.StatusDead {
 			return &Violation{Invariant: "OrderedKeysInPositionOrder", Detail: fmt.Sprintf(
 				"%s hands out m%d while m%d of its ordered key %q is unresolved", in.name, m.n, e.n, m.key)}
 		}

@@ -27,6 +27,13 @@ var steps = []step{
 			return w.Produce(ctx, n, fmt.Sprintf("o%d", w.rng.IntN(2)), policy.Ordered, "")
 		}
 	}},
+	{2, "begin", func(ctx context.Context, w *World) error {
+		if len(w.open) < 2 {
+			return w.Begin(ctx, 1+w.rng.IntN(3))
+		}
+		return nil
+	}},
+	{3, "commit", func(ctx context.Context, w *World) error { return w.Commit(ctx) }},
 	{25, "claim", func(ctx context.Context, w *World) error {
 		if in := w.pick(w.consumers()); in != nil {
 			return w.Claim(ctx, in)
@@ -136,6 +143,11 @@ func (w *World) RunRandom(ctx context.Context, n int) error {
 	}
 	if len(w.consumers()) == 0 {
 		if _, err := w.Start(ctx, nil); err != nil {
+			return err
+		}
+	}
+	for len(w.open) > 0 {
+		if err := w.Commit(ctx); err != nil {
 			return err
 		}
 	}
