@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/thejerf/suture/v4"
 	"strings"
 	"time"
 
@@ -147,6 +148,10 @@ type ConsumeOptions struct {
 	// message timeout, 30s) plus TimeoutGrace, re-derived when a refresh
 	// moves MessageMax.
 	ShutdownTimeout time.Duration
+	// DisableManager runs no maintenance manager in this session (see
+	// Manager). Default false: every session runs one, and each worker
+	// runs on as many managers of the fleet as its WorkerConfig.Instances.
+	DisableManager bool
 	// DisableGracefulShutdown stops at once when ctx ends, leaving leases to
 	// expire as after a crash.
 	DisableGracefulShutdown bool
@@ -389,7 +394,11 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 	}
 	client := c.s.c
 	alerted := false
-	return engine.Run(ctx, engine.Config{
+	var mgr suture.Service
+	if !o.DisableManager {
+		mgr = client.Manager().actor(o.InstanceTTL)
+	}
+	return engine.Run(ctx, engine.Config{Manager: mgr,
 		Store: client.store, StreamID: c.group.StreamID, GroupID: c.group.ID, GroupName: c.group.Name,
 		Workers: c.group.Workers, DeclaredBy: declaredBy(), Handler: c.adapt(handler),
 		Options: engine.Options{

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"time"
 	"unicode"
 
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
@@ -30,6 +31,43 @@ type StreamConfig struct {
 	// MaxMessageBytes is the largest encoded payload Produce accepts.
 	// Default DefaultMaxMessageBytes (1 MiB); at most MaxMessageBytesLimit.
 	MaxMessageBytes int `json:"max_message_bytes,omitempty"`
+	// RetentionTTL is how long a message is kept after it was produced:
+	// the manager's retention worker drops older ones, in bounded batches,
+	// but never one that some consumer group of the stream has not
+	// committed, and never a dead letter's message. Default 0: kept forever.
+	RetentionTTL time.Duration `json:"-"`
+}
+
+// streamDoc is StreamConfig as stored: durations as "24h0m0s".
+type streamDoc struct {
+	MaxMessageBytes int    `json:"max_message_bytes,omitempty"`
+	RetentionTTL    string `json:"retention_ttl,omitempty"`
+}
+
+// MarshalJSON writes the stored form.
+func (c StreamConfig) MarshalJSON() ([]byte, error) {
+	d := streamDoc{MaxMessageBytes: c.MaxMessageBytes}
+	if c.RetentionTTL > 0 {
+		d.RetentionTTL = c.RetentionTTL.String()
+	}
+	return json.Marshal(d)
+}
+
+// UnmarshalJSON reads the stored form.
+func (c *StreamConfig) UnmarshalJSON(b []byte) error {
+	var d streamDoc
+	if err := json.Unmarshal(b, &d); err != nil {
+		return err
+	}
+	*c = StreamConfig{MaxMessageBytes: d.MaxMessageBytes}
+	if d.RetentionTTL != "" {
+		ttl, err := time.ParseDuration(d.RetentionTTL)
+		if err != nil {
+			return fmt.Errorf("retention_ttl: %w", err)
+		}
+		c.RetentionTTL = ttl
+	}
+	return nil
 }
 
 func (c *StreamConfig) validate() error {
@@ -38,6 +76,9 @@ func (c *StreamConfig) validate() error {
 	}
 	if c.MaxMessageBytes < 0 || c.MaxMessageBytes > MaxMessageBytesLimit {
 		return fmt.Errorf("%w: StreamConfig.MaxMessageBytes %d outside 0..%d", ErrInvalidConfig, c.MaxMessageBytes, MaxMessageBytesLimit)
+	}
+	if c.RetentionTTL < 0 {
+		return fmt.Errorf("%w: StreamConfig.RetentionTTL must not be negative", ErrInvalidConfig)
 	}
 	return nil
 }

@@ -101,6 +101,9 @@ type Config struct {
 	// OnStart, if set, is called with the message consumer's instance id
 	// once the instance rows exist and the actors are about to run.
 	OnStart func(instanceID string)
+	// Manager, if set, runs in the session's tree (the fleet's maintenance
+	// workers, provisioned by target; see actors/manager).
+	Manager suture.Service
 }
 
 // DBNow returns the explicit database time for statements: nil under a real
@@ -202,6 +205,9 @@ func Run(ctx context.Context, cfg Config) error {
 	sup.Add(supervisor.Guard("heartbeat", msgBeat))
 	sup.Add(supervisor.Guard("exception-heartbeat", excBeat))
 	sup.Add(supervisor.Guard("refresher", ref))
+	if cfg.Manager != nil {
+		sup.Add(supervisor.Guard("manager", cfg.Manager))
+	}
 	for _, d := range actors {
 		sup.Add(supervisor.Guard(d.name, serviceFunc(func(ctx context.Context) error {
 			err := d.serve(ctx)

@@ -34,6 +34,7 @@ type tables struct {
 	deliveries       string
 	committed        string
 	unaccounted      string
+	deleteExpired    string
 
 	currentBindings   string
 	appendDeclaration string
@@ -241,6 +242,28 @@ SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
                WHERE (m.xid, m.id) > ((SELECT head_xid FROM {s}.{t}_cursor WHERE group_id = $1),
                                       (SELECT head_id FROM {s}.{t}_cursor WHERE group_id = $1))
                ORDER BY m.xid, m.id LIMIT 1), false)`),
+
+		// The floor is the lowest committed position over every group of
+		// the stream; a stream without groups has none. The victims are read
+		// through the (xid, id) index from the start of the log.
+		deleteExpired: r.Replace(`-- store.DeleteExpired
+WITH floor AS (
+    SELECT p.xid, p.id FROM (
+        SELECT lo_xid AS xid, lo_id AS id FROM {s}.{t}_range
+        UNION ALL
+        SELECT x.message_xid, x.message_id - 1 FROM {s}.{t}_exception x WHERE x.status <> 'dead'
+        UNION ALL
+        SELECT head_xid, head_id FROM {s}.{t}_cursor
+    ) p ORDER BY p.xid, p.id LIMIT 1
+), victims AS (
+    SELECT m.xid, m.id FROM {s}.{t}_log m
+    WHERE m.produced_at < coalesce($1, now()) - $2::interval
+      AND (NOT EXISTS (SELECT 1 FROM floor) OR (m.xid, m.id) <= (SELECT f.xid, f.id FROM floor f))
+      AND NOT EXISTS (SELECT 1 FROM {s}.{t}_exception x WHERE x.message_xid = m.xid AND x.message_id = m.id)
+    ORDER BY m.xid, m.id
+    LIMIT $3
+)
+DELETE FROM {s}.{t}_log l USING victims v WHERE l.xid = v.xid AND l.id = v.id`),
 
 		unaccounted: r.Replace(`-- store.Unaccounted
 SELECT m.id FROM {s}.{t}_log m

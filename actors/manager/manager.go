@@ -1,0 +1,239 @@
+// Package manager runs the fleet's maintenance workers (retention today).
+// The manager owns no config: each worker's knobs, including how many
+// instances the fleet should run, are a metadata document on the worker's
+// worker_config row, read when the worker is provisioned and again at every
+// heartbeat, so a redeclaration reaches the running worker within one
+// heartbeat interval.
+//
+// Provisioning: a process takes an instance slot of a worker (a
+// worker_instance row) under the worker row's lock, and only while the live
+// count is below the target, heartbeats it, and gives it back on a graceful
+// stop. When a holder dies, its row lapses after TTL and the next
+// provisioning step of any manager takes the slot over.
+//
+// Step runs one provisioning-and-work round synchronously (what tests and
+// the simulator drive); Serve runs it on a ticker.
+package manager
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/outage"
+	"github.com/c1702965/sqlstreams/internal/store"
+)
+
+// Knobs are a worker's declared metadata document.
+type Knobs struct {
+	// Instances is how many instances of the worker the fleet runs (0
+	// suspends it). Default 1.
+	Instances *int `json:"instances,omitempty"`
+	// Interval is how often the worker does a round of work. Default 1m.
+	Interval string `json:"interval,omitempty"`
+	// Batch bounds the rows one statement touches. Default 5000.
+	Batch int `json:"batch,omitempty"`
+	// MaxBatches bounds the statements of one round. Default 20.
+	MaxBatches int `json:"max_batches,omitempty"`
+}
+
+// Default knob values.
+const (
+	DefaultInterval   = time.Minute
+	DefaultBatch      = 5000
+	DefaultMaxBatches = 20
+)
+
+// Resolved are knobs with every default applied.
+type Resolved struct {
+	Instances  int
+	Interval   time.Duration
+	Batch      int
+	MaxBatches int
+}
+
+// ParseKnobs reads a metadata document; an unreadable field keeps its
+// default (the error says which), so a bad declaration never stops the work.
+func ParseKnobs(doc []byte) (Resolved, error) {
+	r := Resolved{Instances: 1, Interval: DefaultInterval, Batch: DefaultBatch, MaxBatches: DefaultMaxBatches}
+	var k Knobs
+	if len(doc) > 0 {
+		if err := json.Unmarshal(doc, &k); err != nil {
+			return r, fmt.Errorf("worker metadata: %w", err)
+		}
+	}
+	var errs []error
+	if k.Instances != nil && *k.Instances >= 0 {
+		r.Instances = *k.Instances
+	}
+	if k.Interval != "" {
+		d, err := time.ParseDuration(k.Interval)
+		if err != nil || d <= 0 {
+			errs = append(errs, fmt.Errorf("worker metadata: interval %q is not a positive duration", k.Interval))
+		} else {
+			r.Interval = d
+		}
+	}
+	if k.Batch > 0 {
+		r.Batch = k.Batch
+	}
+	if k.MaxBatches > 0 {
+		r.MaxBatches = k.MaxBatches
+	}
+	return r, errors.Join(errs...)
+}
+
+// Worker is one kind of maintenance work.
+type Worker interface {
+	// Name is the worker's worker_config name.
+	Name() string
+	// Round does one bounded round of work under the current knobs.
+	Round(ctx context.Context, k Resolved) error
+}
+
+// Config is the manager's.
+type Config struct {
+	Store      *store.Store
+	Workers    []Worker
+	DeclaredBy string
+	// TTL is the instance heartbeat TTL; heartbeats (and provisioning
+	// attempts) run every TTL/3.
+	TTL    time.Duration
+	NewID  func() string
+	Clock  clock.Clock
+	Logger *slog.Logger
+	DBNow  func() store.Now
+}
+
+type slot struct {
+	instanceID string
+	knobs      Resolved
+	lastRound  time.Time
+	ran        bool
+}
+
+// Actor is the manager.
+type Actor struct {
+	cfg    Config
+	rows   map[string]store.FleetWorker
+	held   map[string]*slot
+	outage *outage.Reporter
+	// Rounds counts rounds of work done per worker (tests read it).
+	Rounds map[string]int
+}
+
+// New returns a manager.
+func New(cfg Config) *Actor {
+	return &Actor{cfg: cfg, rows: map[string]store.FleetWorker{}, held: map[string]*slot{}, Rounds: map[string]int{},
+		outage: &outage.Reporter{Logger: cfg.Logger, What: "manager", Retry: "every heartbeat"}}
+}
+
+// Workers returns the manager's workers.
+func (a *Actor) Workers() []Worker { return a.cfg.Workers }
+
+// Holds reports whether this manager holds an instance slot of the worker.
+func (a *Actor) Holds(name string) bool { return a.held[name] != nil }
+
+// Interval is how often Serve steps.
+func (a *Actor) Interval() time.Duration { return a.cfg.TTL / 3 }
+
+// Step renews or provisions each worker's slot, refreshes its knobs, and
+// runs a round of every held worker whose interval has passed.
+func (a *Actor) Step(ctx context.Context) error {
+	var errs []error
+	for _, w := range a.cfg.Workers {
+		if err := a.step(ctx, w); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", w.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (a *Actor) step(ctx context.Context, w Worker) error {
+	name := w.Name()
+	row, ok := a.rows[name]
+	if !ok {
+		var err error
+		if row, err = a.cfg.Store.EnsureFleetWorker(ctx, name, []byte(`{}`), a.cfg.DBNow()); err != nil {
+			return err
+		}
+		a.rows[name] = row
+	}
+	s := a.held[name]
+	var doc []byte
+	if s != nil {
+		found, d, err := a.cfg.Store.RenewSlot(ctx, s.instanceID, a.cfg.TTL, a.cfg.DBNow())
+		if err != nil {
+			return err
+		}
+		if !found {
+			a.cfg.Logger.Warn("manager lost its worker slot (its heartbeat lapsed); another process may run it now", "worker", name)
+			delete(a.held, name)
+			s = nil
+		}
+		doc = d
+	}
+	if s == nil {
+		id := a.cfg.NewID()
+		got, d, err := a.cfg.Store.ProvisionSlot(ctx, row.ID, id, a.cfg.DeclaredBy, a.cfg.TTL, a.cfg.DBNow())
+		if err != nil || !got {
+			return err
+		}
+		s = &slot{instanceID: id}
+		a.held[name] = s
+		doc = d
+	}
+	knobs, err := ParseKnobs(doc)
+	if err != nil {
+		a.cfg.Logger.Warn("worker metadata has unreadable knobs; their defaults apply", "worker", name, "error", err)
+	}
+	s.knobs = knobs
+	if knobs.Instances == 0 { // suspended: give the slot back
+		if err := a.cfg.Store.DeleteInstance(ctx, s.instanceID); err != nil {
+			return err
+		}
+		delete(a.held, name)
+		return nil
+	}
+	now := a.cfg.Clock.Now()
+	if s.ran && now.Sub(s.lastRound) < knobs.Interval {
+		return nil
+	}
+	s.ran, s.lastRound = true, now
+	a.Rounds[name]++
+	return w.Round(ctx, knobs)
+}
+
+// Release gives back every held slot (a graceful stop).
+func (a *Actor) Release(ctx context.Context) error {
+	var errs []error
+	for name, s := range a.held {
+		if err := a.cfg.Store.DeleteInstance(ctx, s.instanceID); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(a.held, name)
+	}
+	return errors.Join(errs...)
+}
+
+// Serve steps every TTL/3 until ctx ends, then gives its slots back.
+func (a *Actor) Serve(ctx context.Context) error {
+	t := a.cfg.Clock.Ticker(a.Interval())
+	defer t.Stop()
+	for {
+		a.outage.Report(ctx, a.Step(ctx))
+		select {
+		case <-ctx.Done():
+			if err := a.Release(context.WithoutCancel(ctx)); err != nil {
+				a.cfg.Logger.Warn("manager could not give its worker slots back; they lapse after the TTL", "error", err)
+			}
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}

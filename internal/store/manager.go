@@ -1,0 +1,148 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// FleetWorker is a worker_config row of the manager's (no consumer group).
+type FleetWorker struct {
+	ID       int64
+	Name     string
+	Metadata []byte // the declared knobs (JSON)
+}
+
+// EnsureFleetWorker returns the fleet worker called name, creating its row
+// with the metadata doc when it does not exist yet (an existing row keeps
+// its declared knobs).
+func (st *Store) EnsureFleetWorker(ctx context.Context, name string, doc []byte, now Now) (FleetWorker, error) {
+	w := FleetWorker{Name: name}
+	err := pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, st.sql(`-- store.EnsureFleetWorker
+INSERT INTO %[1]s.worker_config (consumer_group_id, name, metadata, updated_at)
+VALUES (NULL, $1, $2, coalesce($3, now()))
+ON CONFLICT (name) WHERE consumer_group_id IS NULL DO NOTHING`), name, doc, now); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, st.sql(`-- store.EnsureFleetWorker
+SELECT id, metadata FROM %[1]s.worker_config WHERE consumer_group_id IS NULL AND name = $1`), name).Scan(&w.ID, &w.Metadata)
+	})
+	if err != nil {
+		return w, fmt.Errorf("ensure fleet worker %q: %w", name, err)
+	}
+	return w, nil
+}
+
+// DeclareFleetWorker replaces a fleet worker's knobs and appends the
+// snapshot to worker_config_log (newest wins, as for group config).
+func (st *Store) DeclareFleetWorker(ctx context.Context, name string, doc []byte, declaredBy string, now Now) error {
+	err := pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
+		var id int64
+		if err := tx.QueryRow(ctx, st.sql(`-- store.DeclareFleetWorker
+INSERT INTO %[1]s.worker_config AS w (consumer_group_id, name, metadata, updated_at)
+VALUES (NULL, $1, $2, coalesce($3, now()))
+ON CONFLICT (name) WHERE consumer_group_id IS NULL DO UPDATE SET metadata = EXCLUDED.metadata, updated_at = EXCLUDED.updated_at
+RETURNING w.id`), name, doc, now).Scan(&id); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, st.sql(`-- store.DeclareFleetWorker
+INSERT INTO %[1]s.worker_config_log (worker_config_id, metadata, declared_by, declared_at)
+VALUES ($1, $2, $3, coalesce($4, now()))`), id, doc, declaredBy, now)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("declare fleet worker %q: %w", name, err)
+	}
+	return nil
+}
+
+// ProvisionSlot takes an instance slot of a fleet worker for instanceID when
+// fewer live instances than the row's target ("instances", default 1; 0
+// suspends the worker) hold one. The worker row's lock serializes
+// provisioners, so the target is never exceeded. It returns the row's
+// metadata either way.
+func (st *Store) ProvisionSlot(ctx context.Context, workerConfigID int64, instanceID, declaredBy string, ttl time.Duration, now Now) (ok bool, doc []byte, err error) {
+	err = pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
+		var target, live int
+		if err := tx.QueryRow(ctx, st.sql(`-- store.ProvisionSlot
+SELECT w.metadata, coalesce((w.metadata->>'instances')::int, 1),
+       (SELECT count(*) FROM %[1]s.worker_instance i WHERE i.worker_config_id = w.id AND i.expires_at > coalesce($2, now()))
+FROM %[1]s.worker_config w WHERE w.id = $1
+FOR UPDATE OF w`), workerConfigID, now).Scan(&doc, &target, &live); err != nil {
+			return err
+		}
+		if live >= target {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, st.sql(`-- store.ProvisionSlot
+INSERT INTO %[1]s.worker_instance (id, worker_config_id, declared_by, started_at, heartbeat_at, expires_at)
+VALUES ($1::uuid, $2, $3, coalesce($4, now()), coalesce($4, now()), coalesce($4, now()) + $5::interval)`),
+			instanceID, workerConfigID, declaredBy, now, ttl); err != nil {
+			return err
+		}
+		ok = true
+		return nil
+	})
+	if err != nil {
+		return false, nil, fmt.Errorf("provision slot: %w", err)
+	}
+	return ok, doc, nil
+}
+
+// RenewSlot extends a fleet worker instance's heartbeat and returns the
+// worker's current metadata. found is false when the row is gone or had
+// lapsed (another process may hold the slot now): the caller stops the work.
+func (st *Store) RenewSlot(ctx context.Context, instanceID string, ttl time.Duration, now Now) (found bool, doc []byte, err error) {
+	err = st.pool.QueryRow(ctx, st.sql(`-- store.RenewSlot
+UPDATE %[1]s.worker_instance i
+SET heartbeat_at = coalesce($2, now()), expires_at = coalesce($2, now()) + $3::interval
+FROM %[1]s.worker_config w
+WHERE i.id = $1::uuid AND w.id = i.worker_config_id AND i.expires_at > coalesce($2, now())
+RETURNING w.metadata`), instanceID, now, ttl).Scan(&doc)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil, nil
+	}
+	if err != nil {
+		return false, nil, fmt.Errorf("renew slot: %w", err)
+	}
+	return true, doc, nil
+}
+
+// StreamConfigRow is a stream's id and declared config.
+type StreamConfigRow struct {
+	ID     int64
+	Name   string
+	Config []byte
+}
+
+// Streams lists every stream with its declared config.
+func (st *Store) Streams(ctx context.Context) ([]StreamConfigRow, error) {
+	rows, err := st.pool.Query(ctx, st.sql(`-- store.Streams
+SELECT id, name, config FROM %[1]s.stream_config ORDER BY id`))
+	if err != nil {
+		return nil, fmt.Errorf("list streams: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (StreamConfigRow, error) {
+		var s StreamConfigRow
+		err := r.Scan(&s.ID, &s.Name, &s.Config)
+		return s, err
+	})
+}
+
+// DeleteExpired drops up to limit messages of a stream produced more than
+// ttl ago, oldest first, never one at or above the slowest group's
+// committed position (every group's range leases, unresolved exception rows
+// and cursor head) and never one that has an exception row (a dead letter
+// stays listable and redrivable). It returns how many it dropped; callers
+// loop in bounded batches, so no statement runs long.
+func (st *Store) DeleteExpired(ctx context.Context, streamID int64, ttl time.Duration, limit int, now Now) (int64, error) {
+	tag, err := st.pool.Exec(ctx, st.streamTables(streamID).deleteExpired, now, ttl, limit)
+	if err != nil {
+		return 0, fmt.Errorf("retention: delete expired: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}

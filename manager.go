@@ -1,0 +1,117 @@
+package sqlstreams
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/c1702965/sqlstreams/actors/manager"
+	"github.com/c1702965/sqlstreams/engine"
+)
+
+// Manager runs the fleet's maintenance workers: today retention, which
+// drops messages older than their stream's RetentionTTL. It owns no config:
+// each worker's knobs live on its worker_config row (Declare), read when the
+// worker is provisioned and at every heartbeat. Every Consume session runs a
+// manager unless ConsumeOptions.DisableManager is set; a process that does
+// not consume can run one with Run. However many managers run, each worker
+// runs on as many of them as its Instances says (one by default).
+type Manager struct{ c *Client }
+
+// Manager returns the client's manager.
+func (c *Client) Manager() *Manager { return &Manager{c: c} }
+
+// Worker names.
+const (
+	// WorkerRetention drops expired messages (StreamConfig.RetentionTTL).
+	WorkerRetention = manager.RetentionWorker
+)
+
+// WorkerConfig is a maintenance worker's declared knobs.
+type WorkerConfig struct {
+	// Instances is how many managers of the fleet run the worker. Default 1.
+	Instances int
+	// Suspend runs the worker nowhere (instances 0) until redeclared.
+	Suspend bool
+	// Interval is how often the worker does a round of work. Default 1m.
+	Interval time.Duration
+	// Batch bounds the rows one statement touches. Default 5000.
+	Batch int
+	// MaxBatches bounds the statements of one round. Default 20.
+	MaxBatches int
+}
+
+func (w WorkerConfig) validate() error {
+	if w.Instances < 0 || w.Interval < 0 || w.Batch < 0 || w.MaxBatches < 0 {
+		return fmt.Errorf("%w: WorkerConfig fields must not be negative", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// Declare replaces a worker's knobs (newest wins; the previous document
+// stays in worker_config_log). Running managers follow at their next
+// heartbeat.
+func (m *Manager) Declare(ctx context.Context, worker string, cfg WorkerConfig) error {
+	if worker != WorkerRetention {
+		return fmt.Errorf("%w: unknown worker %q (want %q)", ErrInvalidConfig, worker, WorkerRetention)
+	}
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	k := manager.Knobs{Batch: cfg.Batch, MaxBatches: cfg.MaxBatches}
+	if cfg.Interval > 0 {
+		k.Interval = cfg.Interval.String()
+	}
+	switch {
+	case cfg.Suspend:
+		zero := 0
+		k.Instances = &zero
+	case cfg.Instances > 0:
+		k.Instances = &cfg.Instances
+	}
+	doc, err := json.Marshal(k)
+	if err != nil {
+		return fmt.Errorf("declare worker %q: %w", worker, err)
+	}
+	return m.c.store.DeclareFleetWorker(ctx, worker, doc, declaredBy(), m.c.dbNow())
+}
+
+// ManagerOptions are a manager's per-run options.
+type ManagerOptions struct {
+	// InstanceTTL is how long a held worker slot outlives its last
+	// heartbeat; heartbeats run every InstanceTTL/3. Default 30s.
+	InstanceTTL time.Duration
+}
+
+func (o *ManagerOptions) withDefaults() ManagerOptions {
+	var out ManagerOptions
+	if o != nil {
+		out = *o
+	}
+	if out.InstanceTTL == 0 {
+		out.InstanceTTL = 30 * time.Second
+	}
+	return out
+}
+
+func (m *Manager) actor(ttl time.Duration) *manager.Actor {
+	c := m.c
+	dbNow := engine.DBNow(c.cfg.Clock)
+	return manager.New(manager.Config{
+		Store: c.store, DeclaredBy: declaredBy(), TTL: ttl, NewID: engine.NewID,
+		Clock: c.cfg.Clock, Logger: c.cfg.Logger, DBNow: dbNow,
+		Workers: []manager.Worker{&manager.Retention{Store: c.store, DBNow: dbNow, Logger: c.cfg.Logger}},
+	})
+}
+
+// Run runs a manager until ctx ends, then gives its worker slots back and
+// returns nil.
+func (m *Manager) Run(ctx context.Context, opts *ManagerOptions) error {
+	o := opts.withDefaults()
+	if o.InstanceTTL < 0 {
+		return fmt.Errorf("%w: ManagerOptions.InstanceTTL must not be negative", ErrInvalidConfig)
+	}
+	_ = m.actor(o.InstanceTTL).Serve(ctx)
+	return nil
+}
