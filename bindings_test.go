@@ -34,18 +34,23 @@ type incumbent struct {
 
 func (e *env) incumbent(t *testing.T, c *Consumer[order], clk clock.Clock, patterns []string) (*incumbent, store.BindingResult) {
 	t.Helper()
+	return e.incumbentTTL(t, c, clk, patterns, 30*time.Second)
+}
+
+func (e *env) incumbentTTL(t *testing.T, c *Consumer[order], clk clock.Clock, patterns []string, ttl time.Duration) (*incumbent, store.BindingResult) {
+	t.Helper()
 	set, rx := compileBindings(patterns)
 	id := engine.NewID()
 	wid := c.group.Workers[store.WorkerMessageConsumer]
 	in := &incumbent{id: id}
 	in.reg = registrar.New(registrar.Config{Store: e.client.store, StreamID: c.group.StreamID, GroupID: c.group.ID,
 		GroupName: c.group.Name, Patterns: set, Regexes: rx, DeclaredBy: "incumbent:" + id[:8],
-		Instances: []store.InstanceInsert{{ID: id, WorkerConfigID: wid, TTL: 30 * time.Second}},
+		Instances: []store.InstanceInsert{{ID: id, WorkerConfigID: wid, TTL: ttl}},
 		Interval:  10 * time.Second, Clock: clk, Logger: e.client.cfg.Logger, DBNow: engine.DBNow(clk)})
 	res, err := in.reg.Step(context.Background())
 	require.NoError(t, err)
 	in.hb = heartbeat.New(heartbeat.Config{Store: e.client.store, StreamID: c.group.StreamID, WorkerConfigID: wid,
-		InstanceID: id, DeclaredBy: "incumbent", TTL: 30 * time.Second, Clock: clk, Logger: e.client.cfg.Logger,
+		InstanceID: id, DeclaredBy: "incumbent", TTL: ttl, Clock: clk, Logger: e.client.cfg.Logger,
 		DBNow: engine.DBNow(clk), Lost: make(chan struct{}, 1), Graceful: func() bool { return true }, Registered: true})
 	return in, res
 }

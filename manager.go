@@ -10,8 +10,9 @@ import (
 	"github.com/c1702965/sqlstreams/engine"
 )
 
-// Manager runs the fleet's maintenance workers: today retention, which
-// drops messages older than their stream's RetentionTTL. It owns no config:
+// Manager runs the fleet's maintenance workers: retention, which drops
+// messages older than their stream's RetentionTTL, and prune, which keeps
+// the ledgers bounded. It owns no config:
 // each worker's knobs live on its worker_config row (Declare), read when the
 // worker is provisioned and at every heartbeat. Every Consume session runs a
 // manager unless ConsumeOptions.DisableManager is set; a process that does
@@ -26,6 +27,10 @@ func (c *Client) Manager() *Manager { return &Manager{c: c} }
 const (
 	// WorkerRetention drops expired messages (StreamConfig.RetentionTTL).
 	WorkerRetention = manager.RetentionWorker
+	// WorkerPrune keeps the ledgers bounded: superseded binding-declaration
+	// attempts, old config snapshots, old delivery-log rows and idempotency
+	// keys.
+	WorkerPrune = manager.PruneWorker
 )
 
 // WorkerConfig is a maintenance worker's declared knobs.
@@ -40,10 +45,18 @@ type WorkerConfig struct {
 	Batch int
 	// MaxBatches bounds the statements of one round. Default 20.
 	MaxBatches int
+	// DeliveryTTL (prune): delivery-log rows older than this go. Default 7 days.
+	DeliveryTTL time.Duration
+	// IdempotencyTTL (prune): idempotency keys older than this go, after
+	// which the same key produces again. Default 7 days.
+	IdempotencyTTL time.Duration
+	// ConfigLogKeep (prune): config snapshots kept per worker and per
+	// stream. Default 100.
+	ConfigLogKeep int
 }
 
 func (w WorkerConfig) validate() error {
-	if w.Instances < 0 || w.Interval < 0 || w.Batch < 0 || w.MaxBatches < 0 {
+	if w.Instances < 0 || w.Interval < 0 || w.Batch < 0 || w.MaxBatches < 0 || w.DeliveryTTL < 0 || w.IdempotencyTTL < 0 || w.ConfigLogKeep < 0 {
 		return fmt.Errorf("%w: WorkerConfig fields must not be negative", ErrInvalidConfig)
 	}
 	return nil
@@ -53,23 +66,26 @@ func (w WorkerConfig) validate() error {
 // stays in worker_config_log). Running managers follow at their next
 // heartbeat.
 func (m *Manager) Declare(ctx context.Context, worker string, cfg WorkerConfig) error {
-	if worker != WorkerRetention {
-		return fmt.Errorf("%w: unknown worker %q (want %q)", ErrInvalidConfig, worker, WorkerRetention)
+	if worker != WorkerRetention && worker != WorkerPrune {
+		return fmt.Errorf("%w: unknown worker %q (want %q or %q)", ErrInvalidConfig, worker, WorkerRetention, WorkerPrune)
 	}
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	k := manager.Knobs{Batch: cfg.Batch, MaxBatches: cfg.MaxBatches}
-	if cfg.Interval > 0 {
-		k.Interval = cfg.Interval.String()
+	k := map[string]any{}
+	set := func(name string, v any, ok bool) {
+		if ok {
+			k[name] = v
+		}
 	}
-	switch {
-	case cfg.Suspend:
-		zero := 0
-		k.Instances = &zero
-	case cfg.Instances > 0:
-		k.Instances = &cfg.Instances
-	}
+	set("instances", 0, cfg.Suspend)
+	set("instances", cfg.Instances, !cfg.Suspend && cfg.Instances > 0)
+	set("interval", cfg.Interval.String(), cfg.Interval > 0)
+	set("batch", cfg.Batch, cfg.Batch > 0)
+	set("max_batches", cfg.MaxBatches, cfg.MaxBatches > 0)
+	set("delivery_ttl", cfg.DeliveryTTL.String(), cfg.DeliveryTTL > 0)
+	set("idempotency_ttl", cfg.IdempotencyTTL.String(), cfg.IdempotencyTTL > 0)
+	set("config_log_keep", cfg.ConfigLogKeep, cfg.ConfigLogKeep > 0)
 	doc, err := json.Marshal(k)
 	if err != nil {
 		return fmt.Errorf("declare worker %q: %w", worker, err)
@@ -101,7 +117,10 @@ func (m *Manager) actor(ttl time.Duration) *manager.Actor {
 	return manager.New(manager.Config{
 		Store: c.store, DeclaredBy: declaredBy(), TTL: ttl, NewID: engine.NewID,
 		Clock: c.cfg.Clock, Logger: c.cfg.Logger, DBNow: dbNow,
-		Workers: []manager.Worker{&manager.Retention{Store: c.store, DBNow: dbNow, Logger: c.cfg.Logger}},
+		Workers: []manager.Worker{
+			&manager.Retention{Store: c.store, DBNow: dbNow, Logger: c.cfg.Logger},
+			&manager.Prune{Store: c.store, DBNow: dbNow},
+		},
 	})
 }
 

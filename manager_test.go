@@ -7,7 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/manager"
+	"github.com/c1702965/sqlstreams/actors/registrar"
+	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/stretchr/testify/require"
 )
 
@@ -170,4 +174,64 @@ func TestWorkerKnobsFollowRedeclaration(t *testing.T) {
 	require.NoError(t, a.Step(ctx))
 	require.Equal(t, 2, a.Rounds[WorkerRetention], "the redeclared 5m interval applies at the next heartbeat")
 	require.ErrorIs(t, m.Declare(ctx, "nope", WorkerConfig{}), ErrInvalidConfig)
+}
+
+// While an instance waits for days of mock time (a waiting row every 10
+// minutes), the prune worker keeps the binding ledger bounded, and the
+// listing and the wait's start stay correct; old config snapshots are
+// pruned to the declared count.
+func TestLedgersStayBoundedWhileAnInstanceWaitsForDays(t *testing.T) {
+	mock := clock.NewMock()
+	mock.Set(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	e, _, c := setup(t, &ClientConfig{Clock: mock}, "g", 0)
+	ctx := context.Background()
+	inc, _ := e.incumbentTTL(t, c, mock, []string{"a.*"}, time.Hour)
+	set, rx := compileBindings([]string{"b.*"})
+	waiter := registrar.New(registrar.Config{Store: e.client.store, StreamID: c.group.StreamID, GroupID: c.group.ID,
+		GroupName: c.group.Name, Patterns: set, Regexes: rx, DeclaredBy: "waiter",
+		Instances: []store.InstanceInsert{{ID: engine.NewID(), WorkerConfigID: c.group.Workers[store.WorkerMessageConsumer], TTL: time.Hour}},
+		Interval:  10 * time.Minute, Clock: mock, Logger: e.client.cfg.Logger, DBNow: engine.DBNow(mock)})
+	m := e.client.Manager()
+	require.NoError(t, m.Declare(ctx, WorkerPrune, WorkerConfig{Interval: time.Hour, Batch: 50, ConfigLogKeep: 3}))
+	a := m.actor(2 * time.Hour)
+	prune := func() *manager.Prune {
+		for _, w := range a.Workers() {
+			if p, ok := w.(*manager.Prune); ok {
+				return p
+			}
+		}
+		t.Fatal("no prune worker")
+		return nil
+	}()
+	start := mock.Now()
+	most := 0
+	for range 3 * 24 * 6 { // three days, an attempt every 10 minutes
+		res, err := waiter.Step(ctx)
+		require.NoError(t, err)
+		require.Equal(t, store.BindingWaiting, res.Outcome)
+		require.NoError(t, inc.hb.Step(ctx))
+		require.NoError(t, a.Step(ctx))
+		_, waits := e.ledger(c)
+		most = max(most, waits)
+		require.LessOrEqual(t, waits, 7, "at most an hour of attempts between prune rounds")
+		mock.Add(10 * time.Minute)
+	}
+	require.Positive(t, prune.Pruned.Load())
+	listing, err := c.Bindings(ctx, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a.*"}, listing.Installed.Patterns)
+	require.Len(t, listing.Waiting, 1)
+	require.Equal(t, []string{"b.*"}, listing.Waiting[0].Patterns)
+	require.True(t, listing.Waiting[0].DeclaredAt.Equal(start), "the wait began at %s, listed %s", start, listing.Waiting[0].DeclaredAt)
+
+	for i := range 6 { // config snapshots beyond ConfigLogKeep go
+		require.NoError(t, m.Declare(ctx, WorkerPrune, WorkerConfig{Interval: time.Hour, Batch: 50, ConfigLogKeep: 3, MaxBatches: 10 + i}))
+	}
+	mock.Add(time.Hour)
+	require.NoError(t, a.Step(ctx))
+	var snapshots int
+	require.NoError(t, e.pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %[1]s.worker_config_log l
+JOIN %[1]s.worker_config w ON w.id = l.worker_config_id WHERE w.name = 'prune' AND w.consumer_group_id IS NULL`, e.client.Schema())).Scan(&snapshots))
+	require.Equal(t, 3, snapshots)
+	t.Logf("prune: at most %d waiting rows held over three days of attempts; %d rows pruned", most, prune.Pruned.Load())
 }

@@ -50,6 +50,8 @@ const (
 
 // Resolved are knobs with every default applied.
 type Resolved struct {
+	// Doc is the whole metadata document, for a worker's own knobs.
+	Doc        []byte
 	Instances  int
 	Interval   time.Duration
 	Batch      int
@@ -59,7 +61,7 @@ type Resolved struct {
 // ParseKnobs reads a metadata document; an unreadable field keeps its
 // default (the error says which), so a bad declaration never stops the work.
 func ParseKnobs(doc []byte) (Resolved, error) {
-	r := Resolved{Instances: 1, Interval: DefaultInterval, Batch: DefaultBatch, MaxBatches: DefaultMaxBatches}
+	r := Resolved{Doc: doc, Instances: 1, Interval: DefaultInterval, Batch: DefaultBatch, MaxBatches: DefaultMaxBatches}
 	var k Knobs
 	if len(doc) > 0 {
 		if err := json.Unmarshal(doc, &k); err != nil {

@@ -146,3 +146,60 @@ func (st *Store) DeleteExpired(ctx context.Context, streamID int64, ttl time.Dur
 	}
 	return tag.RowsAffected(), nil
 }
+
+// PruneBindingLedger drops up to limit superseded waiting rows of a
+// stream's binding declaration ledger (see the statement).
+func (st *Store) PruneBindingLedger(ctx context.Context, streamID int64, limit int) (int64, error) {
+	tag, err := st.pool.Exec(ctx, st.streamTables(streamID).pruneLedger, limit)
+	if err != nil {
+		return 0, fmt.Errorf("prune binding ledger: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// PruneDeliveries drops up to limit delivery-log rows older than age.
+func (st *Store) PruneDeliveries(ctx context.Context, streamID int64, age time.Duration, limit int, now Now) (int64, error) {
+	tag, err := st.pool.Exec(ctx, st.streamTables(streamID).pruneDeliveries, now, age, limit)
+	if err != nil {
+		return 0, fmt.Errorf("prune delivery log: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// PruneIdempotency drops up to limit idempotency keys older than age.
+func (st *Store) PruneIdempotency(ctx context.Context, streamID int64, age time.Duration, limit int, now Now) (int64, error) {
+	tag, err := st.pool.Exec(ctx, st.streamTables(streamID).pruneIdempotency, now, age, limit)
+	if err != nil {
+		return 0, fmt.Errorf("prune idempotency keys: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// PruneConfigLogs keeps the newest keep snapshots per worker in
+// worker_config_log and per stream in stream_config_log, dropping up to
+// limit older ones of each.
+func (st *Store) PruneConfigLogs(ctx context.Context, keep, limit int) (int64, error) {
+	var total int64
+	for _, q := range []string{`-- store.PruneConfigLogs
+WITH victims AS (
+    SELECT id FROM (
+        SELECT id, row_number() OVER (PARTITION BY worker_config_id ORDER BY id DESC) AS rn
+        FROM %[1]s.worker_config_log
+    ) r WHERE rn > $1 ORDER BY id LIMIT $2
+)
+DELETE FROM %[1]s.worker_config_log l USING victims v WHERE l.id = v.id`, `-- store.PruneConfigLogs
+WITH victims AS (
+    SELECT id FROM (
+        SELECT id, row_number() OVER (PARTITION BY stream_id ORDER BY id DESC) AS rn
+        FROM %[1]s.stream_config_log
+    ) r WHERE rn > $1 ORDER BY id LIMIT $2
+)
+DELETE FROM %[1]s.stream_config_log l USING victims v WHERE l.id = v.id`} {
+		tag, err := st.pool.Exec(ctx, st.sql(q), keep, limit)
+		if err != nil {
+			return total, fmt.Errorf("prune config logs: %w", err)
+		}
+		total += tag.RowsAffected()
+	}
+	return total, nil
+}

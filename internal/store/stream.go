@@ -35,6 +35,9 @@ type tables struct {
 	committed        string
 	unaccounted      string
 	deleteExpired    string
+	pruneLedger      string
+	pruneDeliveries  string
+	pruneIdempotency string
 
 	currentBindings   string
 	appendDeclaration string
@@ -264,6 +267,39 @@ WITH floor AS (
     LIMIT $3
 )
 DELETE FROM {s}.{t}_log l USING victims v WHERE l.xid = v.xid AND l.id = v.id`),
+
+		// The binding ledger's deferred cleanup (seed 0511): installed rows
+		// stay (the set-change audit); a waiting row goes once it is
+		// superseded, that is, when a newer installed row closed its wait or
+		// its declarer appended a newer waiting row. Rows are
+		// self-contained (declared_at rides on every attempt), so dropping
+		// older attempts loses neither the listing nor a wait's start.
+		pruneLedger: r.Replace(`-- store.PruneBindingLedger
+WITH inst AS (
+    SELECT group_id, max(id) AS id FROM {s}.{t}_binding_declaration WHERE status = 'installed' GROUP BY group_id
+), newest AS (
+    SELECT DISTINCT ON (d.group_id, d.declared_by) d.id
+    FROM {s}.{t}_binding_declaration d LEFT JOIN inst ON inst.group_id = d.group_id
+    WHERE d.status = 'waiting' AND d.id > coalesce(inst.id, 0)
+    ORDER BY d.group_id, d.declared_by, d.id DESC
+), victims AS (
+    SELECT d.id FROM {s}.{t}_binding_declaration d
+    WHERE d.status = 'waiting' AND d.id NOT IN (SELECT id FROM newest)
+    ORDER BY d.id LIMIT $1
+)
+DELETE FROM {s}.{t}_binding_declaration b USING victims v WHERE b.id = v.id AND b.status = 'waiting'`),
+
+		pruneDeliveries: r.Replace(`-- store.PruneDeliveries
+WITH victims AS (
+    SELECT id FROM {s}.{t}_delivery WHERE at < coalesce($1, now()) - $2::interval ORDER BY at LIMIT $3
+)
+DELETE FROM {s}.{t}_delivery d USING victims v WHERE d.id = v.id`),
+
+		pruneIdempotency: r.Replace(`-- store.PruneIdempotency
+WITH victims AS (
+    SELECT key FROM {s}.{t}_idempotency WHERE created_at < coalesce($1, now()) - $2::interval LIMIT $3
+)
+DELETE FROM {s}.{t}_idempotency i USING victims v WHERE i.key = v.key`),
 
 		unaccounted: r.Replace(`-- store.Unaccounted
 SELECT m.id FROM {s}.{t}_log m
