@@ -5,6 +5,7 @@ go 1.26
 require (
 	github.com/benbjohnson/clock v1.3.5
 	github.com/jackc/pgx/v5 v5.13.0
+	github.com/robfig/cron/v3 v3.0.1
 	github.com/stretchr/testify v1.12.1
 	github.com/thejerf/suture/v4 v4.0.6
 )

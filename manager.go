@@ -11,8 +11,8 @@ import (
 )
 
 // Manager runs the fleet's maintenance workers: retention, which drops
-// messages older than their stream's RetentionTTL, and prune, which keeps
-// the ledgers bounded. It owns no config:
+// messages older than their stream's RetentionTTL; prune, which keeps the
+// ledgers bounded; and the scheduler, which produces schedules' due runs. It owns no config:
 // each worker's knobs live on its worker_config row (Declare), read when the
 // worker is provisioned and at every heartbeat. Every Consume session runs a
 // manager unless ConsumeOptions.DisableManager is set; a process that does
@@ -66,8 +66,10 @@ func (w WorkerConfig) validate() error {
 // stays in worker_config_log). Running managers follow at their next
 // heartbeat.
 func (m *Manager) Declare(ctx context.Context, worker string, cfg WorkerConfig) error {
-	if worker != WorkerRetention && worker != WorkerPrune {
-		return fmt.Errorf("%w: unknown worker %q (want %q or %q)", ErrInvalidConfig, worker, WorkerRetention, WorkerPrune)
+	switch worker {
+	case WorkerRetention, WorkerPrune, WorkerScheduler:
+	default:
+		return fmt.Errorf("%w: unknown worker %q (want %q, %q or %q)", ErrInvalidConfig, worker, WorkerRetention, WorkerPrune, WorkerScheduler)
 	}
 	if err := cfg.validate(); err != nil {
 		return err
@@ -120,6 +122,7 @@ func (m *Manager) actor(ttl time.Duration) *manager.Actor {
 		Workers: []manager.Worker{
 			&manager.Retention{Store: c.store, DBNow: dbNow, Logger: c.cfg.Logger},
 			&manager.Prune{Store: c.store, DBNow: dbNow},
+			&manager.Scheduler{Store: c.store, Clock: c.cfg.Clock, DBNow: dbNow},
 		},
 	})
 }

@@ -60,8 +60,12 @@ type Resolved struct {
 
 // ParseKnobs reads a metadata document; an unreadable field keeps its
 // default (the error says which), so a bad declaration never stops the work.
-func ParseKnobs(doc []byte) (Resolved, error) {
-	r := Resolved{Doc: doc, Instances: 1, Interval: DefaultInterval, Batch: DefaultBatch, MaxBatches: DefaultMaxBatches}
+// interval is the worker's default Interval (0: DefaultInterval).
+func ParseKnobs(doc []byte, interval time.Duration) (Resolved, error) {
+	if interval <= 0 {
+		interval = DefaultInterval
+	}
+	r := Resolved{Doc: doc, Instances: 1, Interval: interval, Batch: DefaultBatch, MaxBatches: DefaultMaxBatches}
 	var k Knobs
 	if len(doc) > 0 {
 		if err := json.Unmarshal(doc, &k); err != nil {
@@ -189,7 +193,11 @@ func (a *Actor) step(ctx context.Context, w Worker) error {
 		a.held[name] = s
 		doc = d
 	}
-	knobs, err := ParseKnobs(doc)
+	var def time.Duration
+	if d, ok := w.(interface{ DefaultInterval() time.Duration }); ok {
+		def = d.DefaultInterval()
+	}
+	knobs, err := ParseKnobs(doc, def)
 	if err != nil {
 		a.cfg.Logger.Warn("worker metadata has unreadable knobs; their defaults apply", "worker", name, "error", err)
 	}
