@@ -362,24 +362,41 @@ RETURNING message_key`),
 		// or hung: that counts as a failed attempt). An ordered row runs only
 		// when no earlier row of its key is unresolved.
 		claimExceptions: r.Replace(`-- store.ClaimExceptions
-WITH due AS (
-    SELECT x.message_xid, x.message_id, x.status AS was
-    FROM {s}.{t}_exception x
-    WHERE x.group_id = $1 AND x.status <> 'dead'
+WITH heads AS (
+    -- The earliest unresolved row of each key: of an ordered key's rows only
+    -- this one may run. Reading the heads once (through the key index) keeps
+    -- a long blocked chain from being rescanned row by row on every claim.
+    SELECT DISTINCT ON (h.message_key) h.message_xid, h.message_id, h.message_key, h.concurrency,
+           h.status, h.can_run_after, h.expires_at
+    FROM {s}.{t}_exception h
+    WHERE h.group_id = $1 AND h.message_key IS NOT NULL AND h.status <> 'dead'
+    ORDER BY h.message_key, h.message_xid, h.message_id
+), candidates AS (
+    SELECT h.message_xid, h.message_id, h.can_run_after FROM heads h
+    WHERE h.concurrency = 'ordered'
+      AND ((h.status = 'pending' AND h.can_run_after <= coalesce($2, now()))
+        OR (h.status = 'running' AND h.expires_at < coalesce($2, now())))
+      AND NOT EXISTS (
+            SELECT 1 FROM {s}.{t}_range g
+            JOIN {s}.{t}_log m ON m.xid >= g.lo_xid AND m.xid <= g.hi_xid
+                              AND (m.xid, m.id) > (g.lo_xid, g.lo_id) AND (m.xid, m.id) <= (g.hi_xid, g.hi_id)
+            WHERE g.group_id = $1 AND (g.lo_xid, g.lo_id) < (h.message_xid, h.message_id)
+              AND m.message_key = h.message_key AND (m.xid, m.id) < (h.message_xid, h.message_id))
+    UNION ALL
+    SELECT x.message_xid, x.message_id, x.can_run_after FROM {s}.{t}_exception x
+    WHERE x.group_id = $1 AND x.status <> 'dead' AND x.concurrency <> 'ordered'
       AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
         OR (x.status = 'running' AND x.expires_at < coalesce($2, now())))
-      AND (x.concurrency <> 'ordered' OR NOT (
-            EXISTS (
-                SELECT 1 FROM {s}.{t}_exception e
-                WHERE e.group_id = x.group_id AND e.message_key = x.message_key AND e.status <> 'dead'
-                  AND (e.message_xid, e.message_id) < (x.message_xid, x.message_id))
-            OR EXISTS (
-                SELECT 1 FROM {s}.{t}_range g
-                JOIN {s}.{t}_log m ON m.xid >= g.lo_xid AND m.xid <= g.hi_xid
-                                  AND (m.xid, m.id) > (g.lo_xid, g.lo_id) AND (m.xid, m.id) <= (g.hi_xid, g.hi_id)
-                WHERE g.group_id = x.group_id AND (g.lo_xid, g.lo_id) < (x.message_xid, x.message_id)
-                  AND m.message_key = x.message_key AND (m.xid, m.id) < (x.message_xid, x.message_id))))
-    ORDER BY x.can_run_after
+), due AS (
+    -- Locked rows are checked again on their newest version: one another
+    -- claimer took meanwhile is no longer due and is skipped.
+    SELECT x.message_xid, x.message_id, x.status AS was
+    FROM candidates c
+    JOIN {s}.{t}_exception x ON x.group_id = $1 AND x.message_xid = c.message_xid AND x.message_id = c.message_id
+    WHERE x.status <> 'dead'
+      AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
+        OR (x.status = 'running' AND x.expires_at < coalesce($2, now())))
+    ORDER BY c.can_run_after
     LIMIT $3
     FOR UPDATE OF x SKIP LOCKED
 ), upd AS (
