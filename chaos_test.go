@@ -317,7 +317,9 @@ LEFT JOIN %[1]s.stream_%[2]d_exception x ON x.group_id = %[3]d AND x.message_id 
 	defer poll.Stop()
 	settled := -1
 	calmAt := time.Now()
-	defer func() { t.Logf("chaos: the backlog drained %s after the faults stopped", time.Since(calmAt).Round(time.Second)) }()
+	defer func() {
+		t.Logf("chaos: the backlog drained %s after the faults stopped", time.Since(calmAt).Round(time.Second))
+	}()
 	for !check() {
 		if handled+dead > settled {
 			settled = handled + dead
