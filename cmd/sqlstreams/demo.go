@@ -157,7 +157,7 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		errs <- produce(pctx, clk, orders, o.rate, &produced)
+		errs <- produce(ctx, pctx.Done(), clk, orders, o.rate, &produced)
 	}()
 
 	tick := clk.Ticker(500 * time.Millisecond)
@@ -201,14 +201,19 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 	}
 }
 
-// produce sends batches every 50ms so the offered rate holds.
-func produce(ctx context.Context, clk clock.Clock, s *sqlstreams.StreamHandle[OrderPlaced], rate int, produced *atomic.Int64) error {
+// produce sends batches every 50ms so the offered rate holds, until stop is
+// closed. Each batch runs to its end under ctx (not under stop): a call cut
+// off mid-flight may or may not have committed, and the count must be
+// exact.
+func produce(ctx context.Context, stop <-chan struct{}, clk clock.Clock, s *sqlstreams.StreamHandle[OrderPlaced], rate int, produced *atomic.Int64) error {
 	tick := clk.Ticker(50 * time.Millisecond)
 	defer tick.Stop()
 	start := clk.Now()
 	var id int64
 	for {
 		select {
+		case <-stop:
+			return nil
 		case <-ctx.Done():
 			return nil
 		case now := <-tick.C:
@@ -226,8 +231,7 @@ func produce(ctx context.Context, clk clock.Clock, s *sqlstreams.StreamHandle[Or
 			}
 			if _, err := s.ProduceBatch(ctx, items, nil); err != nil {
 				if ctx.Err() != nil {
-					id -= due
-					return nil
+					return nil // interrupted: the run ends without a verdict
 				}
 				return err
 			}
