@@ -3,6 +3,7 @@ package sqlstreams
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -417,4 +418,52 @@ func TestChildConsumer(t *testing.T) {
 		}, &ConsumeOptions{BatchLimit: 10, QueueSize: 10, MessageConcurrency: 2, ClaimPollRate: 5 * time.Millisecond})
 		require.NoError(t, err)
 	}
+}
+
+// A claim whose reply is lost (the connection dies after the commit) leaves
+// a lease the claimer never learned of; its heartbeat would renew it
+// forever. Reconcile lets go of it, and of key leases the claimer does not
+// hold, and the messages are delivered.
+func TestALostClaimReplyIsLetGo(t *testing.T) {
+	st, s := newStepper(t, &ConsumerConfig{ExceptionInitialBackoff: time.Millisecond}, func(o *order, attempt int) error {
+		if o.OrderID == "x" && attempt == 1 {
+			return errors.New("fails once")
+		}
+		return nil
+	})
+	ctx := context.Background()
+	_, err := s.ProduceBatch(ctx, keyedBatch(4, 2), &ProduceOptions{Message: &MessageOptions{Concurrency: Exclusive}})
+	require.NoError(t, err)
+	db := st.e.client.store
+	me := st.common.InstanceID
+	args := store.ClaimArgs{StreamID: st.c.group.StreamID, GroupID: st.c.group.ID, Owner: me, Limit: 10, Lease: time.Minute, Now: st.now()}
+	lost, ok, err := db.ClaimRange(ctx, args) // the claimer never sees this reply
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, _, err = db.AcquireKeys(ctx, args.StreamID, args.GroupID, lost.ID, []store.KeyClaim{{Key: "k0"}, {Key: "k1"}}, lost.Token, me, time.Minute, st.now())
+	require.NoError(t, err)
+
+	require.Zero(t, st.claimRange(), "nothing new to claim, and the lost range is live")
+	require.NoError(t, st.ranges.Reconcile(ctx))
+	require.Equal(t, 4, st.claimRange(), "the let-go range is reclaimed and delivered")
+	require.Zero(t, st.stats.Deferred.Load(), "its keys were released too")
+	require.Empty(t, st.e.leases(st.c))
+
+	// The same for an exception claim whose reply was lost.
+	_, err = s.Produce(ctx, order{OrderID: "x"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.claimRange())
+	st.mock.Add(time.Second)
+	ex, exID := st.newExc()
+	runs, err := db.ClaimExceptions(ctx, args.StreamID, args.GroupID, exID, 10, time.Minute, st.now())
+	require.NoError(t, err)
+	require.Len(t, runs, 1)
+	require.Equal(t, "running", st.states()[0].Status)
+	require.NoError(t, ex.Reconcile(ctx))
+	xs := st.states()
+	require.Len(t, xs, 1)
+	require.Equal(t, "pending", xs[0].Status, "handed back")
+	require.Equal(t, 1, xs[0].Attempts, "no attempt spent: it never ran")
+	require.Equal(t, 1, st.retry(), "and it is retried")
+	require.Empty(t, st.states())
 }

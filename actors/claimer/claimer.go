@@ -330,9 +330,17 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 		if err != nil {
 			// Keys unknown: hand the range back rather than run keyed
 			// messages unguarded.
+			// Keys unknown: hand the range back rather than run keyed
+			// messages unguarded, with whatever keys the statement may
+			// have taken under the range's token.
 			a.queued -= in.pending
 			a.forget(r.ID)
-			if rerr := a.cfg.Store.ReleaseRange(ctx, a.cfg.StreamID, store.Release{GroupID: a.cfg.GroupID, RangeID: r.ID, Token: r.Token}, a.cfg.DBNow()); rerr != nil {
+			taken := make([]store.KeyLease, len(want))
+			for i, k := range want {
+				taken[i] = store.KeyLease{Key: k.Key, Token: r.Token}
+			}
+			rel := store.Release{GroupID: a.cfg.GroupID, RangeID: r.ID, Token: r.Token, Keys: taken}
+			if rerr := a.cfg.Store.ReleaseRange(ctx, a.cfg.StreamID, rel, a.cfg.DBNow()); rerr != nil {
 				return nil, errors.Join(err, rerr)
 			}
 			return nil, err
@@ -581,6 +589,31 @@ func (a *Actor) forget(id int64) {
 	}
 }
 
+// Reconcile lets go of what the database says this instance holds but the
+// claimer does not know of: a claim or key acquisition whose reply was lost
+// to a cut connection committed all the same, and the heartbeat would keep
+// it alive forever. The claimer's state is exact between steps (it alone
+// claims for its instance), so anything else is such a leftover.
+func (a *Actor) Reconcile(ctx context.Context) error {
+	known := make([]int64, 0, len(a.ranges))
+	for id := range a.ranges {
+		known = append(known, id)
+	}
+	keys := make([]store.KeyLease, 0, len(a.keys))
+	for k, ks := range a.keys {
+		keys = append(keys, store.KeyLease{Key: k, Token: ks.token})
+	}
+	ranges, leases, err := a.cfg.Store.ForgetUnknownRanges(ctx, a.cfg.StreamID, a.cfg.GroupID, a.cfg.InstanceID, known, keys, a.cfg.DBNow())
+	if err != nil {
+		return err
+	}
+	if ranges+leases > 0 {
+		a.cfg.Logger.Warn("let go of leases this instance held without knowing (a reply lost to a cut connection)",
+			"ranges", ranges, "key_leases", leases)
+	}
+	return nil
+}
+
 // Flush retries commits that failed earlier (a database restart, say).
 func (a *Actor) Flush(ctx context.Context) error {
 	pending := a.toCommit
@@ -671,6 +704,8 @@ func (a *Actor) Serve(ctx context.Context) error {
 
 	ticker := a.cfg.Clock.Ticker(a.cfg.PollRate)
 	defer ticker.Stop()
+	reconcile := a.cfg.Clock.Ticker(a.cfg.Lease / 3)
+	defer reconcile.Stop()
 	stopTimer := func() bool { return false }
 	drain := a.cfg.Drain
 	var deadline <-chan time.Time
@@ -722,6 +757,10 @@ func (a *Actor) Serve(ctx context.Context) error {
 		case <-a.cfg.Wake: // produced to: the loop claims now
 		case <-ticker.C:
 			a.report(ctx, a.Flush(ctx))
+		case <-reconcile.C:
+			if deadline == nil {
+				a.report(ctx, a.Reconcile(ctx))
+			}
 		}
 	}
 }

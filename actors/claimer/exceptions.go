@@ -174,6 +174,8 @@ func (a *ExceptionActor) Serve(ctx context.Context) error {
 	defer closePool()
 	ticker := a.cfg.Clock.Ticker(a.cfg.PollRate)
 	defer ticker.Stop()
+	reconcile := a.cfg.Clock.Ticker(a.cfg.Lease / 3)
+	defer reconcile.Stop()
 	drain := a.cfg.Drain
 	var deadline <-chan time.Time
 	claim := func() {
@@ -218,8 +220,31 @@ func (a *ExceptionActor) Serve(ctx context.Context) error {
 			if deadline == nil {
 				claim()
 			}
+		case <-reconcile.C:
+			if deadline == nil {
+				a.report(ctx, a.Reconcile(ctx))
+			}
 		}
 	}
+}
+
+// Reconcile returns to pending the rows this instance holds as running
+// without knowing (a claim whose reply was lost to a cut connection) and
+// releases key leases under tokens it does not hold; see Actor.Reconcile.
+func (a *ExceptionActor) Reconcile(ctx context.Context) error {
+	tokens := make([]string, 0, len(a.running))
+	for _, r := range a.running {
+		tokens = append(tokens, r.run.Token)
+	}
+	runs, leases, err := a.cfg.Store.ForgetUnknownRuns(ctx, a.cfg.StreamID, a.cfg.GroupID, a.cfg.InstanceID, tokens, a.cfg.DBNow())
+	if err != nil {
+		return err
+	}
+	if runs+leases > 0 {
+		a.cfg.Logger.Warn("let go of exception rows this instance held without knowing (a reply lost to a cut connection)",
+			"rows", runs, "key_leases", leases)
+	}
+	return nil
 }
 
 func (a *ExceptionActor) finish(ctx context.Context) error {

@@ -437,3 +437,33 @@ func (st *Store) Unaccounted(ctx context.Context, streamID, groupID int64, ids [
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
+
+// ForgetUnknownRanges expires the owner's range leases other than known
+// (claims whose reply was lost) and releases its key leases other than
+// keys, so that nothing the claimer does not know of is kept alive by its
+// heartbeat. It returns how many of each it let go.
+func (st *Store) ForgetUnknownRanges(ctx context.Context, streamID, groupID int64, owner string, known []int64, keys []KeyLease, now Now) (ranges, leases int64, err error) {
+	if known == nil {
+		known = []int64{}
+	}
+	names, tokens := keyArrays(keys)
+	err = st.pool.QueryRow(ctx, st.streamTables(streamID).forgetRanges, groupID, owner, known, now, names, tokens).Scan(&ranges, &leases)
+	if err != nil {
+		return 0, 0, fmt.Errorf("forget unknown ranges: %w", err)
+	}
+	return ranges, leases, nil
+}
+
+// ForgetUnknownRuns returns the owner's running exception rows other than
+// those leased under tokens to pending (no attempt spent: they never ran)
+// and releases its key leases under other tokens.
+func (st *Store) ForgetUnknownRuns(ctx context.Context, streamID, groupID int64, owner string, tokens []string, now Now) (runs, leases int64, err error) {
+	if tokens == nil {
+		tokens = []string{}
+	}
+	err = st.pool.QueryRow(ctx, st.streamTables(streamID).forgetRuns, groupID, owner, tokens, now).Scan(&runs, &leases)
+	if err != nil {
+		return 0, 0, fmt.Errorf("forget unknown runs: %w", err)
+	}
+	return runs, leases, nil
+}

@@ -34,6 +34,8 @@ type tables struct {
 	deliveries       string
 	committed        string
 	unaccounted      string
+	forgetRanges     string
+	forgetRuns       string
 	deleteExpired    string
 	pruneLedger      string
 	pruneDeliveries  string
@@ -301,6 +303,37 @@ WITH victims AS (
 )
 DELETE FROM {s}.{t}_idempotency i USING victims v WHERE i.key = v.key`),
 
+		// A claim whose reply was lost (the connection died after the
+		// commit) leaves a lease the claimer never learned of, which its
+		// heartbeat would renew forever. Expire those, and release key
+		// leases the claimer does not hold.
+		forgetRanges: r.Replace(`-- store.ForgetUnknownRanges
+WITH r AS (
+    UPDATE {s}.{t}_range SET expires_at = coalesce($4, now()) - interval '1 millisecond'
+    WHERE group_id = $1 AND owner = $2::uuid AND id <> ALL ($3::bigint[]) AND expires_at >= coalesce($4, now())
+    RETURNING id
+), k AS (
+    DELETE FROM {s}.{t}_key_lease l
+    WHERE l.group_id = $1 AND l.owner = $2::uuid
+      AND NOT EXISTS (SELECT 1 FROM unnest($5::text[], $6::uuid[]) AS h(key, token)
+                      WHERE h.key = l.message_key AND h.token = l.token)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM k)`),
+
+		forgetRuns: r.Replace(`-- store.ForgetUnknownRuns
+WITH k AS (
+    DELETE FROM {s}.{t}_key_lease l
+    WHERE l.group_id = $1 AND l.owner = $2::uuid AND l.token <> ALL ($3::uuid[])
+    RETURNING 1
+), x AS (
+    UPDATE {s}.{t}_exception
+    SET status = 'pending', token = NULL, owner = NULL, expires_at = NULL, updated_at = coalesce($4, now())
+    WHERE group_id = $1 AND owner = $2::uuid AND status = 'running' AND token <> ALL ($3::uuid[])
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM x), (SELECT count(*) FROM k)`),
+
 		unaccounted: r.Replace(`-- store.Unaccounted
 SELECT m.id FROM {s}.{t}_log m
 WHERE m.id = ANY($2::bigint[])
@@ -362,15 +395,27 @@ RETURNING message_key`),
 		// or hung: that counts as a failed attempt). An ordered row runs only
 		// when no earlier row of its key is unresolved.
 		claimExceptions: r.Replace(`-- store.ClaimExceptions
-WITH heads AS (
+WITH RECURSIVE keys AS (
+    -- The group's keys with unresolved rows, one index probe each (a loose
+    -- index scan): the cost follows the number of keys, not of rows.
+    (SELECT e.message_key FROM {s}.{t}_exception e
+     WHERE e.group_id = $1 AND e.message_key IS NOT NULL AND e.status <> 'dead'
+     ORDER BY e.message_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT e.message_key FROM {s}.{t}_exception e
+            WHERE e.group_id = $1 AND e.message_key IS NOT NULL AND e.status <> 'dead' AND e.message_key > k.message_key
+            ORDER BY e.message_key LIMIT 1)
+    FROM keys k WHERE k.message_key IS NOT NULL
+), heads AS (
     -- The earliest unresolved row of each key: of an ordered key's rows only
-    -- this one may run. Reading the heads once (through the key index) keeps
-    -- a long blocked chain from being rescanned row by row on every claim.
-    SELECT DISTINCT ON (h.message_key) h.message_xid, h.message_id, h.message_key, h.concurrency,
-           h.status, h.can_run_after, h.expires_at
-    FROM {s}.{t}_exception h
-    WHERE h.group_id = $1 AND h.message_key IS NOT NULL AND h.status <> 'dead'
-    ORDER BY h.message_key, h.message_xid, h.message_id
+    -- this one may run, so a long blocked chain is never scanned.
+    SELECT h.* FROM keys k
+    CROSS JOIN LATERAL (
+        SELECT e.message_xid, e.message_id, e.message_key, e.concurrency, e.status, e.can_run_after, e.expires_at
+        FROM {s}.{t}_exception e
+        WHERE e.group_id = $1 AND e.message_key = k.message_key AND e.status <> 'dead'
+        ORDER BY e.message_xid, e.message_id LIMIT 1) h
+    WHERE k.message_key IS NOT NULL
 ), candidates AS (
     SELECT h.message_xid, h.message_id, h.can_run_after FROM heads h
     WHERE h.concurrency = 'ordered'
@@ -383,10 +428,12 @@ WITH heads AS (
             WHERE g.group_id = $1 AND (g.lo_xid, g.lo_id) < (h.message_xid, h.message_id)
               AND m.message_key = h.message_key AND (m.xid, m.id) < (h.message_xid, h.message_id))
     UNION ALL
-    SELECT x.message_xid, x.message_id, x.can_run_after FROM {s}.{t}_exception x
-    WHERE x.group_id = $1 AND x.status <> 'dead' AND x.concurrency <> 'ordered'
-      AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
-        OR (x.status = 'running' AND x.expires_at < coalesce($2, now())))
+    (SELECT x.message_xid, x.message_id, x.can_run_after FROM {s}.{t}_exception x
+     WHERE x.group_id = $1 AND x.status <> 'dead' AND x.concurrency <> 'ordered'
+       AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
+         OR (x.status = 'running' AND x.expires_at < coalesce($2, now())))
+     ORDER BY x.can_run_after
+     LIMIT $3 * 4)
 ), due AS (
     -- Locked rows are checked again on their newest version: one another
     -- claimer took meanwhile is no longer due and is skipped.
