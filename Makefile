@@ -4,14 +4,17 @@ SEEDS ?= 200
 
 DURATION ?= 5m
 
-.PHONY: test demo vet bench chaos sim check-postgres
+.PHONY: test demo vet bench bench-quick chaos sim check-postgres
 
-## test: vet, then the whole suite with the race detector, on a private PostgreSQL
+## test: vet, then the whole suite with the race detector, on a private PostgreSQL, then a
+## benchmark smoke run (bench-quick: it keeps the bench module building; it asserts nothing about speed)
 test: check-postgres vet
 	$(GO) test -race -count=1 -timeout 15m ./...
+	$(MAKE) bench-quick
 
 vet:
 	$(GO) vet ./...
+	cd bench && $(GO) vet ./...
 
 ## demo: produce and consume on a local PostgreSQL (SQLSTREAMS_DATABASE_URL, or a private one)
 demo: check-postgres
@@ -28,6 +31,10 @@ sim: check-postgres
 ## bench: the benchmark harness (its own module); writes BENCHMARKS results
 bench: check-postgres
 	cd bench && $(GO) run . $(BENCHFLAGS)
+
+## bench-quick: every workload at toy sizes (about 20 s); results go to a temp dir, figures mean nothing
+bench-quick: check-postgres
+	cd bench && $(GO) run . -n 5000 -runs 1 -singles 500 -latency-for 2s -keysn 2000 -results $${TMPDIR:-/tmp}/sqlstreams-bench-quick
 
 # Fail at once, with the command that fixes it, when there is no PostgreSQL to use.
 check-postgres:
