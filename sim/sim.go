@@ -623,13 +623,9 @@ func (w *World) Advance(ctx context.Context, d time.Duration, skip float64) erro
 
 // Summary is the state of every produced message, for the trace.
 func (w *World) Summary(ctx context.Context) (string, error) {
-	xs, err := w.st.ExceptionStates(ctx, w.streamID, w.groupID)
+	status, err := w.status(ctx)
 	if err != nil {
 		return "", err
-	}
-	status := map[int64]string{}
-	for _, x := range xs {
-		status[x.MessageID] = x.Status
 	}
 	var handled, skipped, dead, pending []string
 	for _, m := range w.msgs {
@@ -709,13 +705,9 @@ func (w *World) Settle(ctx context.Context, limit int) error {
 
 // unsettled lists messages neither handled nor dead.
 func (w *World) unsettled(ctx context.Context) ([]*message, error) {
-	xs, err := w.st.ExceptionStates(ctx, w.streamID, w.groupID)
+	status, err := w.status(ctx)
 	if err != nil {
 		return nil, err
-	}
-	status := map[int64]string{}
-	for _, x := range xs {
-		status[x.MessageID] = x.Status
 	}
 	var out []*message
 	for _, m := range w.msgs {
