@@ -49,10 +49,13 @@ func (in *instance) retry(t *testing.T) int {
 	ctx := context.Background()
 	jobs, err := in.exc.Claim(ctx)
 	require.NoError(t, err)
-	for _, j := range jobs {
-		require.NoError(t, in.exc.Outcome(ctx, in.exc.Run(ctx, j)))
+	n := 0
+	for ; len(jobs) > 0; n++ { // a chain's next row starts as the one before settles
+		more, err := in.exc.Outcome(ctx, in.exc.Run(ctx, jobs[0]))
+		require.NoError(t, err)
+		jobs = append(jobs[1:], more...)
 	}
-	return len(jobs)
+	return n
 }
 
 // The seed's worked case: charge-cards runs MaxRetries 3; a message sits at

@@ -67,7 +67,9 @@ func TestPoisonRangeIsQuarantinedAndHealthyMessagesAreDelivered(t *testing.T) {
 			if o.OrderID == "m-2" {
 				continue // the process dies mid-handler: no outcome
 			}
-			require.NoError(t, ex.Outcome(ctx, ex.Run(ctx, j)))
+			more, err := ex.Outcome(ctx, ex.Run(ctx, j))
+			require.NoError(t, err)
+			require.Empty(t, more, "no chain: the keys differ")
 		}
 		require.NoError(t, db.ExpireOwnedRanges(ctx, id, stream, st.now()))
 	}
@@ -123,7 +125,9 @@ func TestOverrideIsPinnedAtClaim(t *testing.T) {
 	jobs, err = ex.Claim(ctx)
 	require.NoError(t, err)
 	require.Len(t, jobs, 1)
-	require.NoError(t, ex.Outcome(ctx, ex.Run(ctx, jobs[0])))
+	more, err := ex.Outcome(ctx, ex.Run(ctx, jobs[0]))
+	require.NoError(t, err)
+	require.Empty(t, more)
 	require.Equal(t, []policy.Concurrency{Exclusive, Exclusive}, seen, "the retry runs under the policy it was claimed with")
 	require.Empty(t, st.states())
 }
@@ -311,4 +315,82 @@ func TestExclusiveKeyIsSharedAcrossAnInstancesRanges(t *testing.T) {
 	}
 	require.Zero(t, st.stats.Deferred.Load())
 	require.Zero(t, st.e.exceptions(st.c))
+}
+
+// An ordered key's parked rows run as a chain: one exception claim leases the
+// head and queues the rest behind it; each success starts the next row and
+// hands it the key lease without another claim; a failure gives the rest of
+// the chain back to pending, and a chain whose holder dies lapses without
+// charging an attempt to rows that never started.
+func TestOrderedChainRunsInOneClaimAndBreaksOnFailure(t *testing.T) {
+	failOnce := map[string]bool{"m-0": true, "m-5": true}
+	st, s := newStepper(t, &ConsumerConfig{ExceptionInitialBackoff: time.Second}, func(o *order, attempt int) error {
+		if failOnce[o.OrderID] {
+			delete(failOnce, o.OrderID)
+			return errors.New("transient")
+		}
+		return nil
+	})
+	ctx := context.Background()
+	_, err := s.ProduceBatch(ctx, keyedBatch(10, 1), &ProduceOptions{Message: &MessageOptions{Concurrency: Ordered}})
+	require.NoError(t, err)
+	st.claimRange()
+	require.Len(t, st.states(), 10, "m-0 failed: the key's later messages parked behind it")
+	statuses := func() (out []string) {
+		for _, x := range st.states() {
+			out = append(out, fmt.Sprintf("%d:%s/%d", x.MessageID-st.states()[0].MessageID, x.Status, x.Attempts))
+		}
+		return out
+	}
+	var leaseToken, rowToken string
+	leaseHolder := func(id int64) {
+		require.NoError(t, st.e.pool.QueryRow(ctx, fmt.Sprintf(
+			`SELECT l.token::text, x.token::text FROM %[1]s.stream_%[2]d_key_lease l, %[1]s.stream_%[2]d_exception x
+WHERE l.group_id = $1 AND x.group_id = $1 AND x.message_id = $2`, st.e.client.Schema(), st.c.group.StreamID),
+			st.c.group.ID, id).Scan(&leaseToken, &rowToken))
+	}
+
+	st.mock.Add(2 * time.Second)
+	first := st.states()[0].MessageID
+	jobs, err := st.exc.Claim(ctx)
+	require.NoError(t, err)
+	require.Len(t, jobs, 1, "one job per chain")
+	require.Equal(t, []string{"0:running/1", "1:queued/0", "2:queued/0", "3:queued/0", "4:queued/0", "5:queued/0",
+		"6:queued/0", "7:queued/0", "8:queued/0", "9:queued/0"}, statuses())
+	for n := 0; len(jobs) > 0; n++ {
+		require.Len(t, jobs, 1)
+		require.Equal(t, first+int64(n), jobs[0].Delivery.Msg.ID, "the chain runs in log order")
+		leaseHolder(jobs[0].Delivery.Msg.ID)
+		require.Equal(t, rowToken, leaseToken, "the key lease follows the running row")
+		jobs, err = st.exc.Outcome(ctx, st.exc.Run(ctx, jobs[0]))
+		require.NoError(t, err)
+	}
+	require.Equal(t, []string{"0:pending/1", "1:pending/0", "2:pending/0", "3:pending/0", "4:pending/0"},
+		statuses(), "m-5 failed: it waits on its curve, the rest of its chain is back to pending and unspent")
+
+	// The next chain's holder dies: its head is charged the lapse, the
+	// queued rows are not.
+	st.mock.Add(2 * time.Second)
+	dying, _ := st.newExc()
+	jobs, err = dying.Claim(ctx)
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	st.mock.Add(2 * time.Minute) // past the lease: nothing renews it
+	jobs, err = st.exc.Claim(ctx)
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	require.Equal(t, []string{"0:running/2", "1:queued/0", "2:queued/0", "3:queued/0", "4:queued/0"}, statuses())
+	for len(jobs) > 0 {
+		jobs, err = st.exc.Outcome(ctx, st.exc.Run(ctx, jobs[0]))
+		require.NoError(t, err)
+	}
+	require.Empty(t, st.states())
+	var order []string
+	for _, c := range st.calls {
+		order = append(order, c.id)
+	}
+	require.Equal(t, []string{"m-0", "m-0", "m-1", "m-2", "m-3", "m-4", "m-5", "m-5", "m-6", "m-7", "m-8", "m-9"}, order)
+	// Retried counts rows begun: 6 in the first chain, 1 by the holder that
+	// died, 5 in the last.
+	require.Equal(t, int64(12), st.stats.Retried.Load())
 }

@@ -455,7 +455,7 @@ func TestALostClaimReplyIsLetGo(t *testing.T) {
 	require.Equal(t, 1, st.claimRange())
 	st.mock.Add(time.Second)
 	ex, exID := st.newExc()
-	runs, err := db.ClaimExceptions(ctx, args.StreamID, args.GroupID, exID, 10, time.Minute, st.now())
+	runs, err := db.ClaimExceptions(ctx, args.StreamID, args.GroupID, exID, 10, 0, time.Minute, st.now())
 	require.NoError(t, err)
 	require.Len(t, runs, 1)
 	require.Equal(t, "running", st.states()[0].Status)

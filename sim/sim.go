@@ -533,7 +533,11 @@ func (w *World) RunOne(ctx context.Context, in *instance, exc bool, name string)
 	}
 	w.tracef("%s runs m%d: %s", in.name, m.n, name)
 	if exc {
-		return in.ex.Outcome(ctx, o)
+		more, oerr := in.ex.Outcome(ctx, o)
+		if herr := w.handOut(in, more, true); herr != nil {
+			return herr
+		}
+		return oerr
 	}
 	more, oerr := in.cl.Outcome(ctx, o)
 	if herr := w.handOut(in, more, false); herr != nil {

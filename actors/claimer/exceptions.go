@@ -14,13 +14,23 @@ import (
 // own worker_instance (exception_consumer), renewed by its own heartbeat.
 type ExceptionConfig struct {
 	Common
+	// Chain is how many rows of an ordered key a claim leases behind the
+	// key's head, to run one after the other without a claim between
+	// them (default DefaultChain; negative: none).
+	Chain int
 }
+
+// DefaultChain is ExceptionConfig.Chain's default.
+const DefaultChain = 20
 
 type excRun struct {
 	run store.ExceptionRun
 	eff policy.Effective
 	// unwritten is a settlement whose write failed; Flush retries it.
 	unwritten *store.Settlement
+	// queued are the next rows of the run's ordered key, leased in the
+	// same claim, in log order: each starts when the one before resolves.
+	queued []store.ExceptionRun
 }
 
 // ExceptionActor retries a group's exception rows: it leases due rows with
@@ -28,21 +38,34 @@ type excRun struct {
 // resolved against the group config of that moment (a message mid-retry
 // follows a redeclared curve from its next attempt), and writes the result
 // under the token: deleted on success, rescheduled on the curve, or dead.
+//
+// An ordered key's rows come as a chain: the head runs, and when it
+// resolves (succeeds or dies) its settlement starts the next row and hands
+// it the key lease in the same statement. When it is rescheduled instead,
+// the rest of the chain goes back to pending, spending nothing.
 type ExceptionActor struct {
 	cfg     ExceptionConfig
 	runner  *runner
 	running map[store.Position]*excRun
 	outage  *outage.Reporter
+	// draining: a drain is under way, so no chain starts its next row.
+	draining bool
 }
 
 // NewExceptionActor returns an exception claimer.
 func NewExceptionActor(cfg ExceptionConfig) *ExceptionActor {
+	if cfg.Chain == 0 {
+		cfg.Chain = DefaultChain
+	}
+	if cfg.Chain < 0 {
+		cfg.Chain = 0
+	}
 	return &ExceptionActor{cfg: cfg, running: map[store.Position]*excRun{},
 		runner: &runner{handler: cfg.Handler, clock: cfg.Clock, grace: cfg.TimeoutGrace, stats: cfg.Stats},
 		outage: &outage.Reporter{Logger: cfg.Logger, What: "exception claimer store call", Retry: "every poll", Attrs: []any{"group_id", cfg.GroupID}}}
 }
 
-// Running returns how many rows are leased and not settled.
+// Running returns how many rows are leased and started, not settled.
 func (a *ExceptionActor) Running() int { return len(a.running) }
 
 // Run executes one job synchronously (the step tests drive).
@@ -59,60 +82,110 @@ func (a *ExceptionActor) Claim(ctx context.Context) ([]Job, error) {
 			return nil, err
 		}
 	}
-	group := a.cfg.Group()
-	rows, err := a.cfg.Store.ClaimExceptions(ctx, a.cfg.StreamID, a.cfg.GroupID, a.cfg.InstanceID, free, a.cfg.Lease, a.cfg.DBNow())
+	rows, err := a.cfg.Store.ClaimExceptions(ctx, a.cfg.StreamID, a.cfg.GroupID, a.cfg.InstanceID, free, a.cfg.Chain, a.cfg.Lease, a.cfg.DBNow())
 	if err != nil {
 		return nil, err
 	}
-	var jobs []Job
-	var errs []error
-	for i := range rows {
-		r := &excRun{run: rows[i]}
-		m := &r.run.Message
-		opts, _ := policy.Parse(m.Options)
-		r.eff = policy.Resolve(opts, group)
-		r.eff.Concurrency = policy.Concurrency(r.run.Concurrency) // pinned at first claim
-		if r.run.Expired && r.run.Attempts > r.eff.MaxRetries {
-			// Its holder died on it too often: a message that kills its
-			// process ends here.
-			errs = append(errs, a.settle(ctx, r, store.Settlement{Status: policy.StatusDead, Attempts: r.run.Attempts,
-				Delays: r.run.Delays, Error: "lease expired on its last attempt: the instance running it died or stopped renewing"}))
-			a.cfg.Stats.Dead.Add(1)
+	var heads []*excRun
+	var orphans []store.ExceptionRun
+	chains := map[string]*excRun{}
+	for _, row := range rows {
+		if row.Queued {
+			if h := chains[row.Key]; h != nil {
+				h.queued = append(h.queued, row)
+			} else {
+				orphans = append(orphans, row) // cannot happen: the SQL queues rows behind a head only
+			}
 			continue
 		}
-		if r.eff.Concurrency.Keyed() && m.Key != "" {
-			held, _, err := a.cfg.Store.AcquireKeys(ctx, a.cfg.StreamID, a.cfg.GroupID, 0,
-				[]store.KeyClaim{{Key: m.Key, Position: m.Position}}, r.run.Token, a.cfg.InstanceID, a.cfg.Lease, a.cfg.DBNow())
-			if err != nil || !held[m.Key] {
-				errs = append(errs, err, a.settle(ctx, r, store.Settlement{Status: policy.StatusPending, Attempts: r.run.Attempts,
-					Delays: r.run.Delays, Error: "waiting: its key is busy in another instance", After: a.cfg.KeyBusyDelay}))
-				a.cfg.Stats.Deferred.Add(1)
-				continue
-			}
+		r := &excRun{run: row}
+		heads = append(heads, r)
+		if row.Key != "" {
+			chains[row.Key] = r
 		}
-		a.running[m.Position] = r
-		a.cfg.Stats.Retried.Add(1)
-		jobs = append(jobs, Job{Ref: m.Position, Delivery: Delivery{Msg: m, Attempt: r.run.Attempts + 1,
-			Delays: r.run.Delays, Concurrency: r.eff.Concurrency, Timeout: r.eff.Timeout}})
+	}
+	var jobs []Job
+	errs := []error{a.giveBack(ctx, orphans)}
+	for _, r := range heads {
+		more, err := a.begin(ctx, r, false)
+		jobs, errs = append(jobs, more...), append(errs, err)
 	}
 	return jobs, errors.Join(errs...)
 }
 
-func (a *ExceptionActor) settle(ctx context.Context, r *excRun, s store.Settlement) error {
-	err := a.cfg.Store.SettleException(ctx, a.cfg.StreamID, a.cfg.GroupID, r.run.Position, r.run.Token, s, a.cfg.DBNow())
-	if errors.Is(err, store.ErrLeaseLost) {
-		a.cfg.Stats.LeasesLost.Add(1)
-		return nil
+// begin starts a leased row: dead at once if its holders died on it too
+// often, back to pending if its key is busy, else a job. A chain's next row
+// starts with the key lease handed over (haveKey).
+func (a *ExceptionActor) begin(ctx context.Context, r *excRun, haveKey bool) ([]Job, error) {
+	m := &r.run.Message
+	opts, _ := policy.Parse(m.Options)
+	r.eff = policy.Resolve(opts, a.cfg.Group())
+	r.eff.Concurrency = policy.Concurrency(r.run.Concurrency) // pinned at first claim
+	if r.run.Expired && r.run.Attempts > r.eff.MaxRetries {
+		// Its holder died on it too often: a message that kills its
+		// process ends here.
+		a.cfg.Stats.Dead.Add(1)
+		return a.settle(ctx, r, store.Settlement{Status: policy.StatusDead, Attempts: r.run.Attempts,
+			Delays: r.run.Delays, Error: "lease expired on its last attempt: the instance running it died or stopped renewing"})
 	}
-	return err
+	if !haveKey && r.eff.Concurrency.Keyed() && m.Key != "" {
+		held, _, err := a.cfg.Store.AcquireKeys(ctx, a.cfg.StreamID, a.cfg.GroupID, 0,
+			[]store.KeyClaim{{Key: m.Key, Position: m.Position}}, r.run.Token, a.cfg.InstanceID, a.cfg.Lease, a.cfg.DBNow())
+		if err != nil || !held[m.Key] {
+			a.cfg.Stats.Deferred.Add(1)
+			jobs, serr := a.settle(ctx, r, store.Settlement{Status: policy.StatusPending, Attempts: r.run.Attempts,
+				Delays: r.run.Delays, Error: "waiting: its key is busy in another instance", After: a.cfg.KeyBusyDelay})
+			return jobs, errors.Join(err, serr)
+		}
+	}
+	a.running[m.Position] = r
+	a.cfg.Stats.Retried.Add(1)
+	return []Job{{Ref: m.Position, Delivery: Delivery{Msg: m, Attempt: r.run.Attempts + 1,
+		Delays: r.run.Delays, Concurrency: r.eff.Concurrency, Timeout: r.eff.Timeout}}}, nil
 }
 
-// Outcome writes one attempt's result under the row's lease token.
-func (a *ExceptionActor) Outcome(ctx context.Context, o Outcome) error {
+// settle writes a row's settlement. A resolved row (deleted or dead) hands
+// its key to the next row of its chain, which begins; otherwise the chain
+// goes back to pending. A failed write is kept for Flush.
+func (a *ExceptionActor) settle(ctx context.Context, r *excRun, s store.Settlement) ([]Job, error) {
+	s.Next = nil
+	if (s.Delete || s.Status == policy.StatusDead) && len(r.queued) > 0 && !a.draining {
+		s.Next = &r.queued[0]
+	}
+	started, err := a.cfg.Store.SettleException(ctx, a.cfg.StreamID, a.cfg.GroupID, r.run.Position, r.run.Token, s, a.cfg.DBNow())
+	switch {
+	case errors.Is(err, store.ErrLeaseLost):
+		a.cfg.Stats.LeasesLost.Add(1)
+		delete(a.running, r.run.Position)
+		return nil, a.giveBack(ctx, r.queued)
+	case err != nil:
+		r.unwritten = &s // kept, and written again by Flush
+		a.running[r.run.Position] = r
+		return nil, err
+	}
+	delete(a.running, r.run.Position)
+	if s.Next == nil || !started {
+		return nil, a.giveBack(ctx, r.queued)
+	}
+	return a.begin(ctx, &excRun{run: r.queued[0], queued: r.queued[1:]}, true)
+}
+
+// giveBack returns queued rows to pending. Should the write fail, Reconcile
+// finds them: they are no longer among this actor's tokens.
+func (a *ExceptionActor) giveBack(ctx context.Context, runs []store.ExceptionRun) error {
+	if len(runs) == 0 {
+		return nil
+	}
+	return a.cfg.Store.ReturnRuns(ctx, a.cfg.StreamID, a.cfg.GroupID, runs, a.cfg.DBNow())
+}
+
+// Outcome writes one attempt's result under the row's lease token and
+// returns the job of the chain's next row, if it starts.
+func (a *ExceptionActor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 	pos, _ := o.Ref.(store.Position)
 	r, ok := a.running[pos]
 	if !ok || o.Canceled {
-		return nil
+		return nil, nil
 	}
 	group := a.cfg.Group()
 	next := policy.Decide(r.eff, group.InitialBackoffOrDefault(), r.run.Attempts, r.run.Delays, o.Err)
@@ -122,31 +195,29 @@ func (a *ExceptionActor) Outcome(ctx context.Context, o Outcome) error {
 	if outcome := policy.OutcomeOf(next, o.Err, r.run.Attempts); group.Logs(outcome) {
 		s.Outcome = outcome
 	}
-	if err := a.settle(ctx, r, s); err != nil {
-		r.unwritten = &s // kept, and written again by Flush
-		return err
-	}
-	delete(a.running, pos)
-	return nil
+	return a.settle(ctx, r, s)
 }
 
-// Flush writes settlements that failed earlier (a database restart, say).
-func (a *ExceptionActor) Flush(ctx context.Context) error {
-	for pos, r := range a.running {
+// Flush writes settlements that failed earlier (a database restart, say)
+// and returns the jobs of chains they start.
+func (a *ExceptionActor) Flush(ctx context.Context) ([]Job, error) {
+	var jobs []Job
+	for _, r := range a.running {
 		if r.unwritten == nil {
 			continue
 		}
-		if err := a.settle(ctx, r, *r.unwritten); err != nil {
-			return err
+		more, err := a.settle(ctx, r, *r.unwritten)
+		if err != nil {
+			return jobs, err
 		}
-		delete(a.running, pos)
+		jobs = append(jobs, more...)
 	}
-	return nil
+	return jobs, nil
 }
 
-// HandBack returns unfinished rows to pending without spending a retry
-// (or writes a finished row's result that failed to write); a drain and the
-// simulator's graceful stop call it.
+// HandBack returns unfinished rows, and the chains queued behind them, to
+// pending without spending a retry (or writes a finished row's result that
+// failed to write); a drain and the simulator's graceful stop call it.
 func (a *ExceptionActor) HandBack(ctx context.Context) error {
 	var errs []error
 	for pos, r := range a.running {
@@ -154,7 +225,16 @@ func (a *ExceptionActor) HandBack(ctx context.Context) error {
 		if r.unwritten != nil {
 			s = *r.unwritten
 		}
-		if err := a.settle(ctx, r, s); err != nil {
+		s.Next = nil // nothing more starts
+		_, err := a.cfg.Store.SettleException(ctx, a.cfg.StreamID, a.cfg.GroupID, r.run.Position, r.run.Token, s, a.cfg.DBNow())
+		if errors.Is(err, store.ErrLeaseLost) {
+			a.cfg.Stats.LeasesLost.Add(1)
+			err = nil
+		}
+		if err == nil {
+			err = a.giveBack(ctx, r.queued)
+		}
+		if err != nil {
 			errs = append(errs, err) // kept: a later handBack tries again
 			continue
 		}
@@ -169,7 +249,7 @@ func (a *ExceptionActor) Serve(ctx context.Context) error {
 	if err := a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow()); err != nil {
 		return err
 	}
-	a.running = map[store.Position]*excRun{}
+	a.running, a.draining = map[store.Position]*excRun{}, false
 	p, cancelHandlers, closePool := a.runner.session(ctx, a.cfg.Concurrency, a.cfg.Concurrency, a.cfg.ShutdownTimeout, a.cfg.Logger, "exception handlers")
 	defer closePool()
 	ticker := a.cfg.Clock.Ticker(a.cfg.PollRate)
@@ -178,17 +258,20 @@ func (a *ExceptionActor) Serve(ctx context.Context) error {
 	defer reconcile.Stop()
 	drain := a.cfg.Drain
 	var deadline <-chan time.Time
-	claim := func() {
-		jobs, err := a.Claim(ctx)
-		a.report(ctx, err)
+	handOut := func(jobs []Job) {
 		for _, j := range jobs {
 			p.jobs <- j
 		}
 	}
+	claim := func() {
+		jobs, err := a.Claim(ctx)
+		a.report(ctx, err)
+		handOut(jobs)
+	}
 	stopTimer := func() bool { return false }
 	defer func() { stopTimer() }()
 	startDrain := func() {
-		drain = nil
+		drain, a.draining = nil, true
 		timer := a.cfg.Clock.Timer(a.cfg.ShutdownTimeout())
 		stopTimer, deadline = timer.Stop, timer.C
 	}
@@ -211,12 +294,16 @@ func (a *ExceptionActor) Serve(ctx context.Context) error {
 			cancelHandlers()
 			return a.finish(ctx)
 		case o := <-p.out:
-			a.report(ctx, a.Outcome(ctx, o))
+			jobs, err := a.Outcome(ctx, o)
+			a.report(ctx, err)
+			handOut(jobs)
 			if deadline == nil {
 				claim()
 			}
 		case <-ticker.C:
-			a.report(ctx, a.Flush(ctx))
+			jobs, err := a.Flush(ctx)
+			a.report(ctx, err)
+			handOut(jobs)
 			if deadline == nil {
 				claim()
 			}
@@ -235,6 +322,9 @@ func (a *ExceptionActor) Reconcile(ctx context.Context) error {
 	tokens := make([]string, 0, len(a.running))
 	for _, r := range a.running {
 		tokens = append(tokens, r.run.Token)
+		for _, q := range r.queued {
+			tokens = append(tokens, q.Token)
+		}
 	}
 	runs, leases, err := a.cfg.Store.ForgetUnknownRuns(ctx, a.cfg.StreamID, a.cfg.GroupID, a.cfg.InstanceID, tokens, a.cfg.DBNow())
 	if err != nil {

@@ -51,6 +51,7 @@ func Classify(err error) (Kind, time.Duration) {
 const (
 	StatusPending = "pending" // waiting for can_run_after
 	StatusRunning = "running" // leased by an exception consumer
+	StatusQueued  = "queued"  // leased behind its ordered key's running row, not started
 	StatusDead    = "dead"    // out of budget; a dead letter
 )
 

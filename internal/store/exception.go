@@ -75,12 +75,18 @@ type ExceptionRun struct {
 	Attempts    int  // failed attempts so far (including a lapsed lease just now)
 	Delays      int  // delays used so far
 	Expired     bool // the row was taken over from a lapsed lease
+	// Queued marks a row leased behind its ordered key's head in the same
+	// claim: it runs when the row before it resolves (see SettleException's
+	// Next) and not before.
+	Queued bool
 }
 
-// ClaimExceptions leases up to limit due exception rows of the group.
-func (st *Store) ClaimExceptions(ctx context.Context, streamID, groupID int64, owner string, limit int, lease time.Duration, now Now) ([]ExceptionRun, error) {
+// ClaimExceptions leases up to limit due exception rows of the group, and
+// behind each ordered head up to chain more rows of its key, queued, in log
+// order (rows come back in log order: a key's queued rows follow its head).
+func (st *Store) ClaimExceptions(ctx context.Context, streamID, groupID int64, owner string, limit, chain int, lease time.Duration, now Now) ([]ExceptionRun, error) {
 	t := st.streamTables(streamID)
-	rows, err := st.pool.Query(ctx, t.claimExceptions, groupID, now, limit, owner, lease)
+	rows, err := st.pool.Query(ctx, t.claimExceptions, groupID, now, limit, owner, lease, chain)
 	if err != nil {
 		return nil, fmt.Errorf("claim exceptions: %w", err)
 	}
@@ -89,7 +95,7 @@ func (st *Store) ClaimExceptions(ctx context.Context, streamID, groupID int64, o
 	for rows.Next() {
 		var r ExceptionRun
 		m := &r.Message
-		if err := rows.Scan(&r.Token, &r.Concurrency, &r.Attempts, &r.Delays, &r.Expired,
+		if err := rows.Scan(&r.Token, &r.Concurrency, &r.Attempts, &r.Delays, &r.Expired, &r.Queued,
 			&m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, &m.Payload, &m.Options); err != nil {
 			return nil, fmt.Errorf("claim exceptions: scan: %w", err)
 		}
@@ -113,18 +119,42 @@ type Settlement struct {
 	// Outcome, when set, writes a delivery-log row for attempt Attempt.
 	Outcome string
 	Attempt int
+	// Next, when set, is the next row of the settled row's ordered chain:
+	// the key lease passes to it and it starts running, in the settling
+	// statement.
+	Next *ExceptionRun
 }
 
-// SettleException writes an attempt's result under the row's lease token.
-func (st *Store) SettleException(ctx context.Context, streamID, groupID int64, pos Position, token string, s Settlement, now Now) error {
+// SettleException writes an attempt's result under the row's lease token
+// and reports whether s.Next started (false: its lease was lost meanwhile).
+func (st *Store) SettleException(ctx context.Context, streamID, groupID int64, pos Position, token string, s Settlement, now Now) (nextStarted bool, err error) {
 	t := st.streamTables(streamID)
-	var n int
+	var n, started int
+	next, nxid, nid := "", int64(0), int64(0)
+	if s.Next != nil {
+		next, nxid, nid = s.Next.Token, s.Next.Xid, s.Next.ID
+	}
 	if err := st.pool.QueryRow(ctx, t.settleException, groupID, pos.Xid, pos.ID, token, s.Delete,
-		s.Status, s.Attempts, s.Delays, s.Error, now, s.After.Microseconds(), s.Outcome, s.Attempt).Scan(&n); err != nil {
-		return fmt.Errorf("settle exception %d: %w", pos.ID, err)
+		s.Status, s.Attempts, s.Delays, s.Error, now, s.After.Microseconds(), s.Outcome, s.Attempt,
+		next, nxid, nid).Scan(&n, &started); err != nil {
+		return false, fmt.Errorf("settle exception %d: %w", pos.ID, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("settle exception %d: %w", pos.ID, ErrLeaseLost)
+		return false, fmt.Errorf("settle exception %d: %w", pos.ID, ErrLeaseLost)
+	}
+	return started > 0, nil
+}
+
+// ReturnRuns gives the rows leased under tokens back to pending without
+// spending an attempt, and releases their key leases.
+func (st *Store) ReturnRuns(ctx context.Context, streamID, groupID int64, runs []ExceptionRun, now Now) error {
+	tokens := make([]string, len(runs))
+	xids, ids := make([]int64, len(runs)), make([]int64, len(runs))
+	for i, r := range runs {
+		tokens[i], xids[i], ids[i] = r.Token, r.Xid, r.ID
+	}
+	if _, err := st.pool.Exec(ctx, st.streamTables(streamID).returnRuns, groupID, tokens, now, xids, ids); err != nil {
+		return fmt.Errorf("return queued exception rows: %w", err)
 	}
 	return nil
 }

@@ -28,6 +28,7 @@ type tables struct {
 	blockOrdered     string
 	claimExceptions  string
 	settleException  string
+	returnRuns       string
 	listDead         string
 	redrive          string
 	exceptionState   string
@@ -236,7 +237,7 @@ WITH r AS (
     UPDATE {s}.{t}_range SET expires_at = coalesce($2, now()) + $3::interval WHERE owner = $1::uuid
 )
 UPDATE {s}.{t}_exception SET expires_at = coalesce($2, now()) + $3::interval
-WHERE owner = $1::uuid AND status = 'running'`),
+WHERE owner = $1::uuid AND status IN ('running', 'queued')`),
 
 		releaseOwnedKeys: r.Replace(`-- store.ExpireOwnedRanges
 DELETE FROM {s}.{t}_key_lease WHERE owner = $1::uuid`),
@@ -329,7 +330,7 @@ WITH k AS (
 ), x AS (
     UPDATE {s}.{t}_exception
     SET status = 'pending', token = NULL, owner = NULL, expires_at = NULL, updated_at = coalesce($4, now())
-    WHERE group_id = $1 AND owner = $2::uuid AND status = 'running' AND token <> ALL ($3::uuid[])
+    WHERE group_id = $1 AND owner = $2::uuid AND status IN ('running', 'queued') AND token <> ALL ($3::uuid[])
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM x), (SELECT count(*) FROM k)`),
@@ -394,6 +395,12 @@ RETURNING message_key`),
 		// Due rows, and running rows whose lease lapsed (their holder died
 		// or hung: that counts as a failed attempt). An ordered row runs only
 		// when no earlier row of its key is unresolved.
+		// Each claimed ordered head brings the key's next rows with it, up
+		// to $6, as a chain the claimer runs in order within one claim: the
+		// head 'running', the rest 'queued' (leased, not started, so a lapse
+		// spends no attempt on them). A chain is cut before its first row
+		// that is not due, not locked by this claim, or behind a message of
+		// the key that an outstanding range still holds.
 		claimExceptions: r.Replace(`-- store.ClaimExceptions
 WITH RECURSIVE keys AS (
     -- The group's keys with unresolved rows, one index probe each (a loose
@@ -420,7 +427,7 @@ WITH RECURSIVE keys AS (
     SELECT h.message_xid, h.message_id, h.can_run_after FROM heads h
     WHERE h.concurrency = 'ordered'
       AND ((h.status = 'pending' AND h.can_run_after <= coalesce($2, now()))
-        OR (h.status = 'running' AND h.expires_at < coalesce($2, now())))
+        OR (h.status IN ('running', 'queued') AND h.expires_at < coalesce($2, now())))
       AND NOT EXISTS (
             SELECT 1 FROM {s}.{t}_range g
             JOIN {s}.{t}_log m ON m.xid >= g.lo_xid AND m.xid <= g.hi_xid
@@ -431,34 +438,76 @@ WITH RECURSIVE keys AS (
     (SELECT x.message_xid, x.message_id, x.can_run_after FROM {s}.{t}_exception x
      WHERE x.group_id = $1 AND x.status <> 'dead' AND x.concurrency <> 'ordered'
        AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
-         OR (x.status = 'running' AND x.expires_at < coalesce($2, now())))
+         OR (x.status IN ('running', 'queued') AND x.expires_at < coalesce($2, now())))
      ORDER BY x.can_run_after
      LIMIT $3 * 4)
 ), due AS (
     -- Locked rows are checked again on their newest version: one another
     -- claimer took meanwhile is no longer due and is skipped.
-    SELECT x.message_xid, x.message_id, x.status AS was
+    SELECT x.message_xid, x.message_id, x.message_key, x.concurrency, x.status AS was
     FROM candidates c
     JOIN {s}.{t}_exception x ON x.group_id = $1 AND x.message_xid = c.message_xid AND x.message_id = c.message_id
     WHERE x.status <> 'dead'
       AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
-        OR (x.status = 'running' AND x.expires_at < coalesce($2, now())))
+        OR (x.status IN ('running', 'queued') AND x.expires_at < coalesce($2, now())))
     ORDER BY c.can_run_after
     LIMIT $3
     FOR UPDATE OF x SKIP LOCKED
+), chain AS (
+    SELECT d.message_key, f.message_xid, f.message_id, f.n,
+           bool_and(((f.status = 'pending' AND f.can_run_after <= coalesce($2, now()))
+                     OR (f.status = 'queued' AND f.expires_at < coalesce($2, now())))
+                    AND (b.xid IS NULL OR (f.message_xid, f.message_id) < (b.xid, b.id)))
+               OVER (PARTITION BY d.message_key ORDER BY f.n) AS ok
+    FROM due d
+    CROSS JOIN LATERAL (
+        SELECT e.message_xid, e.message_id, e.status, e.can_run_after, e.expires_at,
+               row_number() OVER (ORDER BY e.message_xid, e.message_id) AS n
+        FROM {s}.{t}_exception e
+        WHERE e.group_id = $1 AND e.message_key = d.message_key AND e.status <> 'dead'
+          AND (e.message_xid, e.message_id) > (d.message_xid, d.message_id)
+        ORDER BY e.message_xid, e.message_id
+        LIMIT $6) f
+    LEFT JOIN LATERAL (
+        -- The key's earliest message after the head that a range holds.
+        SELECT m.xid, m.id FROM {s}.{t}_range g
+        JOIN {s}.{t}_log m ON m.xid >= g.lo_xid AND m.xid <= g.hi_xid
+                          AND (m.xid, m.id) > (g.lo_xid, g.lo_id) AND (m.xid, m.id) <= (g.hi_xid, g.hi_id)
+        WHERE g.group_id = $1 AND m.message_key = d.message_key
+          AND (m.xid, m.id) > (d.message_xid, d.message_id)
+        ORDER BY m.xid, m.id LIMIT 1) b ON true
+    WHERE d.concurrency = 'ordered' AND d.message_key IS NOT NULL AND $6 > 0
+), locked AS (
+    SELECT x.message_xid, x.message_id
+    FROM chain c
+    JOIN {s}.{t}_exception x ON x.group_id = $1 AND x.message_xid = c.message_xid AND x.message_id = c.message_id
+    WHERE c.ok AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
+                    OR (x.status = 'queued' AND x.expires_at < coalesce($2, now())))
+    FOR UPDATE OF x SKIP LOCKED
+), followers AS (
+    SELECT c.message_xid, c.message_id FROM (
+        SELECT c.message_xid, c.message_id,
+               bool_and(l.message_id IS NOT NULL) OVER (PARTITION BY c.message_key ORDER BY c.n) AS kept
+        FROM chain c LEFT JOIN locked l ON l.message_xid = c.message_xid AND l.message_id = c.message_id
+        WHERE c.ok) c
+    WHERE c.kept
+), picked AS (
+    SELECT due.message_xid, due.message_id, due.was, 'running' AS status FROM due
+    UNION ALL
+    SELECT f.message_xid, f.message_id, 'pending', 'queued' FROM followers f
 ), upd AS (
     UPDATE {s}.{t}_exception x
-    SET status = 'running', token = gen_random_uuid(), owner = $4::uuid,
+    SET status = p.status, token = gen_random_uuid(), owner = $4::uuid,
         expires_at = coalesce($2, now()) + $5::interval, updated_at = coalesce($2, now()),
-        attempts = x.attempts + CASE WHEN due.was = 'running' THEN 1 ELSE 0 END,
-        last_error = CASE WHEN due.was = 'running'
+        attempts = x.attempts + CASE WHEN p.was = 'running' THEN 1 ELSE 0 END,
+        last_error = CASE WHEN p.was = 'running'
                           THEN 'lease expired: the instance running it died or stopped renewing'
                           ELSE x.last_error END
-    FROM due
-    WHERE x.group_id = $1 AND x.message_xid = due.message_xid AND x.message_id = due.message_id
-    RETURNING x.message_xid, x.message_id, x.token, x.concurrency, x.attempts, x.delays, due.was = 'running' AS expired
+    FROM picked p
+    WHERE x.group_id = $1 AND x.message_xid = p.message_xid AND x.message_id = p.message_id
+    RETURNING x.message_xid, x.message_id, x.token, x.concurrency, x.attempts, x.delays, p.was = 'running' AS expired, x.status
 )
-SELECT upd.token::text, upd.concurrency, upd.attempts, upd.delays, upd.expired,
+SELECT upd.token::text, upd.concurrency, upd.attempts, upd.delays, upd.expired, upd.status = 'queued',
        m.xid, m.id, m.produced_at, m.version, coalesce(m.routing_key, ''), coalesce(m.message_key, ''),
        m.payload::text, coalesce(m.options::text, '')
 FROM upd JOIN {s}.{t}_log m ON m.xid = upd.message_xid AND m.id = upd.message_id
@@ -466,9 +515,16 @@ ORDER BY m.xid, m.id`),
 
 		// Settle one exception attempt under its lease token: delete on
 		// success, else write the next state; release the row's key lease.
+		// Settle one exception attempt under its lease token: delete on
+		// success, else write the next state. The row's key lease is
+		// released, or, when $14 names the next row of its ordered chain,
+		// handed to that row, which starts running.
 		settleException: r.Replace(`-- store.SettleException
 WITH k AS (
-    DELETE FROM {s}.{t}_key_lease WHERE group_id = $1 AND token = $4::uuid
+    DELETE FROM {s}.{t}_key_lease WHERE group_id = $1 AND token = $4::uuid AND $14 = ''
+), kh AS (
+    UPDATE {s}.{t}_key_lease SET token = nullif($14, '')::uuid
+    WHERE group_id = $1 AND token = $4::uuid AND $14 <> ''
 ), del AS (
     DELETE FROM {s}.{t}_exception
     WHERE $5 AND group_id = $1 AND message_xid = $2 AND message_id = $3 AND token = $4::uuid
@@ -484,8 +540,26 @@ WITH k AS (
     INSERT INTO {s}.{t}_delivery (group_id, message_xid, message_id, attempt, outcome, error, at)
     SELECT $1, $2, $3, $13, $12, $9, coalesce($10, now())
     WHERE $12 <> '' AND (EXISTS (SELECT 1 FROM del) OR EXISTS (SELECT 1 FROM upd))
+), nxt AS (
+    UPDATE {s}.{t}_exception SET status = 'running', updated_at = coalesce($10, now())
+    WHERE group_id = $1 AND message_xid = $15 AND message_id = $16
+      AND token = nullif($14, '')::uuid AND status = 'queued'
+      AND (EXISTS (SELECT 1 FROM del) OR EXISTS (SELECT 1 FROM upd))
+    RETURNING 1
 )
-SELECT (SELECT count(*) FROM del) + (SELECT count(*) FROM upd)`),
+SELECT (SELECT count(*) FROM del) + (SELECT count(*) FROM upd), (SELECT count(*) FROM nxt)`),
+
+		// Give queued (and not yet settled) rows back to pending without
+		// spending an attempt: the chain they waited in broke.
+		returnRuns: r.Replace(`-- store.ReturnRuns
+WITH k AS (
+    DELETE FROM {s}.{t}_key_lease WHERE group_id = $1 AND token = ANY ($2::uuid[])
+)
+UPDATE {s}.{t}_exception x
+SET status = 'pending', token = NULL, owner = NULL, expires_at = NULL, updated_at = coalesce($3, now())
+FROM unnest($4::bigint[], $5::bigint[]) AS r(xid, id)
+WHERE x.group_id = $1 AND x.message_xid = r.xid AND x.message_id = r.id
+  AND x.token = ANY ($2::uuid[]) AND x.status IN ('running', 'queued')`),
 
 		currentBindings: r.Replace(`-- store.DeclareBindings
 SELECT id, patterns FROM {s}.{t}_binding_declaration
