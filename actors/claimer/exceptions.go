@@ -297,7 +297,7 @@ func (a *ExceptionActor) Serve(ctx context.Context) error {
 			jobs, err := a.Outcome(ctx, o)
 			a.report(ctx, err)
 			handOut(jobs)
-			if deadline == nil {
+			if deadline == nil && len(jobs) == 0 { // a slot came free; a chain's next row keeps its slot
 				claim()
 			}
 		case <-ticker.C:

@@ -453,13 +453,29 @@ WITH RECURSIVE keys AS (
     ORDER BY c.can_run_after
     LIMIT $3
     FOR UPDATE OF x SKIP LOCKED
+), bounds AS (
+    -- Per ordered head, the key's earliest message after it that an
+    -- outstanding range holds: each range is scanned within its own bounds.
+    SELECT d.message_xid, d.message_id, d.message_key, b.xid AS bound_xid, b.id AS bound_id
+    FROM due d
+    LEFT JOIN LATERAL (
+        SELECT r.xid, r.id FROM {s}.{t}_range g
+        CROSS JOIN LATERAL (
+            SELECT m.xid, m.id FROM {s}.{t}_log m
+            WHERE m.xid >= g.lo_xid AND m.xid <= g.hi_xid
+              AND (m.xid, m.id) > (g.lo_xid, g.lo_id) AND (m.xid, m.id) <= (g.hi_xid, g.hi_id)
+              AND (m.xid, m.id) > (d.message_xid, d.message_id) AND m.message_key = d.message_key
+            ORDER BY m.xid, m.id LIMIT 1) r
+        WHERE g.group_id = $1 AND (g.hi_xid, g.hi_id) > (d.message_xid, d.message_id)
+        ORDER BY r.xid, r.id LIMIT 1) b ON true
+    WHERE d.concurrency = 'ordered' AND d.message_key IS NOT NULL AND $6 > 0
 ), chain AS (
     SELECT d.message_key, f.message_xid, f.message_id, f.n,
            bool_and(((f.status = 'pending' AND f.can_run_after <= coalesce($2, now()))
                      OR (f.status = 'queued' AND f.expires_at < coalesce($2, now())))
-                    AND (b.xid IS NULL OR (f.message_xid, f.message_id) < (b.xid, b.id)))
+                    AND (d.bound_xid IS NULL OR (f.message_xid, f.message_id) < (d.bound_xid, d.bound_id)))
                OVER (PARTITION BY d.message_key ORDER BY f.n) AS ok
-    FROM due d
+    FROM bounds d
     CROSS JOIN LATERAL (
         SELECT e.message_xid, e.message_id, e.status, e.can_run_after, e.expires_at,
                row_number() OVER (ORDER BY e.message_xid, e.message_id) AS n
@@ -468,15 +484,6 @@ WITH RECURSIVE keys AS (
           AND (e.message_xid, e.message_id) > (d.message_xid, d.message_id)
         ORDER BY e.message_xid, e.message_id
         LIMIT $6) f
-    LEFT JOIN LATERAL (
-        -- The key's earliest message after the head that a range holds.
-        SELECT m.xid, m.id FROM {s}.{t}_range g
-        JOIN {s}.{t}_log m ON m.xid >= g.lo_xid AND m.xid <= g.hi_xid
-                          AND (m.xid, m.id) > (g.lo_xid, g.lo_id) AND (m.xid, m.id) <= (g.hi_xid, g.hi_id)
-        WHERE g.group_id = $1 AND m.message_key = d.message_key
-          AND (m.xid, m.id) > (d.message_xid, d.message_id)
-        ORDER BY m.xid, m.id LIMIT 1) b ON true
-    WHERE d.concurrency = 'ordered' AND d.message_key IS NOT NULL AND $6 > 0
 ), locked AS (
     SELECT x.message_xid, x.message_id
     FROM chain c
