@@ -3,6 +3,7 @@ GO ?= go
 SEEDS ?= 200
 
 DURATION ?= 5m
+RATE ?= 100
 
 .PHONY: test demo vet bench bench-quick chaos sim check-postgres
 
@@ -20,9 +21,10 @@ vet:
 demo: check-postgres
 	$(GO) run ./cmd/sqlstreams demo
 
-## chaos: the chaos run for DURATION (make chaos DURATION=30m); make test runs a 45 s one
+## chaos: the chaos run for DURATION at RATE msg/s offered (make chaos DURATION=30m; RATE=0 is
+## unthrottled); make test runs a 45 s one
 chaos: check-postgres
-	SQLSTREAMS_CHAOS=$(DURATION) $(GO) test -race -count=1 -run '^TestChaos$$' -v -timeout 0 .
+	SQLSTREAMS_CHAOS=$(DURATION) SQLSTREAMS_CHAOS_RATE=$(RATE) $(GO) test -race -count=1 -run '^TestChaos$$' -v -timeout 0 .
 
 ## sim: the simulator's random runs for SEEDS seeds (make sim SEEDS=1000); make test runs 50
 sim: check-postgres

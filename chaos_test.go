@@ -46,6 +46,21 @@ func chaosSeed(t *testing.T) uint64 {
 	return rand.Uint64()
 }
 
+// chaosRate is the offered load in messages per second, shared by the two
+// producers: SQLSTREAMS_CHAOS_RATE, default 100; 0 produces as fast as the
+// producers can. A chaos run checks what happens to messages under faults;
+// unthrottled producers outrun consumers that lose a database every few
+// seconds, and the run measures only how long the backlog takes to drain.
+func chaosRate(t *testing.T) int {
+	if v := os.Getenv("SQLSTREAMS_CHAOS_RATE"); v != "" {
+		var r int
+		_, err := fmt.Sscan(v, &r)
+		require.NoError(t, err)
+		return r
+	}
+	return 100
+}
+
 // TestChaos runs several Consume sessions of one group while producers
 // produce and a seeded injector kills instances, terminates backends,
 // restarts PostgreSQL, panics actors, and handlers fail, panic and hang. A
@@ -55,7 +70,8 @@ func chaosSeed(t *testing.T) uint64 {
 func TestChaos(t *testing.T) {
 	duration := chaosDuration(t)
 	seed := chaosSeed(t)
-	t.Logf("chaos: duration %s, seed %d (SQLSTREAMS_CHAOS_SEED=%d repeats the faults)", duration, seed, seed)
+	rate := chaosRate(t)
+	t.Logf("chaos: duration %s, offered %d msg/s (0: unthrottled), seed %d (SQLSTREAMS_CHAOS_SEED=%d repeats the faults)", duration, rate, seed, seed)
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	var rngMu sync.Mutex
 	roll := func(n int) int { rngMu.Lock(); defer rngMu.Unlock(); return rng.IntN(n) }
@@ -190,11 +206,24 @@ func TestChaos(t *testing.T) {
 		producers.Add(1)
 		go func() {
 			defer producers.Done()
+			var pace <-chan time.Time // each producer offers half the rate
+			if rate > 0 {
+				tick := time.NewTicker(2 * time.Second / time.Duration(rate))
+				defer tick.Stop()
+				pace = tick.C
+			}
 			for i := 0; ; i++ {
 				select {
 				case <-stopProducing:
 					return
 				default:
+				}
+				if pace != nil {
+					select {
+					case <-stopProducing:
+						return
+					case <-pace:
+					}
 				}
 				produceOne(p, i)
 			}

@@ -395,6 +395,9 @@ RETURNING message_key`),
 		// Due rows, and running rows whose lease lapsed (their holder died
 		// or hung: that counts as a failed attempt). An ordered row runs only
 		// when no earlier row of its key is unresolved.
+		// Rows whose key a live holder leases are passed over: they would
+		// only be parked again (the claimer still asks for the key: the
+		// holder may have been a moment ago).
 		// Each claimed ordered head brings the key's next rows with it, up
 		// to $6, as a chain the claimer runs in order within one claim: the
 		// head 'running', the rest 'queued' (leased, not started, so a lapse
@@ -428,6 +431,8 @@ WITH RECURSIVE keys AS (
     WHERE h.concurrency = 'ordered'
       AND ((h.status = 'pending' AND h.can_run_after <= coalesce($2, now()))
         OR (h.status IN ('running', 'queued') AND h.expires_at < coalesce($2, now())))
+      AND NOT EXISTS (SELECT 1 FROM {s}.{t}_key_lease l JOIN {s}.worker_instance i ON i.id = l.owner
+                      WHERE l.group_id = $1 AND l.message_key = h.message_key AND i.expires_at > coalesce($2, now()))
       AND NOT EXISTS (
             SELECT 1 FROM {s}.{t}_range g
             JOIN {s}.{t}_log m ON m.xid >= g.lo_xid AND m.xid <= g.hi_xid
@@ -439,6 +444,10 @@ WITH RECURSIVE keys AS (
      WHERE x.group_id = $1 AND x.status <> 'dead' AND x.concurrency <> 'ordered'
        AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
          OR (x.status IN ('running', 'queued') AND x.expires_at < coalesce($2, now())))
+       -- A row whose key a live holder has would only be parked again.
+       AND (x.concurrency = 'parallel' OR x.message_key IS NULL OR NOT EXISTS (
+             SELECT 1 FROM {s}.{t}_key_lease l JOIN {s}.worker_instance i ON i.id = l.owner
+             WHERE l.group_id = $1 AND l.message_key = x.message_key AND i.expires_at > coalesce($2, now())))
      ORDER BY x.can_run_after
      LIMIT $3 * 4)
 ), due AS (
