@@ -83,6 +83,10 @@ type message struct {
 // World is one simulation: real PostgreSQL, one mock clock, one seeded
 // PRNG deciding everything else. Every step runs on the caller's goroutine.
 type World struct {
+	// Chained counts exception rows started by the settlement of the row
+	// before them in an ordered chain (no claim between).
+	Chained int
+
 	st       *store.Store
 	opts     Options
 	clock    *clock.Mock
@@ -534,6 +538,10 @@ func (w *World) RunOne(ctx context.Context, in *instance, exc bool, name string)
 	w.tracef("%s runs m%d: %s", in.name, m.n, name)
 	if exc {
 		more, oerr := in.ex.Outcome(ctx, o)
+		if len(more) > 0 {
+			w.Chained += len(more)
+			w.tracef("%s retry chain goes on", in.name)
+		}
 		if herr := w.handOut(in, more, true); herr != nil {
 			return herr
 		}

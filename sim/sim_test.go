@@ -86,6 +86,12 @@ const randomSteps = 150
 // Random runs: each seed takes randomSteps steps with every invariant
 // checked after each, then settles.
 func TestRandomSeeds(t *testing.T) {
+	chained := 0
+	defer func() {
+		if !t.Failed() && len(seeds(t)) >= 50 {
+			require.Positive(t, chained, "the random runs never ran an ordered chain: they no longer cover it")
+		}
+	}()
 	for _, seed := range seeds(t) {
 		// Not parallel: the claim gate reads the cluster's oldest open
 		// transaction, so a world running beside another would see the
@@ -96,6 +102,7 @@ func TestRandomSeeds(t *testing.T) {
 				t.Fatalf("seed %d: %v\nreplay: SQLSTREAMS_SIM_SEED=%d go test ./sim -run TestRandomSeeds -count=1 -v\ntrace tail:\n%s",
 					seed, err, seed, tail(w.Trace(), 40))
 			}
+			chained += w.Chained
 		})
 	}
 }
