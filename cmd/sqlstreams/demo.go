@@ -87,6 +87,30 @@ func migrate(ctx context.Context, out io.Writer, schema string) error {
 	return nil
 }
 
+// manage runs the schema's maintenance workers (retention, pruning,
+// schedules) the way Consume does by default, for deployments that run them
+// apart from their consumers; it stops on SIGINT or SIGTERM.
+func manage(ctx context.Context, out io.Writer, logger *slog.Logger, schema string, ttl time.Duration) error {
+	if os.Getenv("SQLSTREAMS_DATABASE_URL") == "" {
+		return errors.New("manager needs SQLSTREAMS_DATABASE_URL")
+	}
+	pool, done, err := connect(ctx, out)
+	if err != nil {
+		return err
+	}
+	defer done()
+	client, err := sqlstreams.NewClient(ctx, pool, &sqlstreams.ClientConfig{Schema: schema, Logger: logger})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "manager running on schema %s (stop with Ctrl-C)\n", schema)
+	if err := client.Manager().Run(ctx, &sqlstreams.ManagerOptions{InstanceTTL: ttl}); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "manager stopped")
+	return nil
+}
+
 // demo produces at a steady rate for a while and consumes with two instances
 // of one group, printing a progress line and a summary.
 func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions) error {

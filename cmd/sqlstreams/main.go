@@ -1,10 +1,11 @@
 // Command sqlstreams is the sqlstreams command line: a demo that shows
-// messages flowing, and the schema migration verb.
+// messages flowing, the schema migration verb, and a standalone manager.
 //
 //	sqlstreams demo [-duration 10s] [-rate 2000]   produce and consume on a local PostgreSQL
 //	sqlstreams migrate                             bring a schema's tables up to date
+//	sqlstreams manager                             run the maintenance workers until stopped
 //
-// Both read SQLSTREAMS_DATABASE_URL; the demo starts a private throwaway
+// All read SQLSTREAMS_DATABASE_URL; the demo starts a private throwaway
 // PostgreSQL from the installed binaries when it is unset.
 package main
 
@@ -18,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 )
 
 func main() {
@@ -31,18 +33,23 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, `usage:
   sqlstreams demo [-duration 10s] [-rate 2000] [-backlog 20000] [-schema sqlstreams_demo]
   sqlstreams migrate [-schema sqlstreams]
+  sqlstreams manager [-schema sqlstreams] [-instance-ttl 30s]
 
 SQLSTREAMS_DATABASE_URL names the database; the demo starts a private
 PostgreSQL from the installed binaries when it is unset.`)
 }
 
 func run(args []string, out io.Writer) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return runCtx(ctx, args, out)
+}
+
+func runCtx(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
 		usage(out)
 		return errors.New("missing command")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	switch args[0] {
 	case "demo":
@@ -63,6 +70,14 @@ func run(args []string, out io.Writer) error {
 			return err
 		}
 		return migrate(ctx, out, *schema)
+	case "manager":
+		fs := flag.NewFlagSet("manager", flag.ContinueOnError)
+		schema := fs.String("schema", "sqlstreams", "schema whose fleet workers to run")
+		ttl := fs.Duration("instance-ttl", 30*time.Second, "how long a held worker slot outlives its last heartbeat")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		return manage(ctx, out, logger, *schema, *ttl)
 	case "help", "-h", "--help":
 		usage(out)
 		return nil
