@@ -53,10 +53,14 @@ type WorkerConfig struct {
 	// ConfigLogKeep (prune): config snapshots kept per worker and per
 	// stream. Default 100.
 	ConfigLogKeep int
+	// InstanceKeep (prune): worker_instance rows (every consumer and worker
+	// process that ever ran) stay listed this long after they expired, then
+	// go. Default 24h.
+	InstanceKeep time.Duration
 }
 
 func (w WorkerConfig) validate() error {
-	if w.Instances < 0 || w.Interval < 0 || w.Batch < 0 || w.MaxBatches < 0 || w.DeliveryTTL < 0 || w.IdempotencyTTL < 0 || w.ConfigLogKeep < 0 {
+	if w.Instances < 0 || w.Interval < 0 || w.Batch < 0 || w.MaxBatches < 0 || w.DeliveryTTL < 0 || w.IdempotencyTTL < 0 || w.ConfigLogKeep < 0 || w.InstanceKeep < 0 {
 		return fmt.Errorf("%w: WorkerConfig fields must not be negative", ErrInvalidConfig)
 	}
 	return nil
@@ -88,6 +92,7 @@ func (m *Manager) Declare(ctx context.Context, worker string, cfg WorkerConfig) 
 	set("delivery_ttl", cfg.DeliveryTTL.String(), cfg.DeliveryTTL > 0)
 	set("idempotency_ttl", cfg.IdempotencyTTL.String(), cfg.IdempotencyTTL > 0)
 	set("config_log_keep", cfg.ConfigLogKeep, cfg.ConfigLogKeep > 0)
+	set("instance_keep", cfg.InstanceKeep.String(), cfg.InstanceKeep > 0)
 	doc, err := json.Marshal(k)
 	if err != nil {
 		return fmt.Errorf("declare worker %q: %w", worker, err)

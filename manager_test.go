@@ -204,8 +204,25 @@ func TestLedgersStayBoundedWhileAnInstanceWaitsForDays(t *testing.T) {
 		return nil
 	}()
 	start := mock.Now()
+	// Processes that ran once and went away: their rows stay listed for
+	// InstanceKeep (default 24h) after they expire, then go.
+	var gone []string
+	for range 3 {
+		id := engine.NewID()
+		require.NoError(t, e.client.store.InsertInstance(ctx, id, c.group.Workers[store.WorkerMessageConsumer], "gone", time.Minute, engine.DBNow(mock)()))
+		gone = append(gone, id)
+	}
+	instances := func() (stale, all int) {
+		require.NoError(t, e.pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FILTER (WHERE id::text = ANY ($1)), count(*) FROM %s.worker_instance`,
+			e.client.Schema()), gone).Scan(&stale, &all))
+		return stale, all
+	}
 	most := 0
-	for range 3 * 24 * 6 { // three days, an attempt every 10 minutes
+	for i := range 3 * 24 * 6 { // three days, an attempt every 10 minutes
+		if i == 6*12 {
+			stale, _ := instances()
+			require.Equal(t, 3, stale, "12 hours after they expired, the gone instances are still listed")
+		}
 		res, err := waiter.Step(ctx)
 		require.NoError(t, err)
 		require.Equal(t, store.BindingWaiting, res.Outcome)
@@ -217,6 +234,9 @@ func TestLedgersStayBoundedWhileAnInstanceWaitsForDays(t *testing.T) {
 		mock.Add(10 * time.Minute)
 	}
 	require.Positive(t, prune.Pruned.Load())
+	stale, all := instances()
+	require.Zero(t, stale, "a day after they expired, the gone instances are pruned")
+	require.Positive(t, all, "live instances stay")
 	listing, err := c.Bindings(ctx, time.Hour)
 	require.NoError(t, err)
 	require.Equal(t, []string{"a.*"}, listing.Installed.Patterns)

@@ -14,7 +14,8 @@ import (
 // Prune keeps the append-only ledgers bounded: superseded waiting rows of
 // the binding declaration ledger, config snapshots beyond the newest
 // ConfigLogKeep per owner, delivery-log rows older than DeliveryTTL and
-// idempotency keys older than IdempotencyTTL. Every statement is bounded by
+// idempotency keys older than IdempotencyTTL, and worker_instance rows
+// expired longer than InstanceKeep. Every statement is bounded by
 // the worker's Batch; a round by MaxBatches per table.
 type Prune struct {
 	Store *store.Store
@@ -31,6 +32,7 @@ const (
 	DefaultDeliveryTTL    = 7 * 24 * time.Hour
 	DefaultIdempotencyTTL = 7 * 24 * time.Hour
 	DefaultConfigLogKeep  = 100
+	DefaultInstanceKeep   = 24 * time.Hour
 )
 
 // pruneKnobs are the prune worker's own fields of its metadata document.
@@ -38,6 +40,7 @@ type pruneKnobs struct {
 	DeliveryTTL    string `json:"delivery_ttl,omitempty"`
 	IdempotencyTTL string `json:"idempotency_ttl,omitempty"`
 	ConfigLogKeep  int    `json:"config_log_keep,omitempty"`
+	InstanceKeep   string `json:"instance_keep,omitempty"`
 }
 
 // Name implements Worker.
@@ -60,11 +63,12 @@ func (p *Prune) Round(ctx context.Context, k Resolved) error {
 	_ = json.Unmarshal(k.Doc, &pk) // unreadable: defaults (ParseKnobs already reported it)
 	deliveryTTL, err1 := durKnob(pk.DeliveryTTL, DefaultDeliveryTTL)
 	idemTTL, err2 := durKnob(pk.IdempotencyTTL, DefaultIdempotencyTTL)
+	instanceKeep, err3 := durKnob(pk.InstanceKeep, DefaultInstanceKeep)
 	keep := pk.ConfigLogKeep
 	if keep <= 0 {
 		keep = DefaultConfigLogKeep
 	}
-	errs := []error{err1, err2}
+	errs := []error{err1, err2, err3}
 	loop := func(f func() (int64, error)) {
 		for range k.MaxBatches {
 			n, err := f()
@@ -79,6 +83,7 @@ func (p *Prune) Round(ctx context.Context, k Resolved) error {
 		}
 	}
 	loop(func() (int64, error) { return p.Store.PruneConfigLogs(ctx, keep, k.Batch) })
+	loop(func() (int64, error) { return p.Store.PruneInstances(ctx, instanceKeep, k.Batch, p.DBNow()) })
 	streams, err := p.Store.Streams(ctx)
 	if err != nil {
 		return errors.Join(append(errs, err)...)

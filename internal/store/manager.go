@@ -175,6 +175,21 @@ func (st *Store) PruneIdempotency(ctx context.Context, streamID int64, age time.
 	return tag.RowsAffected(), nil
 }
 
+// PruneInstances drops up to limit worker_instance rows that expired more
+// than keep ago. Nothing references them once expired: a key lease or range
+// naming a missing owner is as free as one naming an expired owner.
+func (st *Store) PruneInstances(ctx context.Context, keep time.Duration, limit int, now Now) (int64, error) {
+	tag, err := st.pool.Exec(ctx, st.sql(`-- store.PruneInstances
+WITH victims AS (
+    SELECT id FROM %[1]s.worker_instance WHERE expires_at < coalesce($1, now()) - $2::interval LIMIT $3
+)
+DELETE FROM %[1]s.worker_instance i USING victims v WHERE i.id = v.id`), now, keep, limit)
+	if err != nil {
+		return 0, fmt.Errorf("prune worker instances: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 // PruneConfigLogs keeps the newest keep snapshots per worker in
 // worker_config_log and per stream in stream_config_log, dropping up to
 // limit older ones of each.
