@@ -171,8 +171,9 @@ func (a *Actor) step(ctx context.Context, w Worker) error {
 	}
 	s := a.held[name]
 	var doc []byte
+	ahead := 0
 	if s != nil {
-		found, d, err := a.cfg.Store.RenewSlot(ctx, s.instanceID, a.cfg.TTL, a.cfg.DBNow())
+		found, d, n, err := a.cfg.Store.RenewSlot(ctx, s.instanceID, a.cfg.TTL, a.cfg.DBNow())
 		if err != nil {
 			return err
 		}
@@ -181,7 +182,7 @@ func (a *Actor) step(ctx context.Context, w Worker) error {
 			delete(a.held, name)
 			s = nil
 		}
-		doc = d
+		doc, ahead = d, n
 	}
 	if s == nil {
 		id := a.cfg.NewID()
@@ -202,7 +203,9 @@ func (a *Actor) step(ctx context.Context, w Worker) error {
 		a.cfg.Logger.Warn("worker metadata has unreadable knobs; their defaults apply", "worker", name, "error", err)
 	}
 	s.knobs = knobs
-	if knobs.Instances == 0 { // suspended: give the slot back
+	// Suspended, or the target was lowered below the older holders: give
+	// the slot back.
+	if knobs.Instances == 0 || ahead >= knobs.Instances {
 		if err := a.cfg.Store.DeleteInstance(ctx, s.instanceID); err != nil {
 			return err
 		}

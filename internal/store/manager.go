@@ -94,22 +94,28 @@ VALUES ($1::uuid, $2, $3, coalesce($4, now()), coalesce($4, now()), coalesce($4,
 }
 
 // RenewSlot extends a fleet worker instance's heartbeat and returns the
-// worker's current metadata. found is false when the row is gone or had
-// lapsed (another process may hold the slot now): the caller stops the work.
-func (st *Store) RenewSlot(ctx context.Context, instanceID string, ttl time.Duration, now Now) (found bool, doc []byte, err error) {
+// worker's current metadata and how many live holders started before this
+// one (a holder that finds the target lowered to or below that count gives
+// its slot back, so the oldest holders keep theirs). found is false when
+// the row is gone or had lapsed (another process may hold the slot now):
+// the caller stops the work.
+func (st *Store) RenewSlot(ctx context.Context, instanceID string, ttl time.Duration, now Now) (found bool, doc []byte, ahead int, err error) {
 	err = st.pool.QueryRow(ctx, st.sql(`-- store.RenewSlot
 UPDATE %[1]s.worker_instance i
 SET heartbeat_at = coalesce($2, now()), expires_at = coalesce($2, now()) + $3::interval
 FROM %[1]s.worker_config w
 WHERE i.id = $1::uuid AND w.id = i.worker_config_id AND i.expires_at > coalesce($2, now())
-RETURNING w.metadata`), instanceID, now, ttl).Scan(&doc)
+RETURNING w.metadata,
+          (SELECT count(*) FROM %[1]s.worker_instance o
+           WHERE o.worker_config_id = i.worker_config_id AND o.expires_at > coalesce($2, now())
+             AND (o.started_at, o.id) < (i.started_at, i.id))`), instanceID, now, ttl).Scan(&doc, &ahead)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil, nil
+		return false, nil, 0, nil
 	}
 	if err != nil {
-		return false, nil, fmt.Errorf("renew slot: %w", err)
+		return false, nil, 0, fmt.Errorf("renew slot: %w", err)
 	}
-	return true, doc, nil
+	return true, doc, ahead, nil
 }
 
 // StreamConfigRow is a stream's id and declared config.
