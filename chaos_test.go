@@ -85,6 +85,18 @@ func TestChaos(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	control := pgtest.Pool(t) // the harness's own connections, never terminated
+	// The injector restarts PostgreSQL every few seconds, far more often
+	// than autovacuum's one-minute nap: without this it would never run, and
+	// a long run would measure plans on statistics from its first minute and
+	// tables full of dead tuples, which no deployment has. (On a server of
+	// its own the harness is not allowed to restart, and this may fail.)
+	if _, err := control.Exec(ctx, "ALTER SYSTEM SET autovacuum_naptime = '1s'"); err == nil {
+		_, _ = control.Exec(ctx, "SELECT pg_reload_conf()")
+		t.Cleanup(func() {
+			_, _ = control.Exec(context.Background(), "ALTER SYSTEM RESET autovacuum_naptime")
+			_, _ = control.Exec(context.Background(), "SELECT pg_reload_conf()")
+		})
+	}
 	sink := &logSink{}
 	client, err := NewClient(ctx, pool, &ClientConfig{Schema: schema, Logger: slog.New(sink)})
 	require.NoError(t, err)

@@ -382,11 +382,18 @@ WITH req AS (
         WHERE x.group_id = $1 AND x.message_key = req.key AND x.status <> 'dead'
           AND (x.message_xid, x.message_id) < (req.xid, req.id))
     OR EXISTS (
+        -- Driven from the few outstanding ranges, each probing the log
+        -- within its own bounds: a join the planner may turn into a log
+        -- scan per key once the statistics are stale (as when autovacuum
+        -- has not run) cost O(log) per claim.
         SELECT 1 FROM {s}.{t}_range g
-        JOIN {s}.{t}_log m ON m.xid >= g.lo_xid AND m.xid <= g.hi_xid
-                          AND (m.xid, m.id) > (g.lo_xid, g.lo_id) AND (m.xid, m.id) <= (g.hi_xid, g.hi_id)
-        WHERE g.group_id = $1 AND g.id <> $5 AND (g.lo_xid, g.lo_id) < (req.xid, req.id)
-          AND m.message_key = req.key AND (m.xid, m.id) < (req.xid, req.id))
+        CROSS JOIN LATERAL (
+            SELECT 1 FROM {s}.{t}_log m
+            WHERE m.xid >= g.lo_xid AND m.xid <= g.hi_xid
+              AND (m.xid, m.id) > (g.lo_xid, g.lo_id) AND (m.xid, m.id) <= (g.hi_xid, g.hi_id)
+              AND (m.xid, m.id) < (req.xid, req.id) AND m.message_key = req.key
+            LIMIT 1) hit
+        WHERE g.group_id = $1 AND g.id <> $5 AND (g.lo_xid, g.lo_id) < (req.xid, req.id))
 )
 DELETE FROM {s}.{t}_key_lease
 WHERE group_id = $1 AND token = $6::uuid AND message_key IN (SELECT key FROM blocked)
@@ -435,10 +442,13 @@ WITH RECURSIVE keys AS (
                       WHERE l.group_id = $1 AND l.message_key = h.message_key AND i.expires_at > coalesce($2, now()))
       AND NOT EXISTS (
             SELECT 1 FROM {s}.{t}_range g
-            JOIN {s}.{t}_log m ON m.xid >= g.lo_xid AND m.xid <= g.hi_xid
-                              AND (m.xid, m.id) > (g.lo_xid, g.lo_id) AND (m.xid, m.id) <= (g.hi_xid, g.hi_id)
-            WHERE g.group_id = $1 AND (g.lo_xid, g.lo_id) < (h.message_xid, h.message_id)
-              AND m.message_key = h.message_key AND (m.xid, m.id) < (h.message_xid, h.message_id))
+            CROSS JOIN LATERAL (
+                SELECT 1 FROM {s}.{t}_log m
+                WHERE m.xid >= g.lo_xid AND m.xid <= g.hi_xid
+                  AND (m.xid, m.id) > (g.lo_xid, g.lo_id) AND (m.xid, m.id) <= (g.hi_xid, g.hi_id)
+                  AND (m.xid, m.id) < (h.message_xid, h.message_id) AND m.message_key = h.message_key
+                LIMIT 1) hit
+            WHERE g.group_id = $1 AND (g.lo_xid, g.lo_id) < (h.message_xid, h.message_id))
     UNION ALL
     (SELECT x.message_xid, x.message_id, x.can_run_after FROM {s}.{t}_exception x
      WHERE x.group_id = $1 AND x.status <> 'dead' AND x.concurrency <> 'ordered'
