@@ -467,3 +467,67 @@ func TestALostClaimReplyIsLetGo(t *testing.T) {
 	require.Equal(t, 1, st.retry(), "and it is retried")
 	require.Empty(t, st.states())
 }
+
+// An instance whose own lease lapsed (its heartbeat failed while the
+// database restarted) may reclaim its own range. What it still holds of the
+// earlier incarnation — a commit that failed and waits for a retry, jobs
+// whose outcomes arrive late — belongs to a lease that is gone: applied to
+// the new incarnation they settled messages that had not run. The 30-minute
+// chaos run lost five messages this way.
+func TestAReclaimedRangeIsNeverSettledByItsEarlierIncarnation(t *testing.T) {
+	failOnce := map[string]bool{"m-2": true}
+	st, s := newStepper(t, nil, func(o *order, attempt int) error {
+		if failOnce[o.OrderID] {
+			delete(failOnce, o.OrderID)
+			return errors.New("transient")
+		}
+		return nil
+	})
+	ctx := context.Background()
+	_, err := s.ProduceBatch(ctx, keyedBatch(5, 5), nil)
+	require.NoError(t, err)
+	schema, stream := st.e.client.Schema(), st.c.group.StreamID
+	lapse := func() { // the instance's own lease lapses
+		_, err := st.e.pool.Exec(ctx, fmt.Sprintf("UPDATE %s.stream_%d_range SET expires_at = '-infinity'", schema, stream))
+		require.NoError(t, err)
+	}
+	ranges := func() (n int) {
+		require.NoError(t, st.e.pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s.stream_%d_range", schema, stream)).Scan(&n))
+		return n
+	}
+
+	// A failed commit, retried after the instance reclaimed its own range.
+	first, err := st.ranges.Claim(ctx)
+	require.NoError(t, err)
+	require.Len(t, first, 5)
+	down, cancel := context.WithCancel(ctx)
+	cancel() // the database is unreachable when the range completes
+	for _, j := range first {
+		_, _ = st.ranges.Outcome(down, st.ranges.Run(ctx, j))
+	}
+	lapse()
+	second, err := st.ranges.Claim(ctx)
+	require.NoError(t, err)
+	require.Len(t, second, 5, "the same range, reclaimed under a new token")
+	require.NoError(t, st.ranges.Flush(ctx))
+	require.Equal(t, 1, ranges(), "the failed commit of the earlier incarnation must not settle the new one")
+
+	// Late outcomes of an earlier incarnation whose low bound moved.
+	for _, j := range second[:2] {
+		_, err := st.ranges.Outcome(ctx, st.ranges.Run(ctx, j))
+		require.NoError(t, err)
+	}
+	require.NoError(t, st.ranges.HandBack(ctx)) // m-0 and m-1 settled: lo moves past them
+	third, err := st.ranges.Claim(ctx)
+	require.NoError(t, err)
+	require.Len(t, third, 3)
+	_, err = st.ranges.Outcome(ctx, st.ranges.Run(ctx, second[2]))
+	require.NoError(t, err)
+	require.Equal(t, 3, st.ranges.Queued(), "an outcome of the earlier incarnation settles nothing in the new one")
+	for _, j := range third {
+		_, err := st.ranges.Outcome(ctx, st.ranges.Run(ctx, j))
+		require.NoError(t, err)
+	}
+	require.Zero(t, ranges())
+	require.Empty(t, st.states(), "every message ran and succeeded; m-2 failed only in the dropped incarnation")
+}

@@ -128,8 +128,14 @@ const (
 	done
 )
 
+// ref names one message of one incarnation of a range: a range this
+// instance reclaims after its own lease lapsed comes back under a new token,
+// possibly with its low bound moved (a hand-back elsewhere dropped a settled
+// prefix), so an index means nothing without the token it was dispatched
+// under.
 type ref struct {
 	rangeID int64
+	token   string
 	index   int
 }
 
@@ -165,7 +171,7 @@ type Actor struct {
 	keys     map[string]*keyState // key leases held, across ranges
 	order    []int64              // range ids in claim order, for hand-back
 	queued   int                  // messages claimed and not settled
-	toCommit []int64              // complete ranges whose commit failed and must be retried
+	toCommit []ref                // complete ranges (id, token) whose commit failed and must be retried
 
 	stallSince time.Time
 	stalled    bool
@@ -268,13 +274,18 @@ func resolve(m *store.Message, group policy.Group) policy.Effective {
 }
 
 func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group) ([]Job, error) {
+	var stale []Job // other ranges' messages a dropped incarnation was holding up
+	if old := a.ranges[r.ID]; old != nil {
+		stale = a.dropStale(old)
+	}
+	jobs := stale
 	n := len(r.Messages)
 	in := &inflight{r: r, eff: make([]policy.Effective, n), state: make([]msgState, n),
 		writes: make([]*store.ExceptionWrite, n), pending: n}
 	a.ranges[r.ID] = in
 	a.order = append(a.order, r.ID)
 	if n == 0 { // a reclaimed lease over positions that no longer exist
-		return nil, a.settle(ctx, r.ID)
+		return stale, a.settle(ctx, r.ID)
 	}
 	a.queued += n
 
@@ -285,7 +296,6 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 	}
 	byKey := map[string]*keyed{}
 	var keyOrder []string
-	var jobs []Job
 	for i := range r.Messages {
 		m := &r.Messages[i]
 		if !m.Matched && !a.cfg.Broken.DeliverUnmatched { // not routed to this group: settled without delivery
@@ -341,9 +351,9 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 			}
 			rel := store.Release{GroupID: a.cfg.GroupID, RangeID: r.ID, Token: r.Token, Keys: taken}
 			if rerr := a.cfg.Store.ReleaseRange(ctx, a.cfg.StreamID, rel, a.cfg.DBNow()); rerr != nil {
-				return nil, errors.Join(err, rerr)
+				return stale, errors.Join(err, rerr)
 			}
-			return nil, err
+			return stale, err
 		}
 	}
 	for _, key := range keyOrder {
@@ -369,14 +379,14 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 		in.keys = append(in.keys, key)
 		idle := len(ks.queue) == 0
 		for _, i := range k.idx {
-			ks.queue = append(ks.queue, ref{rangeID: r.ID, index: i})
+			ks.queue = append(ks.queue, ref{rangeID: r.ID, token: r.Token, index: i})
 		}
 		if idle {
 			jobs = append(jobs, a.start(ks.queue[0]))
 		}
 	}
 	if in.pending == 0 {
-		return nil, a.settle(ctx, r.ID)
+		return jobs, a.settle(ctx, r.ID)
 	}
 	return jobs, nil
 }
@@ -390,7 +400,7 @@ func (a *Actor) start(rf ref) Job {
 
 func (a *Actor) job(in *inflight, i int) Job {
 	e := in.eff[i]
-	return Job{Ref: ref{rangeID: in.r.ID, index: i}, Delivery: Delivery{
+	return Job{Ref: ref{rangeID: in.r.ID, token: in.r.Token, index: i}, Delivery: Delivery{
 		Msg: &in.r.Messages[i], Attempt: 1, Concurrency: e.Concurrency, Timeout: e.Timeout, Bindings: in.r.Bindings}}
 }
 
@@ -457,8 +467,8 @@ func (a *Actor) clearStall() {
 func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 	rf, _ := o.Ref.(ref)
 	in, ok := a.ranges[rf.rangeID]
-	if !ok || in.state[rf.index] != running || o.Canceled {
-		return nil, nil // a range dropped after a lost lease or a hand-back
+	if !ok || in.r.Token != rf.token || in.state[rf.index] != running || o.Canceled {
+		return nil, nil // a range dropped after a lost lease or a hand-back, or an earlier incarnation's job
 	}
 	i := rf.index
 	m := &in.r.Messages[i]
@@ -521,10 +531,42 @@ func (s *Stats) count(next policy.Next, err error, attempts int) {
 
 func (a *Actor) settle(ctx context.Context, id int64) error {
 	if err := a.commit(ctx, id); err != nil {
-		a.toCommit = append(a.toCommit, id)
+		a.toCommit = append(a.toCommit, ref{rangeID: id, token: a.ranges[id].r.Token})
 		return err
 	}
 	return nil
+}
+
+// dropStale forgets an earlier incarnation of a range this instance has just
+// reclaimed (its own lease had lapsed): its jobs' outcomes, its queued key
+// refs and its pending commit belong to a lease that is gone, and applied to
+// the new incarnation they would settle messages that never ran. Key leases
+// it alone used are left to Reconcile, which releases leases under tokens
+// the claimer no longer knows.
+func (a *Actor) dropStale(old *inflight) []Job {
+	var heads []string // keys whose running message was the old incarnation's
+	for _, key := range old.keys {
+		if ks := a.keys[key]; ks != nil && len(ks.queue) > 0 && ks.queue[0].rangeID == old.r.ID && ks.queue[0].token == old.r.Token {
+			heads = append(heads, key)
+		}
+	}
+	a.releaseKeys(old)
+	var jobs []Job
+	for _, key := range heads { // the next message of the key, another range's, starts
+		if ks := a.keys[key]; ks != nil && len(ks.queue) > 0 {
+			jobs = append(jobs, a.start(ks.queue[0]))
+		}
+	}
+	a.queued -= old.pending
+	a.forget(old.r.ID)
+	kept := a.toCommit[:0]
+	for _, c := range a.toCommit {
+		if c.rangeID != old.r.ID {
+			kept = append(kept, c)
+		}
+	}
+	a.toCommit = kept
+	return jobs
 }
 
 func (a *Actor) commit(ctx context.Context, id int64) error {
@@ -618,8 +660,11 @@ func (a *Actor) Reconcile(ctx context.Context) error {
 func (a *Actor) Flush(ctx context.Context) error {
 	pending := a.toCommit
 	a.toCommit = nil
-	for i, id := range pending {
-		if err := a.commit(ctx, id); err != nil {
+	for i, c := range pending {
+		if in := a.ranges[c.rangeID]; in == nil || in.r.Token != c.token {
+			continue // gone, or reclaimed since under a new token
+		}
+		if err := a.commit(ctx, c.rangeID); err != nil {
 			a.toCommit = append(a.toCommit, pending[i:]...)
 			return err
 		}
