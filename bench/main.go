@@ -36,6 +36,8 @@ import (
 type config struct {
 	n, runs, singles, rate int
 	keysN                  int
+	riverWorkers           int
+	watermillBatch         int
 	latencyFor             time.Duration
 	url, only, cpuprofile  string
 	resultsDir             string
@@ -51,14 +53,17 @@ func main() {
 	flag.IntVar(&c.rate, "rate", 500, "latency workload: messages produced per second")
 	flag.DurationVar(&c.latencyFor, "latency-for", 10*time.Second, "latency workload: how long to produce")
 	flag.IntVar(&c.keysN, "keysn", 50000, "failures/keys workloads: messages per stream")
-	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency,keys (default all)")
+	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency,keys,river,watermill (default all)")
+	flag.IntVar(&c.riverWorkers, "river-workers", 2000, "river: MaxWorkers of the peer's queue")
+	flag.IntVar(&c.watermillBatch, "watermill-batch", 10000, "watermill: SubscribeBatchSize of the peer's subscriber")
 	flag.StringVar(&c.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the whole run to this file")
 	flag.StringVar(&c.resultsDir, "results", "results", "directory for latest.md and latest.json")
 	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
 	flag.BoolVar(&c.allowShared, "allow-port-5432", false, "allow a -url on port 5432 (refused by default: that is usually a shared server)")
 	flag.Parse()
-	if c.n < 1000 || c.keysN < 1000 || c.runs < 1 || c.singles < 4 || c.rate < 1 || c.latencyFor <= 0 {
-		fmt.Fprintln(os.Stderr, "bench: -n and -keysn must be at least 1000, -runs, -singles, -rate and -latency-for positive")
+	if c.n < 1000 || c.keysN < 1000 || c.runs < 1 || c.singles < 4 || c.rate < 1 || c.latencyFor <= 0 ||
+		c.riverWorkers < 1 || c.riverWorkers > 10000 || c.watermillBatch < 1 {
+		fmt.Fprintln(os.Stderr, "bench: -n and -keysn must be at least 1000, -runs, -singles, -rate, -latency-for and -watermill-batch positive, -river-workers 1 to 10000")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -162,6 +167,17 @@ func run(ctx context.Context, c config) (err error) {
 	if c.want("produce") || c.want("burndown") || c.want("latency") || c.want("keys") {
 		if err := b.streams(ctx); err != nil {
 			return err
+		}
+	}
+	// The peers, after sqlstreams, whose burn-down they are compared to.
+	if c.want("river") {
+		if err := b.river(ctx); err != nil {
+			return fmt.Errorf("river: %w", err)
+		}
+	}
+	if c.want("watermill") {
+		if err := b.watermill(ctx); err != nil {
+			return fmt.Errorf("watermill: %w", err)
 		}
 	}
 	rep.Elapsed = wall.Since(started).Round(time.Second).String()

@@ -11,10 +11,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -36,6 +38,16 @@ type report struct {
 	Results  []*throughputResult `json:"throughput"`
 	Latency  []*latencyResult    `json:"latency"`
 	Ratios   []ratio             `json:"ratios"`
+	Peers    []peerInfo          `json:"peers,omitempty"`
+}
+
+// peerInfo is a peer library the run measured beside sqlstreams: the module
+// versions it was built with (read from the binary) and how it was set up.
+type peerInfo struct {
+	Key     string            `json:"key"`
+	Name    string            `json:"name"`
+	Modules map[string]string `json:"modules"`
+	Config  string            `json:"config"`
 }
 
 type machine struct {
@@ -207,6 +219,22 @@ func (r *report) throughput(key, name, unit string) *throughputResult {
 	return t
 }
 
+// peer records a peer's versions, as built into this binary, and config.
+func (r *report) peer(key, name string, modules []string, config string) {
+	p := peerInfo{Key: key, Name: name, Modules: map[string]string{}, Config: config}
+	for _, m := range modules {
+		p.Modules[m] = "unknown"
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			if _, want := p.Modules[d.Path]; want {
+				p.Modules[d.Path] = d.Version
+			}
+		}
+	}
+	r.Peers = append(r.Peers, p)
+}
+
 func (r *report) latency(key, name string, poll time.Duration, rate int, dur time.Duration) *latencyResult {
 	l := &latencyResult{Key: key, Name: name, ClaimPollRate: poll.String(), Rate: rate, For: dur.String()}
 	r.Latency = append(r.Latency, l)
@@ -262,9 +290,21 @@ func (r *report) finish() {
 	add("burn-down 4 instances / raw keyset drain", "burndown_4", "raw_drain", 0.15)
 	add("burn-down 1 instance / raw keyset drain", "burndown_1", "raw_drain", 0)
 	add("burn-down 4 instances / 1 instance", "burndown_4", "burndown_1", 0)
+	for _, peer := range []struct{ key, name string }{{"river_burndown", "River"}, {"watermill_burndown", "Watermill SQL"}} {
+		add("sqlstreams burn-down 4 instances / "+peer.name+" burn-down", "burndown_4", peer.key, 0)
+		add("sqlstreams burn-down 1 instance / "+peer.name+" burn-down", "burndown_1", peer.key, 0)
+	}
 	for _, v := range keysVariants[1:] {
 		add("failures/keys: "+v.short+" / parallel baseline", v.key, keysVariants[0].key, v.floor)
 	}
+}
+
+func (p peerInfo) versions() string {
+	mods := slices.Sorted(maps.Keys(p.Modules))
+	for i, m := range mods {
+		mods[i] = m + " " + p.Modules[m]
+	}
+	return strings.Join(mods, ", ")
 }
 
 func (q ratio) verdict() string {
@@ -285,6 +325,9 @@ func (r *report) print(w io.Writer) {
 	}
 	for _, l := range r.Latency {
 		fmt.Fprintf(w, "  %-72s p50 %.1f ms  p99 %.1f ms  max %.1f ms\n", l.Name, l.P50ms, l.P99ms, l.MaxMs)
+	}
+	for _, p := range r.Peers {
+		fmt.Fprintf(w, "  peer %s (%s): %s\n", p.Name, p.versions(), p.Config)
 	}
 	if len(r.Ratios) > 0 {
 		fmt.Fprintln(w, "ratios:")
@@ -334,6 +377,13 @@ func (r *report) markdown() string {
 				runs[i] = fmt.Sprintf("%.1f/%.1f/%.1f @%.0f", run.P50ms, run.P99ms, run.MaxMs, run.ProducedPerSec)
 			}
 			p("| %s, %d msg/s for %s | %.1f | %.1f | %.1f | %s |\n", l.Name, l.Rate, l.For, l.P50ms, l.P99ms, l.MaxMs, strings.Join(runs, "; "))
+		}
+		p("\n")
+	}
+	if len(r.Peers) > 0 {
+		p("| peer | versions | configuration |\n|---|---|---|\n")
+		for _, q := range r.Peers {
+			p("| %s | %s | %s |\n", q.Name, q.versions(), q.Config)
 		}
 		p("\n")
 	}
