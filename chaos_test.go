@@ -37,13 +37,19 @@ func chaosDuration(t *testing.T) time.Duration {
 // chaosSeed is the fault injector's seed: SQLSTREAMS_CHAOS_SEED, else random
 // (printed, so a failing run can be repeated with the same faults).
 func chaosSeed(t *testing.T) uint64 {
-	if v := os.Getenv("SQLSTREAMS_CHAOS_SEED"); v != "" {
-		var s uint64
-		_, err := fmt.Sscan(v, &s)
-		require.NoError(t, err)
-		return s
+	return envNumber(t, "SQLSTREAMS_CHAOS_SEED", rand.Uint64())
+}
+
+// envNumber reads a number from the environment, def when unset.
+func envNumber[N int | uint64](t *testing.T, name string, def N) N {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
 	}
-	return rand.Uint64()
+	var n N
+	_, err := fmt.Sscan(v, &n)
+	require.NoError(t, err, name)
+	return n
 }
 
 // chaosRate is the offered load in messages per second, shared by the two
@@ -52,13 +58,7 @@ func chaosSeed(t *testing.T) uint64 {
 // unthrottled producers outrun consumers that lose a database every few
 // seconds, and the run measures only how long the backlog takes to drain.
 func chaosRate(t *testing.T) int {
-	if v := os.Getenv("SQLSTREAMS_CHAOS_RATE"); v != "" {
-		var r int
-		_, err := fmt.Sscan(v, &r)
-		require.NoError(t, err)
-		return r
-	}
-	return 100
+	return envNumber(t, "SQLSTREAMS_CHAOS_RATE", 100)
 }
 
 // TestChaos runs several Consume sessions of one group while producers

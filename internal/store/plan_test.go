@@ -13,11 +13,9 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// The claim path must reach the log through its (xid, id) index with the
-// cursor's bounds as index conditions. A join against the cursor row plans as
-// a scan from the start of the log with a join filter, which makes every
-// claim cost the whole backlog: this test pins the plan shape, not a timing.
-func TestClaimPathPlansUseTheLogIndex(t *testing.T) {
+// planSetup migrates a fresh schema with one stream and one group.
+func planSetup(t *testing.T) (*Store, int64, int64) {
+	t.Helper()
 	ctx := context.Background()
 	st, err := New(pgtest.Pool(t), pgtest.Schema(t))
 	require.NoError(t, err)
@@ -27,36 +25,52 @@ func TestClaimPathPlansUseTheLogIndex(t *testing.T) {
 	require.NoError(t, err)
 	g, err := st.RegisterGroup(ctx, row.ID, "g", StartBeginning, nil)
 	require.NoError(t, err)
+	return st, row.ID, g.ID
+}
+
+// explain returns a statement's plan as text.
+func explain(t *testing.T, st *Store, name, sql string, args ...any) string {
+	t.Helper()
+	rows, err := st.Pool().Query(context.Background(), "EXPLAIN (COSTS OFF) "+sql, args...)
+	require.NoError(t, err, name)
+	var plan []string
+	for rows.Next() {
+		var line string
+		require.NoError(t, rows.Scan(&line))
+		plan = append(plan, line)
+	}
+	require.NoError(t, rows.Err())
+	return strings.Join(plan, "\n")
+}
+
+// The claim path must reach the log through its (xid, id) index with the
+// cursor's bounds as index conditions. A join against the cursor row plans as
+// a scan from the start of the log with a join filter, which makes every
+// claim cost the whole backlog: this test pins the plan shape, not a timing.
+func TestClaimPathPlansUseTheLogIndex(t *testing.T) {
+	ctx := context.Background()
+	st, streamID, groupID := planSetup(t)
 	msgs := make([]NewMessage, 2000)
 	for i := range msgs {
 		msgs[i] = NewMessage{Version: 1, Payload: []byte(`{"a":1}`)}
 	}
-	_, err = st.Produce(ctx, nil, row.ID, msgs, nil)
+	_, err := st.Produce(ctx, nil, streamID, msgs, nil)
 	require.NoError(t, err)
-	_, err = st.Pool().Exec(ctx, "ANALYZE "+st.s+"."+tablePrefix(row.ID)+"_log")
+	_, err = st.Pool().Exec(ctx, "ANALYZE "+st.s+"."+tablePrefix(streamID)+"_log")
 	require.NoError(t, err)
 
-	tb := st.streamTables(row.ID)
+	tb := st.streamTables(streamID)
 	owner := "00000000-0000-4000-8000-000000000001"
 	for name, q := range map[string]struct {
 		sql  string
 		args []any
 	}{
-		"claim":   {tb.claim, []any{g.ID, 100, nil, owner, time.Minute}},
-		"reclaim": {tb.reclaim, []any{g.ID, nil, owner, time.Minute}},
-		"gate":    {tb.gateProbe, []any{g.ID}},
+		"claim":   {tb.claim, []any{groupID, 100, nil, owner, time.Minute}},
+		"reclaim": {tb.reclaim, []any{groupID, nil, owner, time.Minute}},
+		"gate":    {tb.gateProbe, []any{groupID}},
 	} {
-		rows, err := st.Pool().Query(ctx, "EXPLAIN (COSTS OFF) "+q.sql, q.args...)
-		require.NoError(t, err, name)
-		var plan []string
-		for rows.Next() {
-			var line string
-			require.NoError(t, rows.Scan(&line))
-			plan = append(plan, line)
-		}
-		require.NoError(t, rows.Err())
-		text := strings.Join(plan, "\n")
-		logTable := tablePrefix(row.ID) + "_log"
+		text := explain(t, st, name, q.sql, q.args...)
+		logTable := tablePrefix(streamID) + "_log"
 		require.NotContains(t, text, "Seq Scan on "+logTable, "%s plan:\n%s", name, text)
 		require.NotContains(t, text, "Join Filter: (ROW(", "%s plan:\n%s", name, text)
 		require.Regexp(t, `Index Cond: \(+ROW\((\w+\.)?xid, (\w+\.)?id\) > ROW\(\$`, text, "%s plan:\n%s", name, text)
@@ -74,43 +88,27 @@ func TestClaimPathPlansUseTheLogIndex(t *testing.T) {
 // the chaos run's statistics, so the old join passes it too.
 func TestOrderedKeyChecksUseTheLogIndexWithStaleStatistics(t *testing.T) {
 	ctx := context.Background()
-	st, err := New(pgtest.Pool(t), pgtest.Schema(t))
-	require.NoError(t, err)
-	_, err = st.Migrate(ctx)
-	require.NoError(t, err)
-	row, _, _, _, err := st.RegisterStream(ctx, "s", []byte(`{}`), "test", nil)
-	require.NoError(t, err)
-	g, err := st.RegisterGroup(ctx, row.ID, "g", StartBeginning, nil)
-	require.NoError(t, err)
+	st, streamID, groupID := planSetup(t)
 	produce := func(n int) {
 		msgs := make([]NewMessage, n)
 		for i := range msgs {
 			msgs[i] = NewMessage{Version: 1, Key: fmt.Sprintf("k%d", i%400), Payload: []byte(`{"a":1}`)}
 		}
-		_, err = st.Produce(ctx, nil, row.ID, msgs, nil)
+		_, err := st.Produce(ctx, nil, streamID, msgs, nil)
 		require.NoError(t, err)
 	}
 	produce(20000) // never analyzed
 
-	tb := st.streamTables(row.ID)
+	tb := st.streamTables(streamID)
 	owner := "00000000-0000-4000-8000-000000000001"
 	for name, q := range map[string]struct {
 		sql  string
 		args []any
 	}{
-		"blockOrdered":    {tb.blockOrdered, []any{g.ID, []string{"k", "kx"}, []int64{1, 1}, []int64{5, 6}, int64(0), owner}},
-		"claimExceptions": {tb.claimExceptions, []any{g.ID, nil, 4, owner, time.Minute, 20}},
+		"blockOrdered":    {tb.blockOrdered, []any{groupID, []string{"k", "kx"}, []int64{1, 1}, []int64{5, 6}, int64(0), owner}},
+		"claimExceptions": {tb.claimExceptions, []any{groupID, nil, 4, owner, time.Minute, 20}},
 	} {
-		rows, err := st.Pool().Query(ctx, "EXPLAIN (COSTS OFF) "+q.sql, q.args...)
-		require.NoError(t, err, name)
-		var plan []string
-		for rows.Next() {
-			var line string
-			require.NoError(t, rows.Scan(&line))
-			plan = append(plan, line)
-		}
-		require.NoError(t, rows.Err())
-		text := strings.Join(plan, "\n")
-		require.NotContains(t, text, "Seq Scan on "+tablePrefix(row.ID)+"_log", "%s plan:\n%s", name, text)
+		text := explain(t, st, name, q.sql, q.args...)
+		require.NotContains(t, text, "Seq Scan on "+tablePrefix(streamID)+"_log", "%s plan:\n%s", name, text)
 	}
 }
