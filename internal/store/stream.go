@@ -64,6 +64,32 @@ func (st *Store) streamTables(streamID int64) *tables {
 	return actual.(*tables)
 }
 
+// rangeHoldsEarlier is the body of an EXISTS: an outstanding range of the
+// group ($1) holds a message of key before position (xid, id). It is driven
+// from the few ranges, each probing the log within its own bounds: written
+// as a join of ranges and log, the planner turned it into a log scan per
+// key once the statistics were stale (as when autovacuum has not run), and
+// every claim cost O(log). extra narrows the ranges further.
+func rangeHoldsEarlier(key, xid, id, extra string) string {
+	return fmt.Sprintf(`
+        SELECT 1 FROM {s}.{t}_range g
+        CROSS JOIN LATERAL (
+            SELECT 1 FROM {s}.{t}_log m
+            WHERE m.xid >= g.lo_xid AND m.xid <= g.hi_xid
+              AND (m.xid, m.id) > (g.lo_xid, g.lo_id) AND (m.xid, m.id) <= (g.hi_xid, g.hi_id)
+              AND (m.xid, m.id) < (%[2]s, %[3]s) AND m.message_key = %[1]s
+            LIMIT 1) hit
+        WHERE g.group_id = $1 %[4]s AND (g.lo_xid, g.lo_id) < (%[2]s, %[3]s)`, key, xid, id, extra)
+}
+
+// keyHeldLive is the body of an EXISTS: a live holder leases key in the
+// group ($1), at the statement's time ($2).
+func keyHeldLive(key string) string {
+	return fmt.Sprintf(`
+        SELECT 1 FROM {s}.{t}_key_lease l JOIN {s}.worker_instance i ON i.id = l.owner
+        WHERE l.group_id = $1 AND l.message_key = %s AND i.expires_at > coalesce($2, now())`, key)
+}
+
 func buildTables(schema, prefix string) *tables {
 	r := strings.NewReplacer("{s}", schema, "{t}", prefix)
 	return &tables{
@@ -381,19 +407,7 @@ WITH req AS (
         SELECT 1 FROM {s}.{t}_exception x
         WHERE x.group_id = $1 AND x.message_key = req.key AND x.status <> 'dead'
           AND (x.message_xid, x.message_id) < (req.xid, req.id))
-    OR EXISTS (
-        -- Driven from the few outstanding ranges, each probing the log
-        -- within its own bounds: a join the planner may turn into a log
-        -- scan per key once the statistics are stale (as when autovacuum
-        -- has not run) cost O(log) per claim.
-        SELECT 1 FROM {s}.{t}_range g
-        CROSS JOIN LATERAL (
-            SELECT 1 FROM {s}.{t}_log m
-            WHERE m.xid >= g.lo_xid AND m.xid <= g.hi_xid
-              AND (m.xid, m.id) > (g.lo_xid, g.lo_id) AND (m.xid, m.id) <= (g.hi_xid, g.hi_id)
-              AND (m.xid, m.id) < (req.xid, req.id) AND m.message_key = req.key
-            LIMIT 1) hit
-        WHERE g.group_id = $1 AND g.id <> $5 AND (g.lo_xid, g.lo_id) < (req.xid, req.id))
+    OR EXISTS (` + rangeHoldsEarlier("req.key", "req.xid", "req.id", "AND g.id <> $5") + `)
 )
 DELETE FROM {s}.{t}_key_lease
 WHERE group_id = $1 AND token = $6::uuid AND message_key IN (SELECT key FROM blocked)
@@ -438,26 +452,15 @@ WITH RECURSIVE keys AS (
     WHERE h.concurrency = 'ordered'
       AND ((h.status = 'pending' AND h.can_run_after <= coalesce($2, now()))
         OR (h.status IN ('running', 'queued') AND h.expires_at < coalesce($2, now())))
-      AND NOT EXISTS (SELECT 1 FROM {s}.{t}_key_lease l JOIN {s}.worker_instance i ON i.id = l.owner
-                      WHERE l.group_id = $1 AND l.message_key = h.message_key AND i.expires_at > coalesce($2, now()))
-      AND NOT EXISTS (
-            SELECT 1 FROM {s}.{t}_range g
-            CROSS JOIN LATERAL (
-                SELECT 1 FROM {s}.{t}_log m
-                WHERE m.xid >= g.lo_xid AND m.xid <= g.hi_xid
-                  AND (m.xid, m.id) > (g.lo_xid, g.lo_id) AND (m.xid, m.id) <= (g.hi_xid, g.hi_id)
-                  AND (m.xid, m.id) < (h.message_xid, h.message_id) AND m.message_key = h.message_key
-                LIMIT 1) hit
-            WHERE g.group_id = $1 AND (g.lo_xid, g.lo_id) < (h.message_xid, h.message_id))
+      AND NOT EXISTS (` + keyHeldLive("h.message_key") + `)
+      AND NOT EXISTS (` + rangeHoldsEarlier("h.message_key", "h.message_xid", "h.message_id", "") + `)
     UNION ALL
     (SELECT x.message_xid, x.message_id, x.can_run_after FROM {s}.{t}_exception x
      WHERE x.group_id = $1 AND x.status <> 'dead' AND x.concurrency <> 'ordered'
        AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
          OR (x.status IN ('running', 'queued') AND x.expires_at < coalesce($2, now())))
        -- A row whose key a live holder has would only be parked again.
-       AND (x.concurrency = 'parallel' OR x.message_key IS NULL OR NOT EXISTS (
-             SELECT 1 FROM {s}.{t}_key_lease l JOIN {s}.worker_instance i ON i.id = l.owner
-             WHERE l.group_id = $1 AND l.message_key = x.message_key AND i.expires_at > coalesce($2, now())))
+       AND (x.concurrency = 'parallel' OR x.message_key IS NULL OR NOT EXISTS (` + keyHeldLive("x.message_key") + `))
      ORDER BY x.can_run_after
      LIMIT $3 * 4)
 ), due AS (
