@@ -40,6 +40,7 @@ type config struct {
 	watermillBatch         int
 	latencyFor             time.Duration
 	url, only, cpuprofile  string
+	memprofile             string
 	resultsDir             string
 	allowShared, keep      bool
 }
@@ -57,6 +58,7 @@ func main() {
 	flag.IntVar(&c.riverWorkers, "river-workers", 2000, "river: MaxWorkers of the peer's queue")
 	flag.IntVar(&c.watermillBatch, "watermill-batch", 10000, "watermill: SubscribeBatchSize of the peer's subscriber")
 	flag.StringVar(&c.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the whole run to this file")
+	flag.StringVar(&c.memprofile, "memprofile", "", "write a Go allocation profile of the whole run to this file (at the end)")
 	flag.StringVar(&c.resultsDir, "results", "results", "directory for latest.md and latest.json")
 	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
 	flag.BoolVar(&c.allowShared, "allow-port-5432", false, "allow a -url on port 5432 (refused by default: that is usually a shared server)")
@@ -89,6 +91,18 @@ func run(ctx context.Context, c config) (err error) {
 			return err
 		}
 		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+	}
+	if c.memprofile != "" {
+		defer func() {
+			f, ferr := os.Create(c.memprofile)
+			if ferr == nil {
+				ferr = pprof.Lookup("allocs").WriteTo(f, 0)
+				_ = f.Close()
+			}
+			if ferr != nil && err == nil {
+				err = fmt.Errorf("memprofile: %w", ferr)
+			}
+		}()
 	}
 	rep := newReport(c)
 
