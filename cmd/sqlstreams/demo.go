@@ -71,18 +71,31 @@ func connect(ctx context.Context, out io.Writer) (*pgxpool.Pool, func(), error) 
 	return pool, func() { pool.Close(); stop() }, nil
 }
 
-func migrate(ctx context.Context, out io.Writer, schema string) error {
+// openClient is what the verbs that act on a user's database share: they
+// need SQLSTREAMS_DATABASE_URL (a throwaway server would be pointless) and a
+// client, whose creation migrates the schema. done closes the pool.
+func openClient(ctx context.Context, out io.Writer, verb string, cfg *sqlstreams.ClientConfig) (client *sqlstreams.Client, done func(), err error) {
 	if os.Getenv("SQLSTREAMS_DATABASE_URL") == "" {
-		return errors.New("migrate needs SQLSTREAMS_DATABASE_URL")
+		return nil, nil, fmt.Errorf("%s needs SQLSTREAMS_DATABASE_URL", verb)
 	}
 	pool, done, err := connect(ctx, out)
+	if err != nil {
+		return nil, nil, err
+	}
+	client, err = sqlstreams.NewClient(ctx, pool, cfg)
+	if err != nil {
+		done()
+		return nil, nil, err
+	}
+	return client, done, nil
+}
+
+func migrate(ctx context.Context, out io.Writer, schema string) error {
+	_, done, err := openClient(ctx, out, "migrate", &sqlstreams.ClientConfig{Schema: schema})
 	if err != nil {
 		return err
 	}
 	defer done()
-	if _, err := sqlstreams.NewClient(ctx, pool, &sqlstreams.ClientConfig{Schema: schema}); err != nil {
-		return err
-	}
 	fmt.Fprintf(out, "schema %s is up to date\n", schema)
 	return nil
 }
@@ -91,18 +104,11 @@ func migrate(ctx context.Context, out io.Writer, schema string) error {
 // schedules) the way Consume does by default, for deployments that run them
 // apart from their consumers; it stops on SIGINT or SIGTERM.
 func manage(ctx context.Context, out io.Writer, logger *slog.Logger, schema string, ttl time.Duration) error {
-	if os.Getenv("SQLSTREAMS_DATABASE_URL") == "" {
-		return errors.New("manager needs SQLSTREAMS_DATABASE_URL")
-	}
-	pool, done, err := connect(ctx, out)
+	client, done, err := openClient(ctx, out, "manager", &sqlstreams.ClientConfig{Schema: schema, Logger: logger})
 	if err != nil {
 		return err
 	}
 	defer done()
-	client, err := sqlstreams.NewClient(ctx, pool, &sqlstreams.ClientConfig{Schema: schema, Logger: logger})
-	if err != nil {
-		return err
-	}
 	fmt.Fprintf(out, "manager running on schema %s (stop with Ctrl-C)\n", schema)
 	if err := client.Manager().Run(ctx, &sqlstreams.ManagerOptions{InstanceTTL: ttl}); err != nil {
 		return err
