@@ -57,10 +57,15 @@ type WorkerConfig struct {
 	// process that ever ran) stay listed this long after they expired, then
 	// go. Default 24h.
 	InstanceKeep time.Duration
+	// ChunkInterval (retention): how much time one chunk of a stream's log
+	// spans; whole chunks are what retention drops, so a stream holds up to
+	// about RetentionTTL + ChunkInterval of messages. Default: each
+	// stream's RetentionTTL / 4.
+	ChunkInterval time.Duration
 }
 
 func (w WorkerConfig) validate() error {
-	if w.Instances < 0 || w.Interval < 0 || w.Batch < 0 || w.MaxBatches < 0 || w.DeliveryTTL < 0 || w.IdempotencyTTL < 0 || w.ConfigLogKeep < 0 || w.InstanceKeep < 0 {
+	if w.Instances < 0 || w.Interval < 0 || w.Batch < 0 || w.MaxBatches < 0 || w.DeliveryTTL < 0 || w.IdempotencyTTL < 0 || w.ConfigLogKeep < 0 || w.InstanceKeep < 0 || w.ChunkInterval < 0 {
 		return fmt.Errorf("%w: WorkerConfig fields must not be negative", ErrInvalidConfig)
 	}
 	return nil
@@ -93,6 +98,7 @@ func (m *Manager) Declare(ctx context.Context, worker string, cfg WorkerConfig) 
 	set("idempotency_ttl", cfg.IdempotencyTTL.String(), cfg.IdempotencyTTL > 0)
 	set("config_log_keep", cfg.ConfigLogKeep, cfg.ConfigLogKeep > 0)
 	set("instance_keep", cfg.InstanceKeep.String(), cfg.InstanceKeep > 0)
+	set("chunk_interval", cfg.ChunkInterval.String(), cfg.ChunkInterval > 0)
 	doc, err := json.Marshal(k)
 	if err != nil {
 		return fmt.Errorf("declare worker %q: %w", worker, err)

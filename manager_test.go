@@ -15,33 +15,67 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Under a RetentionTTL, a stream produced to and consumed for a simulated
-// day holds no more than the TTL's worth of messages, and retention runs in
-// bounded batches.
+// Under a RetentionTTL, a stream produced to for a simulated day holds a
+// bounded number of rows and chunks: whole chunks go once every group has
+// committed past them and every row in them is past the TTL, so the log
+// tables carry no dead tuples; a group that lags holds every message it has
+// not committed, and gets all of them when it catches up.
 func TestRetentionKeepsTheLogBounded(t *testing.T) {
 	st, s := newStepper(t, nil, func(*order, int) error { return nil })
 	ctx := context.Background()
 	require.NoError(t, s.Register(ctx, &StreamConfig{RetentionTTL: time.Hour}))
-	require.NoError(t, st.e.client.Manager().Declare(ctx, WorkerRetention, WorkerConfig{Batch: 20, MaxBatches: 10}))
+	require.NoError(t, st.e.client.Manager().Declare(ctx, WorkerRetention, WorkerConfig{Batch: 20, MaxBatches: 10, ChunkInterval: 30 * time.Minute}))
 	mgr := st.e.client.Manager().actor(30 * time.Second)
 	ret := retention(t, mgr)
-	most := int64(0)
-	for half := range 48 {
-		st.e.produceN(s, fmt.Sprintf("h%d", half), 50)
+	slow, err := s.Consumer("slow").Register(ctx, nil)
+	require.NoError(t, err)
+	slowHandled := 0
+	slowSt := newStepperFor(t, st.e, slow, st.mock, slow.adapt(func(context.Context, *order) error {
+		slowHandled++
+		return nil
+	}))
+	streamID := st.c.group.StreamID
+
+	const step, perStep = 10 * time.Minute, 30
+	produced, mostRows, mostChunks := 0, int64(0), 0
+	for i := range 6 * 24 { // a simulated day in 10-minute steps
+		for j := range perStep { // one transaction each, so xids move as in a real stream
+			_, err := s.Produce(ctx, order{OrderID: fmt.Sprintf("s%d-%d", i, j)}, nil)
+			require.NoError(t, err)
+		}
+		produced += perStep
 		for st.claimRange() > 0 {
 		}
-		st.mock.Add(30 * time.Minute)
+		if i >= 6*12 { // group slow lags for half a day, then catches up and keeps up
+			require.GreaterOrEqual(t, st.e.count(s), int64(produced-slowHandled), "step %d: the log holds what group slow has not committed", i)
+			for slowSt.claimRange() > 0 {
+			}
+			require.Equal(t, produced, slowHandled, "step %d: group slow handled every message once it caught up", i)
+		}
+		st.mock.Add(step)
 		require.NoError(t, mgr.Step(ctx))
 		n := st.e.count(s)
-		most = max(most, n)
-		require.LessOrEqual(t, n, int64(150), "half-hour %d: only messages younger than the TTL (and the batch at its edge) remain", half)
+		cs, err := st.e.client.store.Chunks(ctx, streamID)
+		require.NoError(t, err)
+		if i < 6*12 {
+			require.Equal(t, int64(produced), n, "step %d: group slow has committed nothing, so nothing goes", i)
+		}
+		if i >= 6*12+3 { // slow caught up (retention drops MaxBatches chunks a round)
+			mostRows, mostChunks = max(mostRows, n), max(mostChunks, len(cs))
+			require.LessOrEqual(t, n, int64(15*perStep), "step %d: only about a TTL, a chunk's span and a step of messages remain (11 steps' worth, and slack for the rate's noise)", i)
+		}
 	}
-	require.GreaterOrEqual(t, ret.Deleted.Load(), int64(46*50))
-	var dead int64
+	require.LessOrEqual(t, mostChunks, 7, "chunks stay bounded: TTL / interval + the one filling + the one ahead, and slack")
+	require.Len(t, st.calls, produced, "group g handled every message")
+	require.GreaterOrEqual(t, ret.ChunksDropped.Load(), int64(10), "retention drops whole chunks")
+	require.Less(t, ret.Deleted.Load(), int64(10*perStep), "row-by-row deletes only the rows before the first chunk")
+	var dead, chunkDead int64
 	require.NoError(t, st.e.pool.QueryRow(ctx, "SELECT pg_stat_force_next_flush()").Scan(new(any)))
-	require.NoError(t, st.e.pool.QueryRow(ctx, `SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables
-WHERE schemaname = $1 AND relname LIKE '%\_log'`, st.e.client.Schema()).Scan(&dead))
-	t.Logf("retention: at most %d rows held, %d deleted, %d dead tuples in the log table (left to autovacuum)", most, ret.Deleted.Load(), dead)
+	require.NoError(t, st.e.pool.QueryRow(ctx, `SELECT coalesce(sum(n_dead_tup), 0), coalesce(sum(n_dead_tup) FILTER (WHERE relname NOT LIKE '%\_default'), 0)
+FROM pg_stat_user_tables WHERE schemaname = $1 AND relname LIKE $2`, st.e.client.Schema(), fmt.Sprintf("stream\\_%d\\_log%%", streamID)).Scan(&dead, &chunkDead))
+	t.Logf("retention over a simulated day: %d produced, at most %d rows and %d chunks held; %d chunks added, %d dropped with %d rows; %d rows deleted one by one; %d dead tuples in the log tables (%d in chunks)",
+		produced, mostRows, mostChunks, ret.ChunksAdded.Load(), ret.ChunksDropped.Load(), ret.ChunkRows.Load(), ret.Deleted.Load(), dead, chunkDead)
+	require.Zero(t, chunkDead, "dropping chunks leaves no dead tuples")
 }
 
 func retention(t *testing.T, a *manager.Actor) *manager.Retention {
@@ -103,6 +137,75 @@ func TestRetentionNeverDropsWhatAGroupHasNotCommitted(t *testing.T) {
 	st.mock.Add(time.Hour)
 	require.NoError(t, mgr.Step(ctx))
 	require.Equal(t, []string{"m-3"}, survivors(), "both groups committed; the dead letter stays")
+}
+
+// A chunk is dropped whole once every group has committed past it, but the
+// messages of its dead letters move to the default partition first: the
+// dead letter stays listable with its message and can be redriven.
+func TestRetentionKeepsDeadLettersOfDroppedChunks(t *testing.T) {
+	fail := true
+	st, s := newStepper(t, nil, func(o *order, _ int) error {
+		if fail && o.OrderID == "m-3" {
+			return Terminal(errors.New("poison"))
+		}
+		return nil
+	})
+	ctx := context.Background()
+	require.NoError(t, s.Register(ctx, &StreamConfig{RetentionTTL: time.Hour}))
+	require.NoError(t, st.e.client.Manager().Declare(ctx, WorkerRetention, WorkerConfig{ChunkInterval: time.Minute}))
+	mgr := st.e.client.Manager().actor(30 * time.Second)
+	ret := retention(t, mgr)
+	streamID := st.c.group.StreamID
+	chunks := func() []store.Chunk {
+		cs, err := st.e.client.store.Chunks(ctx, streamID)
+		require.NoError(t, err)
+		return cs
+	}
+	// burn moves the cluster's xids past a chunk: each autocommitted call
+	// is a transaction with its own xid.
+	burn := func(n int) {
+		for range n {
+			_, err := st.e.pool.Exec(ctx, "SELECT pg_current_xact_id()")
+			require.NoError(t, err)
+		}
+	}
+	require.NoError(t, mgr.Step(ctx)) // first sample of the xid rate
+	st.mock.Add(time.Minute)
+	require.NoError(t, mgr.Step(ctx))
+	first := chunks()
+	require.Len(t, first, 1, "the second round knows a rate and attaches a chunk ahead")
+
+	var ids []int64
+	for i := range 5 {
+		p, err := s.Produce(ctx, order{OrderID: fmt.Sprintf("m-%d", i)}, nil)
+		require.NoError(t, err)
+		ids = append(ids, p.ID)
+	}
+	require.Equal(t, 5, st.claimRange())
+	dead, err := st.c.DeadLetters(ctx, 0, 10)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.Equal(t, ids[3], dead[0].MessageID)
+
+	burn(int(first[0].Hi - first[0].Lo)) // every xid of the chunk is spent
+	st.mock.Add(2 * time.Hour)
+	require.NoError(t, mgr.Step(ctx))
+	require.NoError(t, mgr.Step(ctx))
+	require.GreaterOrEqual(t, ret.ChunksDropped.Load(), int64(1), "the expired, committed chunk is dropped")
+	for _, c := range chunks() {
+		require.NotEqual(t, first[0].Lo, c.Lo, "the first chunk is gone")
+	}
+	require.Equal(t, int64(1), st.e.count(s), "only the dead letter's message remains")
+
+	after, err := st.c.DeadLetters(ctx, 0, 10)
+	require.NoError(t, err)
+	require.Equal(t, dead, after, "the dead letter is listed as before")
+	fail = false
+	ok, err := st.c.Redrive(ctx, ids[3])
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, 1, st.retry(), "the redriven message runs with its payload")
+	require.Equal(t, "m-3", st.calls[len(st.calls)-1].id)
 }
 
 // With target 1 and three managers, exactly one runs the worker; when it

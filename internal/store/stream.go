@@ -152,6 +152,7 @@ WITH cur AS (
     SELECT m.xid, m.id, m.produced_at, m.version, m.routing_key, m.message_key, m.payload, m.options
     FROM {s}.{t}_log m
     WHERE (m.xid, m.id) > ((SELECT head_xid FROM cur), (SELECT head_id FROM cur))
+      AND m.xid >= (SELECT head_xid FROM cur) -- lets the executor skip chunks below the head
       AND m.xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
     ORDER BY m.xid, m.id
     LIMIT $2
@@ -208,6 +209,7 @@ LEFT JOIN (
     FROM {s}.{t}_log l
     WHERE (l.xid, l.id) > ((SELECT lo_xid FROM upd), (SELECT lo_id FROM upd))
       AND (l.xid, l.id) <= ((SELECT hi_xid FROM upd), (SELECT hi_id FROM upd))
+      AND l.xid >= (SELECT lo_xid FROM upd) AND l.xid <= (SELECT hi_xid FROM upd) -- chunk pruning
 ) m ON true
 LEFT JOIN LATERAL (SELECT binds.rx IS NULL
                        OR (m.routing_key IS NOT NULL
@@ -273,29 +275,22 @@ SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
        coalesce((SELECT true FROM {s}.{t}_log m
                WHERE (m.xid, m.id) > ((SELECT head_xid FROM {s}.{t}_cursor WHERE group_id = $1),
                                       (SELECT head_id FROM {s}.{t}_cursor WHERE group_id = $1))
+                 AND m.xid >= (SELECT head_xid FROM {s}.{t}_cursor WHERE group_id = $1)
                ORDER BY m.xid, m.id LIMIT 1), false)`),
 
-		// The floor is the lowest committed position over every group of
-		// the stream; a stream without groups has none. The victims are read
-		// through the (xid, id) index from the start of the log.
+		// Row by row only in the default partition (rows no chunk covered;
+		// whole chunks go by DropChunk). The victims are read through the
+		// (xid, id) index from its start, never above the floor (floorCTE).
 		deleteExpired: r.Replace(`-- store.DeleteExpired
-WITH floor AS (
-    SELECT p.xid, p.id FROM (
-        SELECT lo_xid AS xid, lo_id AS id FROM {s}.{t}_range
-        UNION ALL
-        SELECT x.message_xid, x.message_id - 1 FROM {s}.{t}_exception x WHERE x.status <> 'dead'
-        UNION ALL
-        SELECT head_xid, head_id FROM {s}.{t}_cursor
-    ) p ORDER BY p.xid, p.id LIMIT 1
-), victims AS (
-    SELECT m.xid, m.id FROM {s}.{t}_log m
+WITH ` + floorCTE + `, victims AS (
+    SELECT m.xid, m.id FROM {s}.{t}_log_default m
     WHERE m.produced_at < coalesce($1, now()) - $2::interval
       AND (NOT EXISTS (SELECT 1 FROM floor) OR (m.xid, m.id) <= (SELECT f.xid, f.id FROM floor f))
       AND NOT EXISTS (SELECT 1 FROM {s}.{t}_exception x WHERE x.message_xid = m.xid AND x.message_id = m.id)
     ORDER BY m.xid, m.id
     LIMIT $3
 )
-DELETE FROM {s}.{t}_log l USING victims v WHERE l.xid = v.xid AND l.id = v.id`),
+DELETE FROM {s}.{t}_log_default l USING victims v WHERE l.xid = v.xid AND l.id = v.id`),
 
 		// The binding ledger's deferred cleanup (seed 0511): installed rows
 		// stay (the set-change audit); a waiting row goes once it is
