@@ -25,7 +25,7 @@ DROP SCHEMA IF EXISTS bench_raw CASCADE;
 CREATE SCHEMA bench_raw;
 CREATE TABLE bench_raw.t (
     id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    payload     jsonb       NOT NULL,
+    payload     json        NOT NULL, -- the same type as the log's payload column
     produced_at timestamptz NOT NULL DEFAULT now()
 ) WITH (fillfactor = 100);
 CREATE TABLE bench_raw.offsets (id int PRIMARY KEY, pos bigint NOT NULL);

@@ -107,7 +107,7 @@ ON CONFLICT (group_id) DO NOTHING`),
 WITH ins AS (
     INSERT INTO {s}.{t}_log (produced_at, version, routing_key, message_key, payload, options)
     SELECT coalesce($1, now()), m.version, nullif(m.routing_key, ''), nullif(m.message_key, ''),
-           m.payload::jsonb, nullif(m.options, '')::jsonb
+           m.payload::json, nullif(m.options, '')::jsonb
     FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[])
          WITH ORDINALITY AS m(version, routing_key, message_key, payload, options, n)
     ORDER BY m.n
@@ -130,7 +130,7 @@ WITH k AS (
 ), ins AS (
     INSERT INTO {s}.{t}_log (id, produced_at, version, routing_key, message_key, payload, options)
     OVERRIDING SYSTEM VALUE
-    SELECT k.message_id, coalesce($1, now()), $3, nullif($4, ''), nullif($5, ''), $6::text::jsonb, nullif($7, '')::jsonb
+    SELECT k.message_id, coalesce($1, now()), $3, nullif($4, ''), nullif($5, ''), $6::text::json, nullif($7, '')::jsonb
     FROM k
     RETURNING id
 )

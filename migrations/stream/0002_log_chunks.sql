@@ -16,7 +16,7 @@ CREATE TABLE {{schema}}.{{t}}_log (
     version      int         NOT NULL,
     routing_key  text,
     message_key  text,
-    payload      jsonb       NOT NULL,
+    payload      json        NOT NULL,
     options      jsonb,
     PRIMARY KEY (xid, id)
 ) PARTITION BY RANGE (xid);
@@ -25,6 +25,11 @@ CREATE TABLE {{schema}}.{{t}}_log (
 SELECT setval('{{schema}}.{{t}}_log_seq'::regclass, s.last_value, s.is_called)
 FROM {{schema}}.{{t}}_log_id_seq s;
 ALTER TABLE {{schema}}.{{t}}_log_default ALTER COLUMN id DROP IDENTITY;
+-- Payloads are stored as json (validated text), not jsonb: the log only
+-- stores and returns them, and jsonb's parse on insert and print on every
+-- claim were the server's largest per-message costs (BENCHMARKS.md). A
+-- consumer gets back the exact bytes produced.
+ALTER TABLE {{schema}}.{{t}}_log_default ALTER COLUMN payload TYPE json USING payload::json;
 ALTER TABLE {{schema}}.{{t}}_log ATTACH PARTITION {{schema}}.{{t}}_log_default DEFAULT;
 
 -- The chunks: one row per partition other than the default, written in the
