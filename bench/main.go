@@ -54,7 +54,7 @@ func main() {
 	flag.IntVar(&c.rate, "rate", 500, "latency workload: messages produced per second")
 	flag.DurationVar(&c.latencyFor, "latency-for", 10*time.Second, "latency workload: how long to produce")
 	flag.IntVar(&c.keysN, "keysn", 50000, "failures/keys workloads: messages per stream")
-	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency,keys,river,watermill (default all)")
+	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency,fanout,selective,keys,river,watermill (default all)")
 	flag.IntVar(&c.riverWorkers, "river-workers", 2000, "river: MaxWorkers of the peer's queue")
 	flag.IntVar(&c.watermillBatch, "watermill-batch", 10000, "watermill: SubscribeBatchSize of the peer's subscriber")
 	flag.StringVar(&c.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the whole run to this file")
@@ -178,7 +178,7 @@ func run(ctx context.Context, c config) (err error) {
 			return fmt.Errorf("raw baselines: %w", err)
 		}
 	}
-	if c.want("produce") || c.want("burndown") || c.want("latency") || c.want("keys") {
+	if c.want("produce") || c.want("burndown") || c.want("latency") || c.want("fanout") || c.want("selective") || c.want("keys") {
 		if err := b.streams(ctx); err != nil {
 			return err
 		}

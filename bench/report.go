@@ -39,6 +39,8 @@ type report struct {
 	Latency  []*latencyResult    `json:"latency"`
 	Ratios   []ratio             `json:"ratios"`
 	Peers    []peerInfo          `json:"peers,omitempty"`
+	// Selective are the selective-bindings runs (server CPU per window).
+	Selective []selectiveResult `json:"selective,omitempty"`
 }
 
 // peerInfo is a peer library the run measured beside sqlstreams: the module
@@ -285,15 +287,20 @@ func (r *report) finish() {
 		}
 		r.Ratios = append(r.Ratios, q)
 	}
-	add("batched produce / raw batched INSERT", "produce_batch", "raw_insert", 0.60)
+	add("batched produce / raw batched INSERT", "produce_batch", "raw_insert", 0.80)
 	add("single produce / raw batched INSERT", "produce_single", "raw_insert", 0)
-	add("burn-down 4 instances / raw keyset drain", "burndown_4", "raw_drain", 0.15)
+	add("burn-down 4 instances / raw keyset drain", "burndown_4", "raw_drain", 0.25)
 	add("burn-down 1 instance / raw keyset drain", "burndown_1", "raw_drain", 0)
 	add("burn-down 4 instances / 1 instance", "burndown_4", "burndown_1", 0)
-	for _, peer := range []struct{ key, name string }{{"river_burndown", "River"}, {"watermill_burndown", "Watermill SQL"}} {
-		add("sqlstreams burn-down 4 instances / "+peer.name+" burn-down", "burndown_4", peer.key, 0)
+	for _, peer := range []struct {
+		key, name string
+		floor     float64
+	}{{"river_burndown", "River", 2}, {"watermill_burndown", "Watermill SQL", 5}} {
+		add("sqlstreams burn-down 4 instances / "+peer.name+" burn-down", "burndown_4", peer.key, peer.floor)
 		add("sqlstreams burn-down 1 instance / "+peer.name+" burn-down", "burndown_1", peer.key, 0)
 	}
+	add("fan-out 4 groups / 1 group (deliveries/s)", "fanout_4", "fanout_1", 0)
+	add("fan-out 16 groups / 1 group (deliveries/s)", "fanout_16", "fanout_1", 0)
 	for _, v := range keysVariants[1:] {
 		add("failures/keys: "+v.short+" / parallel baseline", v.key, keysVariants[0].key, v.floor)
 	}
@@ -328,6 +335,9 @@ func (r *report) print(w io.Writer) {
 	}
 	for _, p := range r.Peers {
 		fmt.Fprintf(w, "  peer %s (%s): %s\n", p.Name, p.versions(), p.Config)
+	}
+	if g, ok := r.selectiveCost(); ok {
+		fmt.Fprintf(w, "  %-72s %6.1f×   target ≤ 2×\n", "selective: server CPU of a 1%-bound group / of an idle group", g)
 	}
 	if len(r.Ratios) > 0 {
 		fmt.Fprintln(w, "ratios:")
@@ -388,6 +398,16 @@ func (r *report) markdown() string {
 		p("\n")
 	}
 	p("%s", r.keysMarkdown())
+	if len(r.Selective) > 0 {
+		p("| selective bindings run | window | offered | server CPU: producer alone | + idle group | + 1%% group | 1%% group handled |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		for _, x := range r.Selective {
+			p("| %s | %.0f s | %d msg/s | %.2f s | %.2f s | %.2f s | %d |\n", x.Label, x.Seconds, x.Rate, x.ProducerCPU, x.IdleCPU, x.OnePctCPU, x.Handled)
+		}
+		if g, ok := r.selectiveCost(); ok {
+			p("\nMedian group cost (window CPU minus the producer-alone window): the 1%%-bound group costs %.1f× the idle group (target ≤ 2×).\n", g)
+		}
+		p("\n")
+	}
 	if len(r.Ratios) > 0 {
 		p("| ratio (of medians) | value | floor |\n|---|---:|---|\n")
 		for _, q := range r.Ratios {
@@ -421,4 +441,19 @@ func (r *report) write(dir string) error {
 	}
 	fmt.Printf("wrote %s and %s\n", filepath.Join(dir, "latest.md"), filepath.Join(dir, "latest.json"))
 	return nil
+}
+
+// selectiveCost is the median over runs of (1%-group window − producer
+// window) / (idle-group window − producer window), floored at 10 ms of CPU
+// for the idle group so that noise cannot divide by zero.
+func (r *report) selectiveCost() (float64, bool) {
+	var gs []float64
+	for _, x := range r.Selective {
+		idle := max(x.IdleCPU-x.ProducerCPU, 0.01)
+		gs = append(gs, max(x.OnePctCPU-x.ProducerCPU, 0)/idle)
+	}
+	if len(gs) == 0 {
+		return 0, false
+	}
+	return median(gs), true
 }

@@ -66,14 +66,19 @@ func (b *bench) streams(ctx context.Context) error {
 			backlog = s // the last run's stream holds exactly n messages
 		}
 	}
+	ensureBacklog := func() error {
+		if backlog != nil {
+			return nil
+		}
+		if backlog, err = newStream("bench.backlog"); err != nil {
+			return err
+		}
+		_, err := produceBatch(ctx, backlog, b.c.n, "backlog (not timed)")
+		return err
+	}
 	if b.c.want("burndown") {
-		if backlog == nil {
-			if backlog, err = newStream("bench.backlog"); err != nil {
-				return err
-			}
-			if _, err := produceBatch(ctx, backlog, b.c.n, "backlog (not timed)"); err != nil {
-				return err
-			}
+		if err := ensureBacklog(); err != nil {
+			return err
 		}
 		fmt.Printf("burn-down reads stream %q (%d messages) with a fresh group per run\n", backlog.Name(), b.c.n)
 		one := b.rep.throughput("burndown_1", "sqlstreams burn-down, 1 instance", "msg/s")
@@ -118,6 +123,37 @@ func (b *bench) streams(ctx context.Context) error {
 				}
 				lat[i].Runs = append(lat[i].Runs, run)
 			}
+		}
+	}
+	if b.c.want("fanout") {
+		if err := ensureBacklog(); err != nil {
+			return err
+		}
+		fmt.Printf("fan-out reads stream %q (%d messages) with fresh groups per run, 1 instance each\n", backlog.Name(), b.c.n)
+		groups := []int{1, 4, 16}
+		res := make([]*throughputResult, len(groups))
+		for i, g := range groups {
+			res[i] = b.rep.throughput(fmt.Sprintf("fanout_%d", g), fmt.Sprintf("fan-out: %d group(s) read the backlog at once, deliveries in total", g), "deliveries/s")
+		}
+		for r := 1; r <= b.c.runs; r++ {
+			for i, g := range groups {
+				b.checkpoint(ctx)
+				label := fmt.Sprintf("fan-out %d group(s) run %d/%d", g, r, b.c.runs)
+				rate, err := fanOut(ctx, backlog, fmt.Sprintf("fan%d-run%d", g, r), g, b.c.n, label)
+				if err != nil {
+					return err
+				}
+				res[i].add(label, rate)
+			}
+		}
+	}
+	if b.c.want("selective") {
+		for r := 1; r <= b.c.runs; r++ {
+			x, err := b.selective(ctx, newStream, b.c.rate, b.c.latencyFor, r)
+			if err != nil {
+				return fmt.Errorf("selective: %w", err)
+			}
+			b.rep.Selective = append(b.rep.Selective, x)
 		}
 	}
 	// Last, so the workloads above run exactly as they did before it existed.

@@ -1,0 +1,236 @@
+package main
+
+// Fan-out (one backlog read by 1, 4 and 16 groups at once) and selective
+// bindings (a group whose bindings match 1% of a stream, against an idle
+// group, in database CPU).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/c1702965/sqlstreams"
+)
+
+// fanOut has groups groups (one instance each) read the same n-message
+// backlog at once; it returns deliveries per second (n × groups / elapsed).
+func fanOut(ctx context.Context, s *sqlstreams.StreamHandle[Order], prefix string, groups, n int, label string) (float64, error) {
+	cons := make([]*sqlstreams.Consumer[Order], groups)
+	for g := range cons {
+		c, err := s.Consumer(fmt.Sprintf("%s-g%d", prefix, g)).Register(ctx, &sqlstreams.ConsumerConfig{Start: sqlstreams.StartBeginning})
+		if err != nil {
+			return 0, err
+		}
+		cons[g] = c
+	}
+	total := int64(n) * int64(groups)
+	var count, finished atomic.Int64
+	all := make(chan struct{})
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, groups)
+	stop := progress(label, "deliveries", total, &count)
+	start := wall.Now()
+	for _, c := range cons {
+		var mine atomic.Int64
+		go func() {
+			opts := burnOptions
+			errs <- c.Consume(cctx, func(context.Context, *Order) error {
+				count.Add(1)
+				if mine.Add(1) == int64(n) && finished.Add(1) == int64(groups) {
+					close(all)
+				}
+				return nil
+			}, &opts)
+		}()
+	}
+	var elapsed time.Duration
+	returned, failed := 0, error(nil)
+	select {
+	case <-all:
+		elapsed = wall.Since(start)
+	case err := <-errs:
+		returned, failed = 1, fmt.Errorf("a group returned early: %v", err)
+	case <-wall.After(burnTimeout):
+		failed = fmt.Errorf("timed out after %s with %d of %d delivered", burnTimeout, count.Load(), total)
+	case <-ctx.Done():
+		failed = ctx.Err()
+	}
+	stop()
+	cancel()
+	for ; returned < groups; returned++ {
+		if err := <-errs; err != nil && failed == nil && !errors.Is(err, context.Canceled) {
+			failed = err
+		}
+	}
+	if failed != nil {
+		return 0, fmt.Errorf("%s: %w", label, failed)
+	}
+	return report1(label, "deliveries", int(total), elapsed), nil
+}
+
+// serverCPU reads the CPU time used so far by the PostgreSQL server the pool
+// talks to: the postmaster and all its children, from /proc. It works only
+// when the server runs on this machine (the private cluster); otherwise ok
+// is false.
+func (b *bench) serverCPU(ctx context.Context) (cpu time.Duration, ok bool) {
+	var backend int
+	if err := b.pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+		return 0, false
+	}
+	_, postmaster, ok := procStat(backend)
+	if !ok {
+		return 0, false
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	var ticks int64
+	for _, p := range procs {
+		pid, err := strconv.Atoi(filepath.Base(p))
+		if err != nil {
+			continue
+		}
+		t, ppid, ok := procStat(pid)
+		if ok && (pid == postmaster || ppid == postmaster) {
+			ticks += t
+		}
+	}
+	return time.Duration(ticks) * time.Second / 100, true // USER_HZ is 100 on Linux
+}
+
+// procStat returns a process's user+system CPU ticks and its parent's pid.
+func procStat(pid int) (ticks int64, ppid int, ok bool) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, false
+	}
+	s := string(raw)
+	i := strings.LastIndexByte(s, ')') // the command may hold spaces
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(s[i+1:]) // f[0] is field 3 (state)
+	if len(f) < 13 {
+		return 0, 0, false
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return ut + st, ppid, true
+}
+
+// selectiveResult is one run of the selective-bindings workload: database
+// CPU over the same window with the producer alone, with an idle group
+// added, and with a group whose bindings match 1% of the stream added.
+type selectiveResult struct {
+	Label       string  `json:"label"`
+	Seconds     float64 `json:"seconds"`
+	Rate        int     `json:"rate"`
+	ProducerCPU float64 `json:"producer_only_cpu_s"`
+	IdleCPU     float64 `json:"with_idle_group_cpu_s"`
+	OnePctCPU   float64 `json:"with_1pct_group_cpu_s"`
+	Handled     int64   `json:"handled_by_1pct_group"`
+}
+
+// selective produces at rate msg/s for dur three times to fresh streams,
+// 1% of the messages with routing key "orders.hit" and the rest with
+// "orders.miss": alone, with an idle group (consuming an empty stream), and
+// with a group bound to "orders.hit". Each window's server CPU is read from
+// /proc.
+func (b *bench) selective(ctx context.Context, newStream func(string) (*sqlstreams.StreamHandle[Order], error), rate int, dur time.Duration, run int) (selectiveResult, error) {
+	res := selectiveResult{Label: fmt.Sprintf("selective run %d/%d", run, b.c.runs), Seconds: dur.Seconds(), Rate: rate}
+	window := func(mode string) (float64, error) {
+		s, err := newStream(fmt.Sprintf("bench.sel.%s.%d", mode, run))
+		if err != nil {
+			return 0, err
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		var cerr error
+		var handled atomic.Int64
+		consume := func(c *sqlstreams.Consumer[Order]) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				err := c.Consume(cctx, func(context.Context, *Order) error { handled.Add(1); return nil }, nil)
+				if err != nil && !errors.Is(err, context.Canceled) {
+					cerr = err
+				}
+			}()
+		}
+		switch mode {
+		case "idle":
+			empty, err := newStream(fmt.Sprintf("bench.sel.empty.%d", run))
+			if err != nil {
+				cancel()
+				return 0, err
+			}
+			c, err := empty.Consumer(fmt.Sprintf("sel-idle-%d", run)).Register(ctx, nil)
+			if err != nil {
+				cancel()
+				return 0, err
+			}
+			consume(c)
+		case "onepct":
+			c, err := s.Consumer(fmt.Sprintf("sel-hit-%d", run)).Register(ctx, &sqlstreams.ConsumerConfig{Bindings: []string{"orders.hit"}})
+			if err != nil {
+				cancel()
+				return 0, err
+			}
+			consume(c)
+		}
+		wall.Sleep(time.Second) // the group's instance comes up outside the window
+		before, ok := b.serverCPU(ctx)
+		if !ok {
+			cancel()
+			wg.Wait()
+			return 0, errors.New("server CPU is not readable from /proc (the server is not local)")
+		}
+		total := int(float64(rate) * dur.Seconds())
+		interval := time.Second / time.Duration(rate)
+		start := wall.Now()
+		for i := range total {
+			if w := time.Until(start.Add(time.Duration(i) * interval)); w > 0 {
+				wall.Sleep(w)
+			}
+			rk := "orders.miss"
+			if i%100 == 0 {
+				rk = "orders.hit"
+			}
+			if _, err := s.Produce(ctx, baseOrder, &sqlstreams.ProduceOptions{RoutingKey: rk}); err != nil {
+				cancel()
+				wg.Wait()
+				return 0, err
+			}
+		}
+		after, _ := b.serverCPU(ctx)
+		cancel()
+		wg.Wait()
+		if cerr != nil {
+			return 0, cerr
+		}
+		if mode == "onepct" {
+			res.Handled = handled.Load()
+		}
+		return (after - before).Seconds(), nil
+	}
+	var err error
+	if res.ProducerCPU, err = window("alone"); err != nil {
+		return res, err
+	}
+	if res.IdleCPU, err = window("idle"); err != nil {
+		return res, err
+	}
+	if res.OnePctCPU, err = window("onepct"); err != nil {
+		return res, err
+	}
+	fmt.Printf("  %-34s server CPU over %s at %d msg/s: producer alone %.2fs, + idle group %.2fs, + 1%% group %.2fs (%d handled)\n",
+		res.Label, dur, rate, res.ProducerCPU, res.IdleCPU, res.OnePctCPU, res.Handled)
+	return res, nil
+}
