@@ -2,6 +2,7 @@ package sqlstreams
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -40,4 +41,42 @@ func TestProduceWakesIdleConsumerAndListenerReconnects(t *testing.T) {
 	_, err = s.Produce(ctx, order{OrderID: "third"}, nil)
 	require.NoError(t, err)
 	require.Equal(t, "third", within(t, got, "a message after the reconnect"))
+}
+
+// A produce wakes a group with bindings only when one of its routing keys
+// matches them; a group without bindings wakes on every produce, and so
+// does every group when a batch's keys are too many to list.
+func TestWakeSkipsGroupsWhoseBindingsMatchNoKey(t *testing.T) {
+	e, s, c := setup(t, nil, "g", 0)
+	ctx := context.Background()
+	listening := make(chan uint32, 4)
+	e.client.hub.OnListen = func(pid uint32) { listening <- pid }
+	bound, stopBound := e.client.hub.Subscribe(c.group.StreamID, []string{"orders.hit"})
+	defer stopBound()
+	all, stopAll := e.client.hub.Subscribe(c.group.StreamID, nil)
+	defer stopAll()
+	within(t, listening, "the listener")
+
+	_, err := s.Produce(ctx, order{OrderID: "miss"}, &ProduceOptions{RoutingKey: "orders.miss"})
+	require.NoError(t, err)
+	within(t, all, "the unbound subscriber's wake-up")
+	require.Empty(t, bound, "one notification wakes both subscribers at once or neither: the bound one matched nothing")
+	_, err = s.Produce(ctx, order{OrderID: "none"}, nil)
+	require.NoError(t, err)
+	within(t, all, "the unbound subscriber's wake-up")
+	require.Empty(t, bound, "a message without a routing key matches no binding")
+
+	_, err = s.Produce(ctx, order{OrderID: "hit"}, &ProduceOptions{RoutingKey: "orders.hit"})
+	require.NoError(t, err)
+	within(t, bound, "the bound subscriber's wake-up")
+	within(t, all, "the unbound subscriber's wake-up")
+
+	items := make([]BatchItem[order], 200) // 200 distinct keys do not fit a notification
+	for i := range items {
+		items[i] = BatchItem[order]{Msg: order{OrderID: fmt.Sprint(i)}, RoutingKey: fmt.Sprintf("orders.miss.key-number-%d", i)}
+	}
+	_, err = s.ProduceBatch(ctx, items, nil)
+	require.NoError(t, err)
+	within(t, bound, "a wake-up without the key list wakes every group")
+	within(t, all, "the unbound subscriber's wake-up")
 }

@@ -187,7 +187,7 @@ func Run(ctx context.Context, cfg Config) error {
 	rc.InstanceID = msgID
 	var wake <-chan struct{}
 	if cfg.Hub != nil {
-		ch, unsubscribe := cfg.Hub.Subscribe(cfg.StreamID)
+		ch, unsubscribe := cfg.Hub.Subscribe(cfg.StreamID, cfg.Patterns)
 		defer unsubscribe()
 		wake = ch
 	}

@@ -3,11 +3,13 @@ package engine
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/c1702965/sqlstreams/internal/topic"
 )
 
 // Hub shares one LISTEN connection among every Consume session of a
@@ -26,7 +28,7 @@ type Hub struct {
 	retry  time.Duration
 
 	mu     sync.Mutex
-	subs   map[int64]map[chan struct{}]struct{}
+	subs   map[int64]map[chan struct{}][]string // per stream: each subscriber's binding patterns
 	refs   int
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -37,19 +39,23 @@ type Hub struct {
 
 // NewHub returns a hub; nothing runs until Subscribe.
 func NewHub(st *store.Store, clk clock.Clock, logger *slog.Logger) *Hub {
-	return &Hub{store: st, clock: clk, logger: logger, retry: time.Second, subs: map[int64]map[chan struct{}]struct{}{}}
+	return &Hub{store: st, clock: clk, logger: logger, retry: time.Second, subs: map[int64]map[chan struct{}][]string{}}
 }
 
 // Subscribe returns a channel that receives a value when streamID is
-// produced to, and the function that ends the subscription.
-func (h *Hub) Subscribe(streamID int64) (<-chan struct{}, func()) {
+// produced to, and the function that ends the subscription. With patterns
+// (a group's bindings), only a produce with a matching routing key wakes
+// it: the messages that match nothing it passes over at its next poll, so
+// a group bound to a small slice of a busy stream costs about what an idle
+// group does.
+func (h *Hub) Subscribe(streamID int64, patterns []string) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.subs[streamID] == nil {
-		h.subs[streamID] = map[chan struct{}]struct{}{}
+		h.subs[streamID] = map[chan struct{}][]string{}
 	}
-	h.subs[streamID][ch] = struct{}{}
+	h.subs[streamID][ch] = patterns
 	if h.refs == 0 {
 		ctx, cancel := context.WithCancel(context.Background())
 		h.cancel, h.done = cancel, make(chan struct{})
@@ -76,10 +82,13 @@ func (h *Hub) Subscribe(streamID int64) (<-chan struct{}, func()) {
 	}
 }
 
-func (h *Hub) wake(streamID int64) {
+func (h *Hub) wake(w store.Wake) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for ch := range h.subs[streamID] {
+	for ch, patterns := range h.subs[w.StreamID] {
+		if len(patterns) > 0 && w.Known && !slices.ContainsFunc(w.Keys, func(k string) bool { return topic.MatchAny(patterns, k) }) {
+			continue
+		}
 		select {
 		case ch <- struct{}{}:
 		default: // a wake-up is already pending
@@ -96,7 +105,7 @@ func (h *Hub) wakeAll() {
 	}
 	h.mu.Unlock()
 	for _, id := range ids {
-		h.wake(id)
+		h.wake(store.Wake{StreamID: id})
 	}
 }
 
@@ -136,10 +145,10 @@ func (h *Hub) run(ctx context.Context, done chan struct{}) {
 
 func (h *Hub) listen(ctx context.Context, l *store.Listener) error {
 	for {
-		id, err := l.Wait(ctx)
+		w, err := l.Wait(ctx)
 		if err != nil {
 			return err
 		}
-		h.wake(id)
+		h.wake(w)
 	}
 }

@@ -3,10 +3,61 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
+
+// maxWakeKeys bounds the routing keys a notification lists (PostgreSQL
+// takes payloads under 8000 bytes); a batch with more says only its stream,
+// which wakes every group of it.
+const maxWakeKeys = 1000
+
+// WakePayload is the notification a produce sends at commit: the stream id,
+// then ";" and the distinct routing keys of its messages separated by
+// spaces (routing keys hold no spaces or semicolons). A group with bindings
+// is woken only when one of them matches; messages without a routing key
+// match no binding, so they are not listed. Without the list (too long) the
+// notification wakes every group of the stream.
+func WakePayload(streamID int64, msgs []NewMessage) string {
+	id := strconv.FormatInt(streamID, 10)
+	var keys []string
+	size := 0
+	for _, m := range msgs {
+		if m.RoutingKey == "" || slices.Contains(keys, m.RoutingKey) {
+			continue
+		}
+		if size += len(m.RoutingKey) + 1; size > maxWakeKeys {
+			return id
+		}
+		keys = append(keys, m.RoutingKey)
+	}
+	return id + ";" + strings.Join(keys, " ")
+}
+
+// Wake is one produce notification: the stream, and when Known the
+// routing keys of everything it produced.
+type Wake struct {
+	StreamID int64
+	Known    bool
+	Keys     []string
+}
+
+// ParseWake reads a notification payload (see WakePayload).
+func ParseWake(payload string) (Wake, error) {
+	idText, keys, known := strings.Cut(payload, ";")
+	id, err := strconv.ParseInt(idText, 10, 64)
+	if err != nil {
+		return Wake{}, fmt.Errorf("notification payload %q: %w", payload, err)
+	}
+	w := Wake{StreamID: id, Known: known}
+	if known && keys != "" {
+		w.Keys = strings.Split(keys, " ")
+	}
+	return w, nil
+}
 
 // NotifyChannel is the channel producers notify on commit: one per schema,
 // the payload naming the stream. Channel names are limited to 63 bytes, so a
@@ -39,17 +90,13 @@ func (st *Store) Listen(ctx context.Context) (*Listener, error) {
 	return &Listener{conn: conn}, nil
 }
 
-// Wait blocks for the next notification and returns the stream it names.
-func (l *Listener) Wait(ctx context.Context) (int64, error) {
+// Wait blocks for the next notification.
+func (l *Listener) Wait(ctx context.Context) (Wake, error) {
 	n, err := l.conn.WaitForNotification(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("wait for notification: %w", err)
+		return Wake{}, fmt.Errorf("wait for notification: %w", err)
 	}
-	id, err := strconv.ParseInt(n.Payload, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("notification payload %q: %w", n.Payload, err)
-	}
-	return id, nil
+	return ParseWake(n.Payload)
 }
 
 // PID is the listening backend's process id.

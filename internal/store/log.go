@@ -82,7 +82,7 @@ func (st *Store) Produce(ctx context.Context, q Querier, streamID int64, msgs []
 		payloads = append(payloads, string(m.Payload))
 		options = append(options, string(m.Options))
 	}
-	channel, wake := st.NotifyChannel(), fmt.Sprint(streamID)
+	channel, wake := st.NotifyChannel(), WakePayload(streamID, msgs)
 	if len(keyedIdx) == 0 {
 		return out, st.insertPlain(ctx, q, t, now, plainIdx, versions, rks, keys, payloads, options, out, channel, wake)
 	}
