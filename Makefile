@@ -36,7 +36,7 @@ bench: check-postgres
 
 ## bench-quick: every workload at toy sizes (about 20 s); results go to a temp dir, figures mean nothing
 bench-quick: check-postgres
-	cd bench && $(GO) run . -n 5000 -runs 1 -singles 500 -latency-for 2s -keysn 2000 -results $${TMPDIR:-/tmp}/sqlstreams-bench-quick
+	cd bench && $(GO) run . -n 5000 -runs 1 -singles 500 -latency-for 2s -keysn 2000 -growth 20000 -growth-n 5000 -results $${TMPDIR:-/tmp}/sqlstreams-bench-quick
 
 # Fail at once, with the command that fixes it, when there is no PostgreSQL to use.
 check-postgres:

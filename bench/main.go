@@ -35,26 +35,30 @@ import (
 
 type config struct {
 	n, runs, singles, rate int
-	keysN                  int
+	keysN, fanoutN         int
+	growthN                int
 	riverWorkers           int
 	watermillBatch         int
 	latencyFor             time.Duration
 	url, only, cpuprofile  string
-	memprofile             string
+	memprofile, growth     string
 	resultsDir             string
 	allowShared, keep      bool
 }
 
 func main() {
 	var c config
-	flag.IntVar(&c.n, "n", 200000, "backlog size: rows for the raw baselines, batched produce and burn-down")
+	flag.IntVar(&c.n, "n", 1000000, "backlog size: rows for the raw baselines, batched produce, burn-down and the peers")
+	flag.IntVar(&c.fanoutN, "fanout-n", 50000, "fan-out workload: messages each group reads (the first of the backlog)")
+	flag.IntVar(&c.growthN, "growth-n", 200000, "growth workload: new messages burnt down after the retained rows")
 	flag.IntVar(&c.runs, "runs", 3, "runs of each workload; medians are reported")
 	flag.StringVar(&c.url, "url", "", "PostgreSQL server to use (default $SQLSTREAMS_DATABASE_URL, else a private throwaway cluster); a fresh database is created on it and dropped at the end")
 	flag.IntVar(&c.singles, "singles", 20000, "messages of the single-Produce workload")
-	flag.IntVar(&c.rate, "rate", 500, "latency workload: messages produced per second")
+	flag.IntVar(&c.rate, "rate", 0, "latency and selective workloads: messages produced per second (latency default: 10%, 50% and 90% of the run's max single produce; selective default: 500)")
 	flag.DurationVar(&c.latencyFor, "latency-for", 10*time.Second, "latency workload: how long to produce")
-	flag.IntVar(&c.keysN, "keysn", 50000, "failures/keys workloads: messages per stream")
-	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency,fanout,selective,keys,river,watermill (default all)")
+	flag.IntVar(&c.keysN, "keysn", 20000, "failures/keys workloads: messages per stream")
+	flag.StringVar(&c.growth, "growth", "1000000,10000000", "growth workload: comma-separated retained-row counts")
+	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency,fanout,selective,keys,growth,river,watermill (default all)")
 	flag.IntVar(&c.riverWorkers, "river-workers", 2000, "river: MaxWorkers of the peer's queue")
 	flag.IntVar(&c.watermillBatch, "watermill-batch", 10000, "watermill: SubscribeBatchSize of the peer's subscriber")
 	flag.StringVar(&c.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the whole run to this file")
@@ -63,7 +67,7 @@ func main() {
 	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
 	flag.BoolVar(&c.allowShared, "allow-port-5432", false, "allow a -url on port 5432 (refused by default: that is usually a shared server)")
 	flag.Parse()
-	if c.n < 1000 || c.keysN < 1000 || c.runs < 1 || c.singles < 4 || c.rate < 1 || c.latencyFor <= 0 ||
+	if c.n < 1000 || c.keysN < 1000 || c.fanoutN < 1 || c.growthN < 1000 || c.runs < 1 || c.singles < 4 || c.rate < 0 || c.latencyFor <= 0 ||
 		c.riverWorkers < 1 || c.riverWorkers > 10000 || c.watermillBatch < 1 {
 		fmt.Fprintln(os.Stderr, "bench: -n and -keysn must be at least 1000, -runs, -singles, -rate, -latency-for and -watermill-batch positive, -river-workers 1 to 10000")
 		os.Exit(2)
@@ -178,7 +182,7 @@ func run(ctx context.Context, c config) (err error) {
 			return fmt.Errorf("raw baselines: %w", err)
 		}
 	}
-	if c.want("produce") || c.want("burndown") || c.want("latency") || c.want("fanout") || c.want("selective") || c.want("keys") {
+	if c.want("produce") || c.want("burndown") || c.want("latency") || c.want("fanout") || c.want("selective") || c.want("keys") || c.want("growth") {
 		if err := b.streams(ctx); err != nil {
 			return err
 		}

@@ -41,6 +41,8 @@ type report struct {
 	Peers    []peerInfo          `json:"peers,omitempty"`
 	// Selective are the selective-bindings runs (server CPU per window).
 	Selective []selectiveResult `json:"selective,omitempty"`
+	// DeadTuples are the sqlstreams tables' dead tuples at the end.
+	DeadTuples []deadTuples `json:"dead_tuples,omitempty"`
 }
 
 // peerInfo is a peer library the run measured beside sqlstreams: the module
@@ -101,6 +103,7 @@ type latencyRun struct {
 	ProducedPerSec float64 `json:"produced_per_sec"`
 	P50ms          float64 `json:"p50_ms"`
 	P99ms          float64 `json:"p99_ms"`
+	P999ms         float64 `json:"p99_9_ms"`
 	MaxMs          float64 `json:"max_ms"`
 }
 
@@ -112,9 +115,10 @@ type latencyResult struct {
 	For           string       `json:"for"`
 	Runs          []latencyRun `json:"runs"`
 	// Medians over the runs of each run's percentile.
-	P50ms float64 `json:"median_p50_ms"`
-	P99ms float64 `json:"median_p99_ms"`
-	MaxMs float64 `json:"median_max_ms"`
+	P50ms  float64 `json:"median_p50_ms"`
+	P99ms  float64 `json:"median_p99_ms"`
+	P999ms float64 `json:"median_p99_9_ms"`
+	MaxMs  float64 `json:"median_max_ms"`
 }
 
 type ratio struct {
@@ -269,11 +273,11 @@ func (r *report) finish() {
 		t.Median = median(t.Runs)
 	}
 	for _, l := range r.Latency {
-		var p50, p99, mx []float64
+		var p50, p99, p999, mx []float64
 		for _, run := range l.Runs {
-			p50, p99, mx = append(p50, run.P50ms), append(p99, run.P99ms), append(mx, run.MaxMs)
+			p50, p99, p999, mx = append(p50, run.P50ms), append(p99, run.P99ms), append(p999, run.P999ms), append(mx, run.MaxMs)
 		}
-		l.P50ms, l.P99ms, l.MaxMs = median(p50), median(p99), median(mx)
+		l.P50ms, l.P99ms, l.P999ms, l.MaxMs = median(p50), median(p99), median(p999), median(mx)
 	}
 	add := func(name, of, to string, floor float64) {
 		a, b := r.find(of), r.find(to)
@@ -291,6 +295,7 @@ func (r *report) finish() {
 	add("single produce / raw batched INSERT", "produce_single", "raw_insert", 0)
 	add("burn-down 4 instances / raw keyset drain", "burndown_4", "raw_drain", 0.25)
 	add("burn-down 1 instance / raw keyset drain", "burndown_1", "raw_drain", 0)
+	add("burn-down 2 instances / 1 instance", "burndown_2", "burndown_1", 0)
 	add("burn-down 4 instances / 1 instance", "burndown_4", "burndown_1", 0)
 	for _, peer := range []struct {
 		key, name string
@@ -298,6 +303,11 @@ func (r *report) finish() {
 	}{{"river_burndown", "River", 2}, {"watermill_burndown", "Watermill SQL", 5}} {
 		add("sqlstreams burn-down 4 instances / "+peer.name+" burn-down", "burndown_4", peer.key, peer.floor)
 		add("sqlstreams burn-down 1 instance / "+peer.name+" burn-down", "burndown_1", peer.key, 0)
+	}
+	for _, t := range r.Results {
+		if strings.HasPrefix(t.Key, "growth_") && t.Key != "growth_1000000" {
+			add(t.Name+" / at 1000000 retained", t.Key, "growth_1000000", 0.8)
+		}
 	}
 	add("fan-out 4 groups / 1 group (deliveries/s)", "fanout_4", "fanout_1", 0)
 	add("fan-out 16 groups / 1 group (deliveries/s)", "fanout_16", "fanout_1", 0)
@@ -331,7 +341,7 @@ func (r *report) print(w io.Writer) {
 		fmt.Fprintf(w, "  %-72s %9.0f %s\n", t.Name, t.Median, t.Unit)
 	}
 	for _, l := range r.Latency {
-		fmt.Fprintf(w, "  %-72s p50 %.1f ms  p99 %.1f ms  max %.1f ms\n", l.Name, l.P50ms, l.P99ms, l.MaxMs)
+		fmt.Fprintf(w, "  %-72s p50 %.1f ms  p99 %.1f ms  p99.9 %.1f ms  max %.1f ms\n", l.Name, l.P50ms, l.P99ms, l.P999ms, l.MaxMs)
 	}
 	for _, p := range r.Peers {
 		fmt.Fprintf(w, "  peer %s (%s): %s\n", p.Name, p.versions(), p.Config)
@@ -362,8 +372,11 @@ func (r *report) markdown() string {
 	for _, s := range pgSettings {
 		p(" %s=%s", s, r.Postgres.Settings[s])
 	}
-	p("\n- parameters: -n %d, -runs %d, -singles %d, payload %d bytes of JSON, latency at %d msg/s for %s",
-		r.Params.N, r.Params.Runs, r.Params.Singles, r.Params.PayloadBytes, r.Params.LatencyRate, r.Params.LatencyFor)
+	p("\n- parameters: -n %d, -runs %d, -singles %d, payload %d bytes of JSON, latency windows of %s",
+		r.Params.N, r.Params.Runs, r.Params.Singles, r.Params.PayloadBytes, r.Params.LatencyFor)
+	if r.Params.LatencyRate > 0 {
+		p(" at -rate %d msg/s", r.Params.LatencyRate)
+	}
 	if r.Params.KeysN > 0 {
 		p(", failures/keys -keysn %d", r.Params.KeysN)
 	}
@@ -380,13 +393,13 @@ func (r *report) markdown() string {
 		p("\n")
 	}
 	if len(r.Latency) > 0 {
-		p("| latency workload | p50 ms | p99 ms | max ms | runs (p50/p99/max ms, achieved msg/s) |\n|---|---:|---:|---:|---|\n")
+		p("| latency workload | p50 ms | p99 ms | p99.9 ms | max ms | runs (p50/p99/p99.9/max ms, achieved msg/s) |\n|---|---:|---:|---:|---:|---|\n")
 		for _, l := range r.Latency {
 			runs := make([]string, len(l.Runs))
 			for i, run := range l.Runs {
-				runs[i] = fmt.Sprintf("%.1f/%.1f/%.1f @%.0f", run.P50ms, run.P99ms, run.MaxMs, run.ProducedPerSec)
+				runs[i] = fmt.Sprintf("%.1f/%.1f/%.1f/%.1f @%.0f", run.P50ms, run.P99ms, run.P999ms, run.MaxMs, run.ProducedPerSec)
 			}
-			p("| %s, %d msg/s for %s | %.1f | %.1f | %.1f | %s |\n", l.Name, l.Rate, l.For, l.P50ms, l.P99ms, l.MaxMs, strings.Join(runs, "; "))
+			p("| %s, for %s | %.1f | %.1f | %.1f | %.1f | %s |\n", l.Name, l.For, l.P50ms, l.P99ms, l.P999ms, l.MaxMs, strings.Join(runs, "; "))
 		}
 		p("\n")
 	}
@@ -398,6 +411,13 @@ func (r *report) markdown() string {
 		p("\n")
 	}
 	p("%s", r.keysMarkdown())
+	if len(r.DeadTuples) > 0 {
+		p("| table (dead tuples at the end of the run) | dead | live | last autovacuum |\n|---|---:|---:|---|\n")
+		for _, d := range r.DeadTuples {
+			p("| %s | %d | %d | %s |\n", d.Table, d.Dead, d.Live, d.LastAutovacuum)
+		}
+		p("\n")
+	}
 	if len(r.Selective) > 0 {
 		p("| selective bindings run | window | offered | server CPU: producer alone | + idle group | + 1%% group | 1%% group handled |\n|---|---:|---:|---:|---:|---:|---:|\n")
 		for _, x := range r.Selective {

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,43 +83,72 @@ func (b *bench) streams(ctx context.Context) error {
 			return err
 		}
 		fmt.Printf("burn-down reads stream %q (%d messages) with a fresh group per run\n", backlog.Name(), b.c.n)
-		one := b.rep.throughput("burndown_1", "sqlstreams burn-down, 1 instance", "msg/s")
-		four := b.rep.throughput("burndown_4", "sqlstreams burn-down, 4 instances in one process", "msg/s")
+		insts := []int{1, 2, 4}
+		res := map[int]*throughputResult{}
+		for _, inst := range insts {
+			name := fmt.Sprintf("sqlstreams burn-down, %d instances in one process", inst)
+			if inst == 1 {
+				name = "sqlstreams burn-down, 1 instance"
+			}
+			res[inst] = b.rep.throughput(fmt.Sprintf("burndown_%d", inst), name, "msg/s")
+		}
 		for r := 1; r <= b.c.runs; r++ {
-			for _, inst := range []int{1, 4} {
+			for _, inst := range insts {
 				b.checkpoint(ctx)
 				label := fmt.Sprintf("burn-down %d instance(s) run %d/%d", inst, r, b.c.runs)
 				rate, err := burnDown(ctx, backlog, fmt.Sprintf("burn%d-run%d", inst, r), inst, b.c.n, label)
 				if err != nil {
 					return err
 				}
-				if inst == 1 {
-					one.add(label, rate)
-				} else {
-					four.add(label, rate)
-				}
+				res[inst].add(label, rate)
 			}
 		}
 	}
 	if b.c.want("latency") {
-		polls := []time.Duration{sqlstreams.DefaultClaimPollRate, 10 * time.Millisecond}
-		lat := make([]*latencyResult, len(polls))
-		for i, p := range polls {
-			name := fmt.Sprintf("end-to-end latency, 1 instance, ClaimPollRate %s", p)
-			if p == sqlstreams.DefaultClaimPollRate {
-				name += " (default)"
+		// The offered loads are fractions of our maximum single-message
+		// produce rate, measured in this run (or now, untimed, when the
+		// produce workload did not run); -rate overrides with one load.
+		maxRate := 0.0
+		if t := b.rep.find("produce_single"); t != nil {
+			maxRate = median(t.Runs)
+		} else if b.c.rate == 0 {
+			s, err := newStream("bench.latency.max")
+			if err != nil {
+				return err
 			}
-			lat[i] = b.rep.latency(fmt.Sprintf("latency_poll_%s", p), name, p, b.c.rate, b.c.latencyFor)
+			if maxRate, err = produceSingle(ctx, s, b.c.singles, "single produce, for the latency loads (not a result)"); err != nil {
+				return err
+			}
+		}
+		type load struct {
+			pct  int
+			rate int
+		}
+		var loads []load
+		if b.c.rate > 0 {
+			loads = []load{{0, b.c.rate}}
+		} else {
+			for _, pct := range []int{10, 50, 90} {
+				loads = append(loads, load{pct, max(1, int(maxRate*float64(pct)/100))})
+			}
+		}
+		lat := make([]*latencyResult, len(loads))
+		for i, l := range loads {
+			name := fmt.Sprintf("end-to-end latency, 1 instance, %d msg/s offered", l.rate)
+			if l.pct > 0 {
+				name = fmt.Sprintf("end-to-end latency, 1 instance, %d%% of max single produce (%d msg/s)", l.pct, l.rate)
+			}
+			lat[i] = b.rep.latency(fmt.Sprintf("latency_%d", l.pct), name, sqlstreams.DefaultClaimPollRate, l.rate, b.c.latencyFor)
 		}
 		for r := 1; r <= b.c.runs; r++ {
-			for i, p := range polls {
-				s, err := newStream(fmt.Sprintf("bench.latency.%s.%d", p, r))
+			for i, l := range loads {
+				s, err := newStream(fmt.Sprintf("bench.latency.%d.%d", l.pct, r))
 				if err != nil {
 					return err
 				}
 				b.checkpoint(ctx)
-				label := fmt.Sprintf("latency poll %s run %d/%d", p, r, b.c.runs)
-				run, err := latency(ctx, s, p, b.c.rate, b.c.latencyFor, label)
+				label := fmt.Sprintf("latency %d msg/s run %d/%d", l.rate, r, b.c.runs)
+				run, err := latency(ctx, s, sqlstreams.DefaultClaimPollRate, l.rate, b.c.latencyFor, label)
 				if err != nil {
 					return err
 				}
@@ -129,17 +160,18 @@ func (b *bench) streams(ctx context.Context) error {
 		if err := ensureBacklog(); err != nil {
 			return err
 		}
-		fmt.Printf("fan-out reads stream %q (%d messages) with fresh groups per run, 1 instance each\n", backlog.Name(), b.c.n)
+		per := min(b.c.fanoutN, b.c.n)
+		fmt.Printf("fan-out: each group reads the first %d messages of stream %q, fresh groups per run, 1 instance each\n", per, backlog.Name())
 		groups := []int{1, 4, 16}
 		res := make([]*throughputResult, len(groups))
 		for i, g := range groups {
-			res[i] = b.rep.throughput(fmt.Sprintf("fanout_%d", g), fmt.Sprintf("fan-out: %d group(s) read the backlog at once, deliveries in total", g), "deliveries/s")
+			res[i] = b.rep.throughput(fmt.Sprintf("fanout_%d", g), fmt.Sprintf("fan-out: %d group(s) read %d messages each at once, deliveries in total", g, per), "deliveries/s")
 		}
 		for r := 1; r <= b.c.runs; r++ {
 			for i, g := range groups {
 				b.checkpoint(ctx)
 				label := fmt.Sprintf("fan-out %d group(s) run %d/%d", g, r, b.c.runs)
-				rate, err := fanOut(ctx, backlog, fmt.Sprintf("fan%d-run%d", g, r), g, b.c.n, label)
+				rate, err := fanOut(ctx, backlog, fmt.Sprintf("fan%d-run%d", g, r), g, per, label)
 				if err != nil {
 					return err
 				}
@@ -149,7 +181,11 @@ func (b *bench) streams(ctx context.Context) error {
 	}
 	if b.c.want("selective") {
 		for r := 1; r <= b.c.runs; r++ {
-			x, err := b.selective(ctx, newStream, b.c.rate, b.c.latencyFor, r)
+			rate := b.c.rate
+			if rate == 0 {
+				rate = 500
+			}
+			x, err := b.selective(ctx, newStream, rate, b.c.latencyFor, r)
 			if err != nil {
 				return fmt.Errorf("selective: %w", err)
 			}
@@ -162,7 +198,20 @@ func (b *bench) streams(ctx context.Context) error {
 			return fmt.Errorf("failures/keys: %w", err)
 		}
 	}
-	return nil
+	if b.c.want("growth") {
+		var sizes []int
+		for _, f := range strings.Split(b.c.growth, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 0 {
+				return fmt.Errorf("-growth %q: want comma-separated row counts", b.c.growth)
+			}
+			sizes = append(sizes, n)
+		}
+		if err := b.growth(ctx, newStream, sizes); err != nil {
+			return fmt.Errorf("growth: %w", err)
+		}
+	}
+	return b.deadTuples(ctx)
 }
 
 // produceSingle sends n messages with one Produce call each from
@@ -234,6 +283,11 @@ func burnDown(ctx context.Context, s *sqlstreams.StreamHandle[Order], group stri
 	if err != nil {
 		return 0, err
 	}
+	return runBurn(ctx, cons, instances, n, label)
+}
+
+// runBurn runs instances instances of cons until n messages were handled.
+func runBurn(ctx context.Context, cons *sqlstreams.Consumer[Order], instances, n int, label string) (float64, error) {
 	var count atomic.Int64
 	all := make(chan struct{})
 	handler := func(ctx context.Context, m *Order) error {
@@ -367,7 +421,7 @@ func latency(ctx context.Context, s *sqlstreams.StreamHandle[Order], poll time.D
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	pct := func(p float64) time.Duration { return samples[int(p*float64(len(samples)-1)+0.5)] }
 	r := latencyRun{Label: label, Messages: len(samples), ProducedPerSec: float64(total) / produceFor.Seconds(),
-		P50ms: ms(pct(0.50)), P99ms: ms(pct(0.99)), MaxMs: ms(samples[len(samples)-1])}
-	fmt.Printf("  %-34s %d msgs at %.0f msg/s: p50 %.1f ms, p99 %.1f ms, max %.1f ms\n", label, r.Messages, r.ProducedPerSec, r.P50ms, r.P99ms, r.MaxMs)
+		P50ms: ms(pct(0.50)), P99ms: ms(pct(0.99)), P999ms: ms(pct(0.999)), MaxMs: ms(samples[len(samples)-1])}
+	fmt.Printf("  %-34s %d msgs at %.0f msg/s: p50 %.1f ms, p99 %.1f ms, p99.9 %.1f ms, max %.1f ms\n", label, r.Messages, r.ProducedPerSec, r.P50ms, r.P99ms, r.P999ms, r.MaxMs)
 	return r, nil
 }
