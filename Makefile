@@ -5,7 +5,7 @@ SEEDS ?= 200
 DURATION ?= 5m
 RATE ?= 100
 
-.PHONY: test demo vet bench bench-quick chaos sim check-postgres
+.PHONY: test demo vet bench bench-1m bench-quick chaos sim check-postgres
 
 ## test: vet, then the whole suite with the race detector, on a private PostgreSQL, then a
 ## benchmark smoke run (bench-quick: it keeps the bench module building; it asserts nothing about speed)
@@ -30,9 +30,13 @@ chaos: check-postgres
 sim: check-postgres
 	SQLSTREAMS_SIM_SEEDS=$(SEEDS) $(GO) test -race -count=1 -run '^TestRandomSeeds$$' -timeout 0 ./sim
 
-## bench: the benchmark harness (its own module); writes BENCHMARKS results
+## bench: every workload, 200,000-message backlogs (about 20 min); writes bench/results/latest.*
 bench: check-postgres
 	cd bench && $(GO) run . $(BENCHFLAGS)
+
+## bench-1m: the same with 1,000,000-message backlogs (about 70 min: the peers are slow at that size)
+bench-1m: check-postgres
+	cd bench && $(GO) run . -n 1000000 $(BENCHFLAGS)
 
 ## bench-quick: every workload at toy sizes (about 20 s); results go to a temp dir, figures mean nothing
 bench-quick: check-postgres

@@ -48,7 +48,7 @@ type config struct {
 
 func main() {
 	var c config
-	flag.IntVar(&c.n, "n", 1000000, "backlog size: rows for the raw baselines, batched produce, burn-down and the peers")
+	flag.IntVar(&c.n, "n", 200000, "backlog size: rows for the raw baselines, batched produce, burn-down and the peers (make bench-1m: 1000000)")
 	flag.IntVar(&c.fanoutN, "fanout-n", 50000, "fan-out workload: messages each group reads (the first of the backlog)")
 	flag.IntVar(&c.growthN, "growth-n", 200000, "growth workload: new messages burnt down after the retained rows")
 	flag.IntVar(&c.runs, "runs", 3, "runs of each workload; medians are reported")

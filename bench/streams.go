@@ -370,12 +370,14 @@ func latency(ctx context.Context, s *sqlstreams.StreamHandle[Order], poll time.D
 
 	stop := progress(label, "msgs", int64(total), &handled)
 	defer stop()
-	// A scheduler releases one message every 1/rate; a few workers send them
-	// so that one slow commit does not hold the schedule up.
+	// A scheduler releases one message every 1/rate; enough senders share
+	// them that one slow commit does not hold the schedule up (a produce
+	// takes a few ms on a loaded two-core machine).
 	due := make(chan struct{}, total)
 	var wg sync.WaitGroup
-	perr := make(chan error, 8)
-	for range 8 {
+	const senders = 32
+	perr := make(chan error, senders)
+	for range senders {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
