@@ -370,12 +370,15 @@ func latency(ctx context.Context, s *sqlstreams.StreamHandle[Order], poll time.D
 
 	stop := progress(label, "msgs", int64(total), &handled)
 	defer stop()
-	// A scheduler releases one message every 1/rate; enough senders share
-	// them that one slow commit does not hold the schedule up (a produce
-	// takes a few ms on a loaded two-core machine).
+	// A scheduler releases one message every 1/rate; a few senders share
+	// them so that one slow commit does not hold the schedule up. More
+	// senders do not raise the achieved rate on two cores, and they lengthen
+	// the latency: with 32, p50 at 50% load went from 8.5 to 28 ms, as
+	// notifying commits serialize and more produce transactions hold the
+	// claim gate's xmin back (BENCHMARKS.md).
 	due := make(chan struct{}, total)
 	var wg sync.WaitGroup
-	const senders = 32
+	const senders = 8
 	perr := make(chan error, senders)
 	for range senders {
 		wg.Add(1)
