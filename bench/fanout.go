@@ -51,27 +51,9 @@ func fanOut(ctx context.Context, s *sqlstreams.StreamHandle[Order], prefix strin
 			}, &opts)
 		}()
 	}
-	var elapsed time.Duration
-	returned, failed := 0, error(nil)
-	select {
-	case <-all:
-		elapsed = wall.Since(start)
-	case err := <-errs:
-		returned, failed = 1, fmt.Errorf("a group returned early: %v", err)
-	case <-wall.After(burnTimeout):
-		failed = fmt.Errorf("timed out after %s with %d of %d delivered", burnTimeout, count.Load(), total)
-	case <-ctx.Done():
-		failed = ctx.Err()
-	}
-	stop()
-	cancel()
-	for ; returned < groups; returned++ {
-		if err := <-errs; err != nil && failed == nil && !errors.Is(err, context.Canceled) {
-			failed = err
-		}
-	}
-	if failed != nil {
-		return 0, fmt.Errorf("%s: %w", label, failed)
+	elapsed, err := awaitRun(ctx, start, all, errs, groups, &count, total, "delivered", stop, cancel)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", label, err)
 	}
 	return report1(label, "deliveries", int(total), elapsed), nil
 }

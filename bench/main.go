@@ -162,6 +162,13 @@ func run(ctx context.Context, c config) (err error) {
 	}
 	pcfg.ConnConfig.Database = dbName
 	pcfg.MaxConns = 32
+	// JIT off for every system measured (sqlstreams, raw, River, Watermill
+	// share this pool or its connection config), as decision 0013
+	// recommends for sqlstreams: its short statements were JIT-compiled at
+	// 25–190 ms each once a log held 10M rows.
+	if _, set := pcfg.ConnConfig.RuntimeParams["jit"]; !set {
+		pcfg.ConnConfig.RuntimeParams["jit"] = "off"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)

@@ -307,27 +307,9 @@ func runBurn(ctx context.Context, cons *sqlstreams.Consumer[Order], instances, n
 			errs <- cons.Consume(cctx, handler, &opts)
 		}()
 	}
-	var elapsed time.Duration
-	returned, failed := 0, error(nil)
-	select {
-	case <-all:
-		elapsed = wall.Since(start)
-	case err := <-errs: // an instance stopped before the backlog was done
-		returned, failed = 1, fmt.Errorf("an instance returned early: %v", err)
-	case <-wall.After(burnTimeout):
-		failed = fmt.Errorf("timed out after %s with %d of %d handled", burnTimeout, count.Load(), n)
-	case <-ctx.Done():
-		failed = ctx.Err()
-	}
-	stop()
-	cancel()
-	for ; returned < instances; returned++ {
-		if err := <-errs; err != nil && failed == nil && !errors.Is(err, context.Canceled) {
-			failed = err
-		}
-	}
-	if failed != nil {
-		return 0, fmt.Errorf("%s: %w", label, failed)
+	elapsed, err := awaitRun(ctx, start, all, errs, instances, &count, int64(n), "handled", stop, cancel)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", label, err)
 	}
 	st := cons.Stats()
 	if st.Failed > 0 {
@@ -338,6 +320,33 @@ func runBurn(ctx context.Context, cons *sqlstreams.Consumer[Order], instances, n
 		fmt.Printf("  %-34s note: %d messages delivered more than once\n", "", extra)
 	}
 	return rate, nil
+}
+
+// awaitRun waits until all is closed (the run's work is done), an instance
+// returns early, burnTimeout passes or ctx ends; then it stops the progress
+// line, cancels the instances and collects every one's return. It returns
+// the time from start to all's closing.
+func awaitRun(ctx context.Context, start time.Time, all <-chan struct{}, errs <-chan error, instances int, count *atomic.Int64, total int64, done string, stop, cancel func()) (time.Duration, error) {
+	var elapsed time.Duration
+	returned, failed := 0, error(nil)
+	select {
+	case <-all:
+		elapsed = wall.Since(start)
+	case err := <-errs: // an instance stopped before the work was done
+		returned, failed = 1, fmt.Errorf("an instance returned early: %v", err)
+	case <-wall.After(burnTimeout):
+		failed = fmt.Errorf("timed out after %s with %d of %d %s", burnTimeout, count.Load(), total, done)
+	case <-ctx.Done():
+		failed = ctx.Err()
+	}
+	stop()
+	cancel()
+	for ; returned < instances; returned++ {
+		if err := <-errs; err != nil && failed == nil && !errors.Is(err, context.Canceled) {
+			failed = err
+		}
+	}
+	return elapsed, failed
 }
 
 // latency produces single messages at rate per second for dur to a fresh

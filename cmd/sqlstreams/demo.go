@@ -63,6 +63,11 @@ func connect(ctx context.Context, out io.Writer) (*pgxpool.Pool, func(), error) 
 		return nil, nil, fmt.Errorf("database url: %w", err)
 	}
 	cfg.MaxConns = 16
+	// sqlstreams' statements are short; PostgreSQL's JIT compiles them once
+	// a log holds millions of rows, at 25–190 ms a statement (decision 0013).
+	if _, set := cfg.ConnConfig.RuntimeParams["jit"]; !set {
+		cfg.ConnConfig.RuntimeParams["jit"] = "off"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		stop()
