@@ -186,8 +186,11 @@ SELECT coalesce((SELECT m.produced_at < coalesce($1, now()) - $2::interval
 ALTER TABLE {s}.{t}_log DETACH PARTITION {s}.%[1]s`, name))); err != nil {
 			return err
 		}
-		if err := tx.QueryRow(ctx, floorOK, c.Hi).Scan(&ok); err != nil || !ok {
-			return errors.Join(err, errNotNow)
+		if err := tx.QueryRow(ctx, floorOK, c.Hi).Scan(&ok); err != nil {
+			return err
+		}
+		if !ok { // a group moved back under the lock (a new group at the start): roll the detach back
+			return errNotNow
 		}
 		if err := tx.QueryRow(ctx, st.chunkSQL(streamID, fmt.Sprintf(`-- store.DropChunk
 SELECT count(*) FROM {s}.%[1]s`, name))).Scan(&d.Rows); err != nil {
