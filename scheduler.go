@@ -122,7 +122,7 @@ func (s *Scheduler) RunNow(ctx context.Context) error {
 	}
 	key := "schedule:" + s.name + ":now:" + s.c.cfg.Clock.Now().UTC().Format(time.RFC3339Nano)
 	_, err = s.c.store.Produce(ctx, nil, row.StreamID, []store.NewMessage{{Version: row.Version, Payload: row.Payload, IdempotencyKey: key}}, s.c.dbNow())
-	if err != nil {
+	if err = s.c.committed(ctx, "schedule "+s.name, err); err != nil {
 		return fmt.Errorf("schedule %q: run now: %w", s.name, err)
 	}
 	return nil

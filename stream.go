@@ -3,6 +3,7 @@ package sqlstreams
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -272,6 +273,8 @@ func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *
 		return nil, err
 	}
 	msgs := make([]store.NewMessage, len(items))
+	enc := getPayloadEncoder()
+	defer putPayloadEncoder(enc)
 	for i := range items {
 		it := &items[i]
 		if err := topic.ValidateRoutingKey(it.RoutingKey); err != nil {
@@ -290,7 +293,7 @@ func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *
 		if c := merged.layer().Concurrency; c.Keyed() && it.Key == "" {
 			return nil, fmt.Errorf("produce to %q: message %d: %w: concurrency %q needs a message key", s.name, i, ErrInvalidKey, c)
 		}
-		payload, err := json.Marshal(it.Msg)
+		payload, err := enc.encode(it.Msg, len(items)-i)
 		if err != nil {
 			return nil, fmt.Errorf("produce to %q: message %d: %w: %T: %v", s.name, i, ErrEncode, it.Msg, err)
 		}
@@ -306,12 +309,13 @@ func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *
 			IdempotencyKey: it.IdempotencyKey, Payload: payload, Options: opts,
 		}
 	}
+	enc.finish(msgs)
 	var q store.Querier
 	if o.Tx != nil {
 		q = o.Tx
 	}
 	res, err := s.c.store.Produce(ctx, q, row.ID, msgs, s.c.dbNow())
-	if err != nil {
+	if err = s.c.committed(ctx, s.name, err); err != nil {
 		return nil, fmt.Errorf("produce to %q: %w", s.name, err)
 	}
 	out := make([]Produced, len(res))
@@ -319,4 +323,16 @@ func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *
 		out[i] = Produced{ID: r.ID, Duplicate: r.Duplicate}
 	}
 	return out, nil
+}
+
+// committed logs and clears a failed wake-up after a produce that committed:
+// the messages are written, and consumers find them at their next poll.
+func (c *Client) committed(ctx context.Context, stream string, err error) error {
+	var wake *store.WakeError
+	if !errors.As(err, &wake) {
+		return err
+	}
+	c.cfg.Logger.WarnContext(ctx, "sqlstreams: produced, but the wake-up notification failed; consumers will see the messages at their next poll",
+		"stream", stream, "err", wake.Err)
+	return nil
 }

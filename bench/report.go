@@ -93,9 +93,21 @@ type throughputResult struct {
 	Median float64   `json:"median"`
 	// RunStats are the consumer's counters after each run (failures/keys).
 	RunStats []runStats `json:"run_stats,omitempty"`
+	// ServerCPU is the database server's CPU per unit in each run, in
+	// microseconds, where measured (a local server only).
+	ServerCPU       []float64 `json:"server_cpu_us_per_unit,omitempty"`
+	ServerCPUMedian float64   `json:"server_cpu_us_per_unit_median,omitempty"`
 }
 
 func (t *throughputResult) add(_ string, v float64) { t.Runs = append(t.Runs, v) }
+
+// addCPU records a run's server CPU (from bench.serverCPU before and after)
+// over units.
+func (t *throughputResult) addCPU(before, after time.Duration, ok bool, units int) {
+	if ok && units > 0 {
+		t.ServerCPU = append(t.ServerCPU, float64(after-before)/float64(time.Microsecond)/float64(units))
+	}
+}
 
 type latencyRun struct {
 	Label          string  `json:"label"`
@@ -271,6 +283,9 @@ func (r *report) find(key string) *throughputResult {
 func (r *report) finish() {
 	for _, t := range r.Results {
 		t.Median = median(t.Runs)
+		if len(t.ServerCPU) > 0 {
+			t.ServerCPUMedian = median(t.ServerCPU)
+		}
 	}
 	for _, l := range r.Latency {
 		var p50, p99, p999, mx []float64
@@ -338,7 +353,11 @@ func (q ratio) verdict() string {
 func (r *report) print(w io.Writer) {
 	fmt.Fprintln(w, "\nresults (median of runs):")
 	for _, t := range r.Results {
-		fmt.Fprintf(w, "  %-72s %9.0f %s\n", t.Name, t.Median, t.Unit)
+		cpu := ""
+		if t.ServerCPUMedian > 0 {
+			cpu = fmt.Sprintf("   server CPU %.1f µs/%s", t.ServerCPUMedian, strings.TrimSuffix(t.Unit, "/s"))
+		}
+		fmt.Fprintf(w, "  %-72s %9.0f %s%s\n", t.Name, t.Median, t.Unit, cpu)
 	}
 	for _, l := range r.Latency {
 		fmt.Fprintf(w, "  %-72s p50 %.1f ms  p99 %.1f ms  p99.9 %.1f ms  max %.1f ms\n", l.Name, l.P50ms, l.P99ms, l.P999ms, l.MaxMs)
@@ -382,13 +401,17 @@ func (r *report) markdown() string {
 	}
 	p("\n\n")
 	if len(r.Results) > 0 {
-		p("| workload | median | unit | runs |\n|---|---:|---|---|\n")
+		p("| workload | median | unit | runs | server CPU per unit (median) |\n|---|---:|---|---|---:|\n")
 		for _, t := range r.Results {
 			runs := make([]string, len(t.Runs))
 			for i, v := range t.Runs {
 				runs[i] = fmt.Sprintf("%.0f", v)
 			}
-			p("| %s | %.0f | %s | %s |\n", t.Name, t.Median, t.Unit, strings.Join(runs, ", "))
+			cpu := ""
+			if t.ServerCPUMedian > 0 {
+				cpu = fmt.Sprintf("%.1f µs", t.ServerCPUMedian)
+			}
+			p("| %s | %.0f | %s | %s | %s |\n", t.Name, t.Median, t.Unit, strings.Join(runs, ", "), cpu)
 		}
 		p("\n")
 	}

@@ -46,11 +46,14 @@ func (b *bench) streams(ctx context.Context) error {
 			}
 			b.checkpoint(ctx)
 			label := fmt.Sprintf("produce single run %d/%d", r, b.c.runs)
+			c0, _ := b.serverCPU(ctx)
 			rate, err := produceSingle(ctx, s, b.c.singles, label)
 			if err != nil {
 				return err
 			}
+			c1, ok := b.serverCPU(ctx)
 			single.add(label, rate)
+			single.addCPU(c0, c1, ok, b.c.singles)
 		}
 		batch := b.rep.throughput("produce_batch", fmt.Sprintf("sqlstreams ProduceBatch, %d items/call, %d goroutines", produceBatchLen, produceWorkers), "msg/s")
 		for r := 1; r <= b.c.runs; r++ {
@@ -60,10 +63,13 @@ func (b *bench) streams(ctx context.Context) error {
 			}
 			b.checkpoint(ctx)
 			label := fmt.Sprintf("produce batch run %d/%d", r, b.c.runs)
+			c0, _ := b.serverCPU(ctx)
 			rate, err := produceBatch(ctx, s, b.c.n, label)
 			if err != nil {
 				return err
 			}
+			c1, ok := b.serverCPU(ctx)
+			batch.addCPU(c0, c1, ok, b.c.n)
 			batch.add(label, rate)
 			backlog = s // the last run's stream holds exactly n messages
 		}
@@ -96,11 +102,14 @@ func (b *bench) streams(ctx context.Context) error {
 			for _, inst := range insts {
 				b.checkpoint(ctx)
 				label := fmt.Sprintf("burn-down %d instance(s) run %d/%d", inst, r, b.c.runs)
+				c0, _ := b.serverCPU(ctx)
 				rate, err := burnDown(ctx, backlog, fmt.Sprintf("burn%d-run%d", inst, r), inst, b.c.n, label)
 				if err != nil {
 					return err
 				}
+				c1, ok := b.serverCPU(ctx)
 				res[inst].add(label, rate)
+				res[inst].addCPU(c0, c1, ok, b.c.n)
 			}
 		}
 	}

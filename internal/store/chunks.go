@@ -61,7 +61,9 @@ func (st *Store) chunkSQL(streamID int64, q string) string {
 }
 
 // chunkTable names the partition holding positions from lo.
-func chunkTable(streamID, lo int64) string { return fmt.Sprintf("%s_log_%d", tablePrefix(streamID), lo) }
+func chunkTable(streamID, lo int64) string {
+	return fmt.Sprintf("%s_log_%d", tablePrefix(streamID), lo)
+}
 
 // ReadXidClock reads where transaction ids stand.
 func (st *Store) ReadXidClock(ctx context.Context, now Now) (XidClock, error) {

@@ -52,82 +52,191 @@ type Message struct {
 	Matched bool
 }
 
-// Produce writes msgs in one round trip: unkeyed messages in one multi-row
-// insert, each idempotent message in its own statement of the same batch. On
-// a pool the batch is one implicit transaction; on a caller's transaction the
-// messages exist exactly when it commits.
+// Produce writes msgs atomically, in the order given: unkeyed messages in
+// one multi-row insert; with idempotent messages among them, one statement
+// per idempotent message and per run of unkeyed ones between them, in one
+// batch (one implicit transaction on the pool). On a caller's transaction
+// the messages exist exactly when it commits.
+//
+// The wake-up notification goes out in the caller's transaction when there is
+// one. On the pool it is a statement of its own after the insert has
+// committed: PostgreSQL serializes the commits of notifying transactions
+// under one database-wide lock, held across the commit's WAL flush, so
+// notifying inside the insert made concurrent producers flush one at a time
+// (decision 0014). A wake-up that fails after the messages committed is
+// reported as a *WakeError with the results: the messages are written, and
+// consumers see them at their next poll.
 func (st *Store) Produce(ctx context.Context, q Querier, streamID int64, msgs []NewMessage, now Now) ([]Produced, error) {
-	if q == nil {
+	own := q == nil
+	if own {
 		q = st.pool
 	}
 	t := st.streamTables(streamID)
 	out := make([]Produced, len(msgs))
+	channel, wake := st.NotifyChannel(), WakePayload(streamID, msgs)
+	keyed := false
+	for i := range msgs {
+		keyed = keyed || msgs[i].IdempotencyKey != ""
+	}
+	if !keyed {
+		idx := make([]int, len(msgs))
+		for i := range idx {
+			idx[i] = i
+		}
+		err := st.produceUnkeyed(ctx, q, own, t, now, msgs, idx, out, channel, wake)
+		if wakeErr := (*WakeError)(nil); err != nil && !errors.As(err, &wakeErr) {
+			return nil, err
+		}
+		return out, err
+	}
+	// Idempotent messages among them: one statement per idempotent message
+	// and one per run of unkeyed messages between them, in item order, so
+	// the log holds the batch in the order given.
 	var (
-		plainIdx                     []int
-		versions                     []int32
-		rks, keys, payloads, options []string
-		batch                        pgx.Batch
-		keyedIdx                     []int
+		batch pgx.Batch
+		runs  [][]int // a run of unkeyed messages, or one idempotent message
 	)
-	for i, m := range msgs {
-		if m.IdempotencyKey != "" {
-			keyedIdx = append(keyedIdx, i)
-			batch.Queue(t.insertKeyed, now, m.IdempotencyKey, m.Version, m.RoutingKey, m.Key, string(m.Payload), string(m.Options))
+	for i := 0; i < len(msgs); {
+		if msgs[i].IdempotencyKey != "" {
+			m := &msgs[i]
+			batch.Queue(t.insertKeyed, now, m.IdempotencyKey, m.Version, m.RoutingKey, m.Key, m.Payload, m.Options)
+			runs = append(runs, []int{i})
+			i++
 			continue
 		}
-		plainIdx = append(plainIdx, i)
-		versions = append(versions, int32(m.Version))
-		rks = append(rks, m.RoutingKey)
-		keys = append(keys, m.Key)
-		payloads = append(payloads, string(m.Payload))
-		options = append(options, string(m.Options))
+		j := i
+		for j < len(msgs) && msgs[j].IdempotencyKey == "" {
+			j++
+		}
+		idx := make([]int, 0, j-i)
+		for k := i; k < j; k++ {
+			idx = append(idx, k)
+		}
+		batch.Queue(t.insertBatch, now, versions(msgs, idx), texts(msgs, idx, 2), texts(msgs, idx, 3), texts(msgs, idx, 4), texts(msgs, idx, 5))
+		runs = append(runs, idx)
+		i = j
 	}
-	channel, wake := st.NotifyChannel(), WakePayload(streamID, msgs)
-	if len(keyedIdx) == 0 {
-		return out, st.insertPlain(ctx, q, t, now, plainIdx, versions, rks, keys, payloads, options, out, channel, wake)
-	}
-	if len(plainIdx) > 0 {
-		batch.Queue(t.insertBatch, now, versions, rks, keys, payloads, options, channel, wake)
-	} else {
+	if !own {
 		batch.Queue(t.notify, channel, wake)
 	}
 	br := q.SendBatch(ctx, &batch)
-	for _, i := range keyedIdx {
-		if err := br.QueryRow().Scan(&out[i].ID, &out[i].Duplicate); err != nil {
-			_ = br.Close()
-			return nil, fmt.Errorf("produce idempotent message: %w", err)
-		}
+	fail := func(err error) ([]Produced, error) {
+		_ = br.Close()
+		return nil, err
 	}
-	if len(plainIdx) > 0 {
+	for _, idx := range runs {
+		if msgs[idx[0]].IdempotencyKey != "" {
+			i := idx[0]
+			if err := br.QueryRow().Scan(&out[i].ID, &out[i].Duplicate); err != nil {
+				return fail(fmt.Errorf("produce idempotent message: %w", err))
+			}
+			continue
+		}
 		rows, err := br.Query()
 		if err != nil {
-			_ = br.Close()
-			return nil, fmt.Errorf("produce: %w", err)
+			return fail(fmt.Errorf("produce: %w", err))
 		}
-		if err := scanIDs(rows, plainIdx, out); err != nil {
-			_ = br.Close()
-			return nil, err
+		if err := scanIDs(rows, idx, out); err != nil {
+			return fail(err)
 		}
-	} else if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		return nil, fmt.Errorf("produce: notify: %w", err)
+	}
+	if !own {
+		if _, err := br.Exec(); err != nil {
+			return fail(fmt.Errorf("produce: notify: %w", err))
+		}
 	}
 	if err := br.Close(); err != nil {
 		return nil, fmt.Errorf("produce: %w", err)
 	}
-	return out, nil
+	return out, st.wakeAfter(ctx, own, t, channel, wake)
 }
 
-func (st *Store) insertPlain(ctx context.Context, q Querier, t *tables, now Now, idx []int, versions []int32, rks, keys, payloads, options []string, out []Produced, channel, wake string) error {
-	rows, err := q.Query(ctx, t.insertBatch, now, versions, rks, keys, payloads, options, channel, wake)
+// versions and texts are the insert's array parameters for pgx to encode,
+// on the paths that do not use wire.go's (idempotent messages, a Querier
+// without a connection): texts(k) is routing keys (2), message keys (3),
+// payloads (4) or options (5), as produceParams numbers them.
+func versions(msgs []NewMessage, idx []int) []int32 {
+	out := make([]int32, len(idx))
+	for j, i := range idx {
+		out[j] = int32(msgs[i].Version)
+	}
+	return out
+}
+
+func texts(msgs []NewMessage, idx []int, k int) [][]byte {
+	out := make([][]byte, len(idx))
+	for j, i := range idx {
+		m := &msgs[i]
+		switch k {
+		case 2:
+			out[j] = []byte(m.RoutingKey)
+		case 3:
+			out[j] = []byte(m.Key)
+		case 4:
+			out[j] = m.Payload
+		case 5:
+			out[j] = m.Options
+		}
+	}
+	return out
+}
+
+// WakeError reports that a produce on the pool committed its messages but
+// could not send the wake-up notification after it.
+type WakeError struct{ Err error }
+
+func (e *WakeError) Error() string { return "produce: wake-up after commit: " + e.Err.Error() }
+func (e *WakeError) Unwrap() error { return e.Err }
+
+// wakeAfter sends the wake-up of a produce that committed on its own.
+func (st *Store) wakeAfter(ctx context.Context, own bool, t *tables, channel, wake string) error {
+	if !own {
+		return nil
+	}
+	if _, err := st.pool.Exec(ctx, t.notify, channel, wake); err != nil {
+		return &WakeError{Err: err}
+	}
+	return nil
+}
+
+// produceUnkeyed is the common case: one prepared insert whose parameters
+// wire.go encodes, then, on the pool, the wake-up on the same connection.
+func (st *Store) produceUnkeyed(ctx context.Context, q Querier, own bool, t *tables, now Now, msgs []NewMessage, idx []int, out []Produced, channel, wake string) error {
+	if own {
+		c, err := st.pool.Acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("produce: %w", err)
+		}
+		defer c.Release()
+		if err := insertPrepared(ctx, c.Conn(), t.insertBatchName, t.insertBatch, now, msgs, idx, out); err != nil {
+			return err
+		}
+		if _, err := c.Exec(ctx, t.notify, channel, wake); err != nil {
+			return &WakeError{Err: err}
+		}
+		return nil
+	}
+	var conn *pgx.Conn
+	switch v := q.(type) {
+	case *pgx.Conn:
+		conn = v
+	case interface{ Conn() *pgx.Conn }: // pgx.Tx
+		conn = v.Conn()
+	default:
+		return st.insertPlain(ctx, q, t.insertBatchWake, []any{now, versions(msgs, idx), texts(msgs, idx, 2), texts(msgs, idx, 3), texts(msgs, idx, 4), texts(msgs, idx, 5), channel, wake}, idx, out)
+	}
+	return insertPrepared(ctx, conn, t.insertBatchWakeName, t.insertBatchWake, now, msgs, idx, out, channel, wake)
+}
+
+func (st *Store) insertPlain(ctx context.Context, q Querier, insert string, args []any, idx []int, out []Produced) error {
+	rows, err := q.Query(ctx, insert, args...)
 	if err != nil {
 		return fmt.Errorf("produce: %w", err)
 	}
 	return scanIDs(rows, idx, out)
 }
 
-// scanIDs assigns returned ids in ascending order: identity values follow the
-// insert's ORDER BY, so the i-th smallest id belongs to the i-th message.
+// scanIDs reads the ids an insert returned and assigns them (assignIDs).
 func scanIDs(rows pgx.Rows, idx []int, out []Produced) error {
 	defer rows.Close()
 	ids := make([]int64, 0, len(idx))
@@ -141,6 +250,12 @@ func scanIDs(rows pgx.Rows, idx []int, out []Produced) error {
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("produce: %w", err)
 	}
+	return assignIDs(ids, idx, out)
+}
+
+// assignIDs assigns returned ids in ascending order: identity values follow
+// the insert's ORDER BY, so the i-th smallest id belongs to the i-th message.
+func assignIDs(ids []int64, idx []int, out []Produced) error {
 	if len(ids) != len(idx) {
 		return fmt.Errorf("produce: %d ids returned for %d messages", len(ids), len(idx))
 	}

@@ -9,19 +9,22 @@ import (
 // tables holds one stream's statements, built once: pgx caches prepared
 // statements by text, so a stable text per stream is also a fast one.
 type tables struct {
-	notify         string
-	insertCursor   string
-	insertBatch    string
-	insertKeyed    string
-	claim          string
-	reclaim        string
-	commit         string
-	release        string
-	renewRanges    string
-	gateProbe      string
-	countLog       string
-	countException string
-	rangeLeases    string
+	notify          string
+	insertCursor    string
+	insertBatch     string
+	insertBatchWake string
+	insertKeyed     string
+	// The two inserts' names as prepared statements (wire.go).
+	insertBatchName, insertBatchWakeName string
+	claim                                string
+	reclaim                              string
+	commit                               string
+	release                              string
+	renewRanges                          string
+	gateProbe                            string
+	countLog                             string
+	countException                       string
+	rangeLeases                          string
 
 	acquireKeys      string
 	releaseOwnedKeys string
@@ -92,7 +95,7 @@ func keyHeldLive(key string) string {
 
 func buildTables(schema, prefix string) *tables {
 	r := strings.NewReplacer("{s}", schema, "{t}", prefix)
-	return &tables{
+	t := &tables{
 		insertCursor: r.Replace(`-- store.RegisterGroup
 INSERT INTO {s}.{t}_cursor (group_id, head_xid, head_id, updated_at)
 SELECT $1,
@@ -100,18 +103,15 @@ SELECT $1,
        0, coalesce($3, now())
 ON CONFLICT (group_id) DO NOTHING`),
 
-		// One notification per produce statement (PostgreSQL folds identical
-		// ones within a transaction and delivers them at commit), so idle
-		// consumers wake without tight polling.
-		insertBatch: r.Replace(`-- store.Produce
+		// One notification per produce (PostgreSQL folds identical ones
+		// within a transaction and delivers them at commit), so idle
+		// consumers wake without tight polling: in the insert's statement
+		// inside a caller's transaction, after it on the pool (see
+		// store.Produce).
+		insertBatch: r.Replace(insertBatchSQL),
+		insertBatchWake: r.Replace(`-- store.Produce
 WITH ins AS (
-    INSERT INTO {s}.{t}_log (produced_at, version, routing_key, message_key, payload, options)
-    SELECT coalesce($1, now()), m.version, nullif(m.routing_key, ''), nullif(m.message_key, ''),
-           m.payload::json, nullif(m.options, '')::jsonb
-    FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[])
-         WITH ORDINALITY AS m(version, routing_key, message_key, payload, options, n)
-    ORDER BY m.n
-    RETURNING id
+` + insertBatchSQL + `
 )
 SELECT ins.id FROM ins, (SELECT pg_notify($7, $8)) AS wake(x)`),
 
@@ -683,4 +683,15 @@ FROM {s}.{t}_exception x WHERE x.group_id = $1 ORDER BY x.message_xid, x.message
 		rangeLeases: r.Replace(`-- store.RangeLeases
 SELECT id, token::text, owner::text, reclaims FROM {s}.{t}_range WHERE group_id = $1 ORDER BY id`),
 	}
+	t.insertBatchName, t.insertBatchWakeName = statementName(t.insertBatch), statementName(t.insertBatchWake)
+	return t
 }
+
+// insertBatchSQL writes a produce call's unkeyed messages, ids in item order.
+const insertBatchSQL = `INSERT INTO {s}.{t}_log (produced_at, version, routing_key, message_key, payload, options)
+SELECT coalesce($1, now()), m.version, nullif(m.routing_key, ''), nullif(m.message_key, ''),
+       m.payload::json, nullif(m.options, '')::jsonb
+FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[])
+     WITH ORDINALITY AS m(version, routing_key, message_key, payload, options, n)
+ORDER BY m.n
+RETURNING id`
