@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/c1702965/sqlstreams"
@@ -84,6 +85,18 @@ func (b *bench) serverCPU(ctx context.Context) (cpu time.Duration, ok bool) {
 		}
 	}
 	return time.Duration(ticks) * time.Second / 100, true // USER_HZ is 100 on Linux
+}
+
+// cpuTimes is a reading of the server's and this process's CPU time.
+type cpuTimes struct{ server, client time.Duration }
+
+// cpuNow reads both; ok is false when the server's is not readable.
+func (b *bench) cpuNow(ctx context.Context) (cpuTimes, bool) {
+	server, ok := b.serverCPU(ctx)
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	client := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return cpuTimes{server: server, client: client}, ok
 }
 
 // procStat returns a process's user+system CPU ticks and its parent's pid.

@@ -44,6 +44,7 @@ type config struct {
 	memprofile, growth     string
 	resultsDir             string
 	allowShared, keep      bool
+	statements             bool
 }
 
 func main() {
@@ -64,6 +65,7 @@ func main() {
 	flag.StringVar(&c.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the whole run to this file")
 	flag.StringVar(&c.memprofile, "memprofile", "", "write a Go allocation profile of the whole run to this file (at the end)")
 	flag.StringVar(&c.resultsDir, "results", "results", "directory for latest.md and latest.json")
+	flag.BoolVar(&c.statements, "statements", false, "private cluster only: load pg_stat_statements and print the statements that took the most server time in the run (a diagnostic; it adds a little per-statement overhead)")
 	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
 	flag.BoolVar(&c.allowShared, "allow-port-5432", false, "allow a -url on port 5432 (refused by default: that is usually a shared server)")
 	flag.Parse()
@@ -116,7 +118,7 @@ func run(ctx context.Context, c config) (err error) {
 	}
 	if serverURL == "" {
 		fmt.Println("starting a private durable PostgreSQL (pass -url or set SQLSTREAMS_DATABASE_URL to use your own)...")
-		cl, err := startCluster(ctx)
+		cl, err := startCluster(ctx, c.statements)
 		if err != nil {
 			return err
 		}
@@ -183,6 +185,11 @@ func run(ctx context.Context, c config) (err error) {
 	fmt.Printf("payload %d bytes of JSON per message; -n %d, -runs %d\n", len(payloadJSON), c.n, c.runs)
 
 	b := &bench{c: c, pool: pool, rep: rep, logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	if c.statements {
+		if _, err := pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()"); err != nil {
+			return fmt.Errorf("-statements needs pg_stat_statements loaded (the private cluster loads it): %w", err)
+		}
+	}
 	started := wall.Now()
 	if c.want("raw") {
 		if err := b.raw(ctx, pcfg.ConnConfig); err != nil {
@@ -203,6 +210,11 @@ func run(ctx context.Context, c config) (err error) {
 	if c.want("watermill") {
 		if err := b.watermill(ctx); err != nil {
 			return fmt.Errorf("watermill: %w", err)
+		}
+	}
+	if c.statements {
+		if err := b.topStatements(ctx); err != nil {
+			return fmt.Errorf("statements: %w", err)
 		}
 	}
 	rep.Elapsed = wall.Since(started).Round(time.Second).String()
@@ -327,3 +339,29 @@ func mustJSON(v any) []byte {
 // wall is the harness's clock: a benchmark measures real elapsed time, and
 // this is the one place it is read from.
 var wall = clock.New()
+
+// topStatements prints the statements that took the most server time since
+// the run began, named by their first line (sqlstreams' statements start with
+// a comment naming their caller).
+func (b *bench) topStatements(ctx context.Context) error {
+	rows, err := b.pool.Query(ctx, `SELECT split_part(ltrim(query), E'\n', 1), calls, total_exec_time, rows
+FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 20`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	fmt.Printf("\nstatements by server time (pg_stat_statements):\n  %10s %10s %10s %10s  %s\n", "total ms", "calls", "mean µs", "rows", "statement")
+	for rows.Next() {
+		var q string
+		var calls, n int64
+		var total float64
+		if err := rows.Scan(&q, &calls, &total, &n); err != nil {
+			return err
+		}
+		if len(q) > 70 {
+			q = q[:70]
+		}
+		fmt.Printf("  %10.0f %10d %10.1f %10d  %s\n", total, calls, total*1000/float64(max(calls, 1)), n, q)
+	}
+	return rows.Err()
+}

@@ -55,7 +55,7 @@ func pgMajor(binDir string) int {
 	return n
 }
 
-func startCluster(ctx context.Context) (*cluster, error) {
+func startCluster(ctx context.Context, statements bool) (*cluster, error) {
 	bin, err := pgBinDir()
 	if err != nil {
 		return nil, err
@@ -94,6 +94,9 @@ func startCluster(ctx context.Context) (*cluster, error) {
 		"synchronous_commit = on",
 		"full_page_writes = on",
 	}, "\n") + "\n"
+	if statements {
+		conf += "shared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.max = 1000\n"
+	}
 	f, err := os.OpenFile(filepath.Join(data, "postgresql.conf"), os.O_WRONLY|os.O_APPEND, 0)
 	if err == nil {
 		_, err = f.WriteString(conf)

@@ -49,23 +49,23 @@ func (b *bench) raw(ctx context.Context, cc *pgx.ConnConfig) error {
 		}
 		b.checkpoint(ctx)
 		label := fmt.Sprintf("raw insert run %d/%d", r, b.c.runs)
-		c0, _ := b.serverCPU(ctx)
+		c0, _ := b.cpuNow(ctx)
 		rate, err := rawInsert(ctx, conns, b.c.n, label)
 		if err != nil {
 			return err
 		}
-		c1, ok := b.serverCPU(ctx)
+		c1, ok := b.cpuNow(ctx)
 		ins.addCPU(c0, c1, ok, b.c.n)
 		ins.add(label, rate)
 
 		b.checkpoint(ctx)
 		label = fmt.Sprintf("raw drain run %d/%d", r, b.c.runs)
-		c0, _ = b.serverCPU(ctx)
+		c0, _ = b.cpuNow(ctx)
 		rate, err = rawDrain(ctx, conns[0], b.c.n, label)
 		if err != nil {
 			return err
 		}
-		c1, ok = b.serverCPU(ctx)
+		c1, ok = b.cpuNow(ctx)
 		drain.addCPU(c0, c1, ok, b.c.n)
 		drain.add(label, rate)
 	}

@@ -97,16 +97,25 @@ type throughputResult struct {
 	// microseconds, where measured (a local server only).
 	ServerCPU       []float64 `json:"server_cpu_us_per_unit,omitempty"`
 	ServerCPUMedian float64   `json:"server_cpu_us_per_unit_median,omitempty"`
+	// ClientCPU is the benchmark process's own CPU per unit (the library and
+	// the peers' clients run in it), in microseconds.
+	ClientCPU       []float64 `json:"client_cpu_us_per_unit,omitempty"`
+	ClientCPUMedian float64   `json:"client_cpu_us_per_unit_median,omitempty"`
 }
 
 func (t *throughputResult) add(_ string, v float64) { t.Runs = append(t.Runs, v) }
 
 // addCPU records a run's server CPU (from bench.serverCPU before and after)
 // over units.
-func (t *throughputResult) addCPU(before, after time.Duration, ok bool, units int) {
-	if ok && units > 0 {
-		t.ServerCPU = append(t.ServerCPU, float64(after-before)/float64(time.Microsecond)/float64(units))
+func (t *throughputResult) addCPU(before, after cpuTimes, ok bool, units int) {
+	if units <= 0 {
+		return
 	}
+	per := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(units) }
+	if ok {
+		t.ServerCPU = append(t.ServerCPU, per(after.server-before.server))
+	}
+	t.ClientCPU = append(t.ClientCPU, per(after.client-before.client))
 }
 
 type latencyRun struct {
@@ -286,6 +295,9 @@ func (r *report) finish() {
 		if len(t.ServerCPU) > 0 {
 			t.ServerCPUMedian = median(t.ServerCPU)
 		}
+		if len(t.ClientCPU) > 0 {
+			t.ClientCPUMedian = median(t.ClientCPU)
+		}
 	}
 	for _, l := range r.Latency {
 		var p50, p99, p999, mx []float64
@@ -355,7 +367,7 @@ func (r *report) print(w io.Writer) {
 	for _, t := range r.Results {
 		cpu := ""
 		if t.ServerCPUMedian > 0 {
-			cpu = fmt.Sprintf("   server CPU %.1f µs/%s", t.ServerCPUMedian, strings.TrimSuffix(t.Unit, "/s"))
+			cpu = fmt.Sprintf("   CPU per %s: server %.1f µs, client %.1f µs", strings.TrimSuffix(t.Unit, "/s"), t.ServerCPUMedian, t.ClientCPUMedian)
 		}
 		fmt.Fprintf(w, "  %-72s %9.0f %s%s\n", t.Name, t.Median, t.Unit, cpu)
 	}
@@ -401,7 +413,7 @@ func (r *report) markdown() string {
 	}
 	p("\n\n")
 	if len(r.Results) > 0 {
-		p("| workload | median | unit | runs | server CPU per unit (median) |\n|---|---:|---|---|---:|\n")
+		p("| workload | median | unit | runs | CPU per unit, server / client (median) |\n|---|---:|---|---|---:|\n")
 		for _, t := range r.Results {
 			runs := make([]string, len(t.Runs))
 			for i, v := range t.Runs {
@@ -409,7 +421,7 @@ func (r *report) markdown() string {
 			}
 			cpu := ""
 			if t.ServerCPUMedian > 0 {
-				cpu = fmt.Sprintf("%.1f µs", t.ServerCPUMedian)
+				cpu = fmt.Sprintf("%.1f / %.1f µs", t.ServerCPUMedian, t.ClientCPUMedian)
 			}
 			p("| %s | %.0f | %s | %s | %s |\n", t.Name, t.Median, t.Unit, strings.Join(runs, ", "), cpu)
 		}

@@ -46,12 +46,12 @@ func (b *bench) streams(ctx context.Context) error {
 			}
 			b.checkpoint(ctx)
 			label := fmt.Sprintf("produce single run %d/%d", r, b.c.runs)
-			c0, _ := b.serverCPU(ctx)
+			c0, _ := b.cpuNow(ctx)
 			rate, err := produceSingle(ctx, s, b.c.singles, label)
 			if err != nil {
 				return err
 			}
-			c1, ok := b.serverCPU(ctx)
+			c1, ok := b.cpuNow(ctx)
 			single.add(label, rate)
 			single.addCPU(c0, c1, ok, b.c.singles)
 		}
@@ -63,12 +63,12 @@ func (b *bench) streams(ctx context.Context) error {
 			}
 			b.checkpoint(ctx)
 			label := fmt.Sprintf("produce batch run %d/%d", r, b.c.runs)
-			c0, _ := b.serverCPU(ctx)
+			c0, _ := b.cpuNow(ctx)
 			rate, err := produceBatch(ctx, s, b.c.n, label)
 			if err != nil {
 				return err
 			}
-			c1, ok := b.serverCPU(ctx)
+			c1, ok := b.cpuNow(ctx)
 			batch.addCPU(c0, c1, ok, b.c.n)
 			batch.add(label, rate)
 			backlog = s // the last run's stream holds exactly n messages
@@ -102,12 +102,12 @@ func (b *bench) streams(ctx context.Context) error {
 			for _, inst := range insts {
 				b.checkpoint(ctx)
 				label := fmt.Sprintf("burn-down %d instance(s) run %d/%d", inst, r, b.c.runs)
-				c0, _ := b.serverCPU(ctx)
+				c0, _ := b.cpuNow(ctx)
 				rate, err := burnDown(ctx, backlog, fmt.Sprintf("burn%d-run%d", inst, r), inst, b.c.n, label)
 				if err != nil {
 					return err
 				}
-				c1, ok := b.serverCPU(ctx)
+				c1, ok := b.cpuNow(ctx)
 				res[inst].add(label, rate)
 				res[inst].addCPU(c0, c1, ok, b.c.n)
 			}

@@ -139,25 +139,34 @@ UNION ALL
 SELECT coalesce((SELECT message_id FROM {s}.{t}_idempotency WHERE key = $2), 0), true
 WHERE NOT EXISTS (SELECT 1 FROM k)`),
 
-		// One statement, one round trip: lock the cursor, read the next
+		// One statement, one round trip: lock the cursor, find the next
 		// positions that are final (xid below the snapshot's xmin), move the
-		// head and write the lease.
-		// The bounds reach the log scan as scalar subqueries (InitPlan
+		// head, write the lease and return the range's messages.
+		// The bounds reach the log scans as scalar subqueries (InitPlan
 		// parameters) because only then does the planner use them as index
 		// conditions; a join against cur would scan the log from its start.
+		// The planner cannot see those bounds, so it must not be able to see
+		// the limit either: with a constant limit above its row estimate
+		// (always, before the log is analyzed) it read everything after the
+		// head with a bitmap scan and sorted it, on every custom-planned
+		// execution. As a subquery, the limit makes it plan for the first
+		// rows, an ordered index scan. The upper bound comes from the index
+		// alone; the messages are then read by both bounds, in order, without
+		// materializing them in a CTE.
 		claim: r.Replace(`-- store.ClaimRange
 WITH cur AS (
     SELECT head_xid, head_id FROM {s}.{t}_cursor WHERE group_id = $1 FOR UPDATE
-), batch AS (
-    SELECT m.xid, m.id, m.produced_at, m.version, m.routing_key, m.message_key, m.payload, m.options
-    FROM {s}.{t}_log m
-    WHERE (m.xid, m.id) > ((SELECT head_xid FROM cur), (SELECT head_id FROM cur))
-      AND m.xid >= (SELECT head_xid FROM cur) -- lets the executor skip chunks below the head
-      AND m.xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
-    ORDER BY m.xid, m.id
-    LIMIT $2
 ), last AS (
-    SELECT xid, id FROM batch ORDER BY xid DESC, id DESC LIMIT 1
+    SELECT p.xid, p.id FROM (
+        SELECT m.xid, m.id
+        FROM {s}.{t}_log m
+        WHERE (m.xid, m.id) > ((SELECT head_xid FROM cur), (SELECT head_id FROM cur))
+          AND m.xid >= (SELECT head_xid FROM cur) -- lets the executor skip chunks below the head
+          AND m.xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+        ORDER BY m.xid, m.id
+        LIMIT (SELECT $2::int)
+    ) p
+    ORDER BY p.xid DESC, p.id DESC LIMIT 1
 ), moved AS (
     UPDATE {s}.{t}_cursor c SET head_xid = last.xid, head_id = last.id, updated_at = coalesce($3, now())
     FROM last WHERE c.group_id = $1
@@ -167,21 +176,25 @@ WITH cur AS (
     SELECT $1, cur.head_xid, cur.head_id, last.xid, last.id, gen_random_uuid(), $4,
            coalesce($3, now()), coalesce($3, now()) + $5::interval
     FROM cur, last, moved
-    RETURNING id, token
+    RETURNING id, token, lo_xid, lo_id, hi_xid, hi_id
 ), binds AS (
     -- The group's binding set, read in this statement's snapshot: every
     -- claim filters by exactly one declared set.
     SELECT array_agg(regex) AS rx, coalesce(max(declaration_id), 0) AS decl
     FROM {s}.{t}_binding WHERE group_id = $1
 )
-SELECT rng.id, rng.token::text, b.xid, b.id, b.produced_at, b.version,
+SELECT (SELECT id FROM rng), (SELECT token::text FROM rng), b.xid, b.id, b.produced_at, b.version,
        coalesce(b.routing_key, ''), coalesce(b.message_key, ''),
-       CASE WHEN mt.matched THEN b.payload::text END, coalesce(b.options::text, ''), mt.matched, binds.decl
-FROM batch b, rng, binds,
-     LATERAL (SELECT binds.rx IS NULL
+       CASE WHEN mt.matched THEN b.payload::text END, coalesce(b.options::text, ''), mt.matched, (SELECT decl FROM binds)
+FROM {s}.{t}_log b,
+     LATERAL (SELECT (SELECT rx FROM binds) IS NULL
                   OR (b.routing_key IS NOT NULL
-                      AND EXISTS (SELECT 1 FROM unnest(binds.rx) AS r(x) WHERE ('.' || b.routing_key) ~ r.x)) AS matched) mt
-ORDER BY b.xid, b.id`),
+                      AND EXISTS (SELECT 1 FROM unnest((SELECT rx FROM binds)) AS r(x) WHERE ('.' || b.routing_key) ~ r.x)) AS matched) mt
+WHERE (b.xid, b.id) > ((SELECT lo_xid FROM rng), (SELECT lo_id FROM rng))
+  AND (b.xid, b.id) <= ((SELECT hi_xid FROM rng), (SELECT hi_id FROM rng))
+  AND b.xid >= (SELECT lo_xid FROM rng) AND b.xid <= (SELECT hi_xid FROM rng) -- chunk pruning
+ORDER BY b.xid, b.id
+LIMIT (SELECT $2::int)`),
 
 		reclaim: r.Replace(`-- store.ReclaimRange
 WITH r AS (
