@@ -2,6 +2,7 @@ package sqlstreams
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -237,4 +238,45 @@ func TestConsumeRejectsBadOptions(t *testing.T) {
 		require.ErrorIs(t, c.Consume(context.Background(), h, o), ErrInvalidConfig)
 	}
 	require.ErrorIs(t, c.Consume(context.Background(), nil, nil), ErrInvalidConfig)
+}
+
+// A consumer of json.RawMessage receives each payload exactly as produced,
+// without the decoder's pass, in its own copy (the claim's buffer is shared
+// and reused).
+func TestRawMessageConsumerGetsThePayloadAsProduced(t *testing.T) {
+	e, s, _ := setup(t, nil, "typed", 0)
+	ctx := context.Background()
+	want := map[string]string{}
+	for i := range 20 {
+		o := order{OrderID: fmt.Sprintf("raw-%d", i), Amount: i}
+		_, err := s.Produce(ctx, o, nil)
+		require.NoError(t, err)
+		b, err := json.Marshal(o)
+		require.NoError(t, err)
+		want[o.OrderID] = string(b)
+	}
+	raw, err := Stream[json.RawMessage](e.client, "orders").Consumer("raw").Register(ctx, nil)
+	require.NoError(t, err)
+	col := newCollector(len(want))
+	var mu sync.Mutex
+	var kept []json.RawMessage
+	sess := consume(t, raw, func(_ context.Context, m *json.RawMessage) error {
+		var o order
+		if err := json.Unmarshal(*m, &o); err != nil {
+			return err
+		}
+		mu.Lock()
+		kept = append(kept, *m) // retained past the handler
+		mu.Unlock()
+		col.add(o.OrderID)
+		return nil
+	}, fast())
+	within(t, col.done, "every message handled")
+	require.NoError(t, sess.stop(t))
+	require.Len(t, kept, len(want))
+	for _, m := range kept {
+		var o order
+		require.NoError(t, json.Unmarshal(m, &o))
+		require.Equal(t, want[o.OrderID], string(m), "the retained bytes are still the message's own")
+	}
 }

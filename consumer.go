@@ -378,6 +378,13 @@ func (c *Consumer[T]) Stats() Stats {
 // message is retried on its curve, then dead. Terminal(err) is dead at once;
 // Delay(d) runs it again after d without spending a retry. A panic is a
 // failure, never a crash. The handler's ctx ends at the message's Timeout.
+//
+// msg is decoded with encoding/json. A consumer of Stream[json.RawMessage]
+// receives the payload's bytes as stored, with no decoding at all (the
+// database validated them as JSON at produce): on a 1 KB message the typed
+// decode is two thirds of a consumer's CPU, so a handler that decodes with
+// a faster library of its choice, or only looks at part of the message,
+// starts there.
 type Handler[T any] func(ctx context.Context, msg *T) error
 
 // Consume runs one instance of the group until ctx ends, then drains (unless
@@ -434,6 +441,13 @@ func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
 			Version: m.Version, ProducedAt: m.ProducedAt, Attempt: d.Attempt, Delays: d.Delays,
 			Concurrency: d.Concurrency, Timeout: d.Timeout, Position: Position{Xid: m.Xid, ID: m.ID}}
 		var msg T
+		if raw, ok := any(&msg).(*json.RawMessage); ok {
+			// The bytes as stored: PostgreSQL validated them as JSON when
+			// they were produced, so the decoder's validating pass (a third of
+			// a typed decode) is skipped. A copy: the claim's buffer is reused.
+			*raw = append(json.RawMessage(nil), m.Payload...)
+			return h(context.WithValue(ctx, metaKey{}, meta), &msg)
+		}
 		if err := json.Unmarshal(m.Payload, &msg); err != nil {
 			var te *json.UnmarshalTypeError
 			if errors.As(err, &te) {

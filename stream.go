@@ -247,8 +247,10 @@ func (s *StreamHandle[T]) Produce(ctx context.Context, msg T, opts *ProduceOptio
 	return out[0], nil
 }
 
-// ProduceBatch writes items in one round trip, atomically: all or none. The
-// results are in the order of items.
+// ProduceBatch writes items atomically, all or none, in one statement (one
+// batch of statements when some carry an idempotency key). The log holds them
+// in the order of items, and so are the results. On the pool, the wake-up
+// for consumers follows the commit in a second short statement.
 func (s *StreamHandle[T]) ProduceBatch(ctx context.Context, items []BatchItem[T], opts *ProduceOptions) ([]Produced, error) {
 	var o ProduceOptions
 	if opts != nil {

@@ -45,6 +45,7 @@ type config struct {
 	resultsDir             string
 	allowShared, keep      bool
 	statements             bool
+	peerN                  int
 }
 
 func main() {
@@ -65,6 +66,7 @@ func main() {
 	flag.StringVar(&c.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the whole run to this file")
 	flag.StringVar(&c.memprofile, "memprofile", "", "write a Go allocation profile of the whole run to this file (at the end)")
 	flag.StringVar(&c.resultsDir, "results", "results", "directory for latest.md and latest.json")
+	flag.IntVar(&c.peerN, "peer-n", 0, "river, watermill: messages each run times from the peer's backlog of -n (0: all of them); make bench-1m reads 200,000 of 1,000,000, the peers' rate at that backlog")
 	flag.BoolVar(&c.statements, "statements", false, "private cluster only: load pg_stat_statements and print the statements that took the most server time in the run (a diagnostic; it adds a little per-statement overhead)")
 	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
 	flag.BoolVar(&c.allowShared, "allow-port-5432", false, "allow a -url on port 5432 (refused by default: that is usually a shared server)")
@@ -364,4 +366,13 @@ FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 20`)
 		fmt.Printf("  %10.0f %10d %10.1f %10d  %s\n", total, calls, total*1000/float64(max(calls, 1)), n, q)
 	}
 	return rows.Err()
+}
+
+// peerCount is how many messages a peer's run times: -peer-n of its -n
+// backlog, or all of it.
+func (c config) peerCount() int {
+	if c.peerN > 0 && c.peerN < c.n {
+		return c.peerN
+	}
+	return c.n
 }

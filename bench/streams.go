@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -98,6 +99,8 @@ func (b *bench) streams(ctx context.Context) error {
 			}
 			res[inst] = b.rep.throughput(fmt.Sprintf("burndown_%d", inst), name, "msg/s")
 		}
+		// The same with a json.RawMessage handler: what the typed decode costs.
+		rawRes := b.rep.throughput("burndown_raw_4", "sqlstreams burn-down, 4 instances, json.RawMessage handler (no decode)", "msg/s")
 		for r := 1; r <= b.c.runs; r++ {
 			for _, inst := range insts {
 				b.checkpoint(ctx)
@@ -111,6 +114,21 @@ func (b *bench) streams(ctx context.Context) error {
 				res[inst].add(label, rate)
 				res[inst].addCPU(c0, c1, ok, b.c.n)
 			}
+			b.checkpoint(ctx)
+			label := fmt.Sprintf("burn-down 4 raw run %d/%d", r, b.c.runs)
+			cons, err := sqlstreams.Stream[json.RawMessage](client, backlog.Name()).Consumer(fmt.Sprintf("burnraw-run%d", r)).
+				Register(ctx, &sqlstreams.ConsumerConfig{Start: sqlstreams.StartBeginning})
+			if err != nil {
+				return err
+			}
+			c0, _ := b.cpuNow(ctx)
+			rate, err := runBurn(ctx, cons, 4, b.c.n, label)
+			if err != nil {
+				return err
+			}
+			c1, ok := b.cpuNow(ctx)
+			rawRes.add(label, rate)
+			rawRes.addCPU(c0, c1, ok, b.c.n)
 		}
 	}
 	if b.c.want("latency") {
@@ -296,10 +314,10 @@ func burnDown(ctx context.Context, s *sqlstreams.StreamHandle[Order], group stri
 }
 
 // runBurn runs instances instances of cons until n messages were handled.
-func runBurn(ctx context.Context, cons *sqlstreams.Consumer[Order], instances, n int, label string) (float64, error) {
+func runBurn[T any](ctx context.Context, cons *sqlstreams.Consumer[T], instances, n int, label string) (float64, error) {
 	var count atomic.Int64
 	all := make(chan struct{})
-	handler := func(ctx context.Context, m *Order) error {
+	handler := func(ctx context.Context, m *T) error {
 		if count.Add(1) == int64(n) {
 			close(all)
 		}

@@ -319,12 +319,26 @@ func (st *Store) ClaimRange(ctx context.Context, a ClaimArgs) (r Range, ok bool,
 	defer rows.Close()
 	r.Messages = make([]Message, 0, a.Limit)
 	var slab payloadSlab
+	var m Message
+	// The range's columns repeat on every row: scanned from the first only
+	// (a token string per row was the claim's largest allocation). Payload
+	// and options are copied into the slab.
+	first := []any{&r.ID, &r.Token, &m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, nil, nil, &m.Matched, &r.Bindings}
+	rest := []any{nil, nil, &m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, nil, nil, &m.Matched, nil}
 	for rows.Next() {
-		var m Message
-		if err := rows.Scan(&r.ID, &r.Token, &m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, nil, &m.Options, &m.Matched, &r.Bindings); err != nil {
+		m = Message{}
+		dst := rest
+		if len(r.Messages) == 0 {
+			dst = first
+		}
+		if err := rows.Scan(dst...); err != nil {
 			return r, false, fmt.Errorf("claim range: scan: %w", err)
 		}
-		m.Payload = slab.copy(rows.RawValues()[8], a.Limit-len(r.Messages))
+		raw := rows.RawValues()
+		m.Payload = slab.copy(raw[8], 2*(a.Limit-len(r.Messages)))
+		if len(raw[9]) > 0 {
+			m.Options = slab.copy(raw[9], 2*(a.Limit-len(r.Messages)))
+		}
 		r.Messages = append(r.Messages, m)
 	}
 	if err := rows.Err(); err != nil {
