@@ -83,7 +83,7 @@ func (st *Store) Produce(ctx context.Context, q Querier, streamID int64, msgs []
 		for i := range idx {
 			idx[i] = i
 		}
-		err := st.produceUnkeyed(ctx, q, own, t, now, msgs, idx, out, channel, wake)
+		err := st.produceUnkeyed(ctx, q, own, t, streamID, now, msgs, idx, out, channel, wake)
 		if wakeErr := (*WakeError)(nil); err != nil && !errors.As(err, &wakeErr) {
 			return nil, err
 		}
@@ -148,7 +148,7 @@ func (st *Store) Produce(ctx context.Context, q Querier, streamID int64, msgs []
 	if err := br.Close(); err != nil {
 		return nil, fmt.Errorf("produce: %w", err)
 	}
-	return out, st.wakeAfter(ctx, own, t, channel, wake)
+	return out, st.wakeAfter(ctx, own, streamID, msgs)
 }
 
 // versions and texts are the insert's array parameters for pgx to encode,
@@ -188,33 +188,37 @@ type WakeError struct{ Err error }
 func (e *WakeError) Error() string { return "produce: wake-up after commit: " + e.Err.Error() }
 func (e *WakeError) Unwrap() error { return e.Err }
 
-// wakeAfter sends the wake-up of a produce that committed on its own.
-func (st *Store) wakeAfter(ctx context.Context, own bool, t *tables, channel, wake string) error {
+// wakeAfter sends the wake-up of a produce that committed on its own,
+// merged with those of produces committing at the same time (wakes.go).
+func (st *Store) wakeAfter(ctx context.Context, own bool, streamID int64, msgs []NewMessage) error {
 	if !own {
 		return nil
 	}
-	if _, err := st.pool.Exec(ctx, t.notify, channel, wake); err != nil {
-		return &WakeError{Err: err}
-	}
-	return nil
+	return st.wakes.wake(ctx, streamID, msgs, st.sendWakes)
+}
+
+// sendWakes sends one round of merged wake-ups: one notification per
+// stream, in one statement and one transaction.
+func (st *Store) sendWakes(ctx context.Context, payloads []string) error {
+	_, err := st.pool.Exec(ctx, `-- store.Produce (wake-ups)
+SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`, st.NotifyChannel(), payloads)
+	return err
 }
 
 // produceUnkeyed is the common case: one prepared insert whose parameters
-// wire.go encodes, then, on the pool, the wake-up on the same connection.
-func (st *Store) produceUnkeyed(ctx context.Context, q Querier, own bool, t *tables, now Now, msgs []NewMessage, idx []int, out []Produced, channel, wake string) error {
+// wire.go encodes, then, on the pool, the wake-up.
+func (st *Store) produceUnkeyed(ctx context.Context, q Querier, own bool, t *tables, streamID int64, now Now, msgs []NewMessage, idx []int, out []Produced, channel, wake string) error {
 	if own {
 		c, err := st.pool.Acquire(ctx)
 		if err != nil {
 			return fmt.Errorf("produce: %w", err)
 		}
-		defer c.Release()
-		if err := insertPrepared(ctx, c.Conn(), t.insertBatchName, t.insertBatch, now, msgs, idx, out); err != nil {
+		err = insertPrepared(ctx, c.Conn(), t.insertBatchName, t.insertBatch, now, msgs, idx, out)
+		c.Release()
+		if err != nil {
 			return err
 		}
-		if _, err := c.Exec(ctx, t.notify, channel, wake); err != nil {
-			return &WakeError{Err: err}
-		}
-		return nil
+		return st.wakeAfter(ctx, own, streamID, msgs)
 	}
 	var conn *pgx.Conn
 	switch v := q.(type) {
