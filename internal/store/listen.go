@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -22,19 +21,9 @@ const maxWakeKeys = 1000
 // match no binding, so they are not listed. Without the list (too long) the
 // notification wakes every group of the stream.
 func WakePayload(streamID int64, msgs []NewMessage) string {
-	id := strconv.FormatInt(streamID, 10)
-	var keys []string
-	size := 0
-	for _, m := range msgs {
-		if m.RoutingKey == "" || slices.Contains(keys, m.RoutingKey) {
-			continue
-		}
-		if size += len(m.RoutingKey) + 1; size > maxWakeKeys {
-			return id
-		}
-		keys = append(keys, m.RoutingKey)
-	}
-	return id + ";" + strings.Join(keys, " ")
+	var p pendingWake
+	p.add(msgs)
+	return p.payload(streamID)
 }
 
 // Wake is one produce notification: the stream, and when Known the

@@ -73,7 +73,10 @@ func (st *Store) Produce(ctx context.Context, q Querier, streamID int64, msgs []
 	}
 	t := st.streamTables(streamID)
 	out := make([]Produced, len(msgs))
-	channel, wake := st.NotifyChannel(), WakePayload(streamID, msgs)
+	var channel, wake string // the in-transaction notification, on a caller's transaction
+	if !own {
+		channel, wake = st.NotifyChannel(), WakePayload(streamID, msgs)
+	}
 	keyed := false
 	for i := range msgs {
 		keyed = keyed || msgs[i].IdempotencyKey != ""
