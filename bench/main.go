@@ -46,6 +46,7 @@ type config struct {
 	allowShared, keep      bool
 	statements             bool
 	peerN                  int
+	refN                   int
 }
 
 func main() {
@@ -60,12 +61,13 @@ func main() {
 	flag.DurationVar(&c.latencyFor, "latency-for", 10*time.Second, "latency workload: how long to produce")
 	flag.IntVar(&c.keysN, "keysn", 20000, "failures/keys workloads: messages per stream")
 	flag.StringVar(&c.growth, "growth", "1000000,10000000", "growth workload: comma-separated retained-row counts")
-	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency,fanout,selective,keys,growth,river,watermill (default all)")
+	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency,fanout,selective,keys,growth,river,watermill,nats,rabbitmq (default all)")
 	flag.IntVar(&c.riverWorkers, "river-workers", 2000, "river: MaxWorkers of the peer's queue")
 	flag.IntVar(&c.watermillBatch, "watermill-batch", 10000, "watermill: SubscribeBatchSize of the peer's subscriber")
 	flag.StringVar(&c.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the whole run to this file")
 	flag.StringVar(&c.memprofile, "memprofile", "", "write a Go allocation profile of the whole run to this file (at the end)")
 	flag.StringVar(&c.resultsDir, "results", "results", "directory for latest.md and latest.json")
+	flag.IntVar(&c.refN, "ref-n", 200000, "nats, rabbitmq: messages each reference run publishes and consumes (BENCH_NATS_URL, BENCH_AMQP_URL; skipped when no server answers)")
 	flag.IntVar(&c.peerN, "peer-n", 0, "river, watermill: messages each run times from the peer's backlog of -n (0: all of them); make bench-1m reads 200,000 of 1,000,000, the peers' rate at that backlog")
 	flag.BoolVar(&c.statements, "statements", false, "private cluster only: load pg_stat_statements and print the statements that took the most server time in the run (a diagnostic; it adds a little per-statement overhead)")
 	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
@@ -212,6 +214,17 @@ func run(ctx context.Context, c config) (err error) {
 	if c.want("watermill") {
 		if err := b.watermill(ctx); err != nil {
 			return fmt.Errorf("watermill: %w", err)
+		}
+	}
+	// Reference points outside PostgreSQL, where the machine runs them.
+	if c.want("nats") {
+		if err := b.natsRef(ctx); err != nil {
+			return fmt.Errorf("nats: %w", err)
+		}
+	}
+	if c.want("rabbitmq") {
+		if err := b.rabbitRef(ctx); err != nil {
+			return fmt.Errorf("rabbitmq: %w", err)
 		}
 	}
 	if c.statements {

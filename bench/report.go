@@ -324,6 +324,10 @@ func (r *report) finish() {
 	add("burn-down 1 instance / raw keyset drain", "burndown_1", "raw_drain", 0)
 	add("burn-down 2 instances / 1 instance", "burndown_2", "burndown_1", 0)
 	add("burn-down 4 instances / 1 instance", "burndown_4", "burndown_1", 0)
+	add("batched produce / NATS JetStream publish (reference)", "produce_batch", "nats_publish", 0)
+	add("burn-down 4 instances / NATS JetStream consume (reference)", "burndown_4", "nats_consume", 0)
+	add("batched produce / RabbitMQ publish (reference)", "produce_batch", "rabbitmq_publish", 0)
+	add("burn-down 4 instances / RabbitMQ consume (reference)", "burndown_4", "rabbitmq_consume", 0)
 	add("burn-down 4 instances, json.RawMessage handler / raw keyset drain", "burndown_raw_4", "raw_drain", 0)
 	add("burn-down 4 instances, json.RawMessage handler / typed", "burndown_raw_4", "burndown_4", 0)
 	for _, peer := range []struct {
