@@ -205,26 +205,17 @@ func run(ctx context.Context, c config) (err error) {
 			return err
 		}
 	}
-	// The peers, after sqlstreams, whose burn-down they are compared to.
-	if c.want("river") {
-		if err := b.river(ctx); err != nil {
-			return fmt.Errorf("river: %w", err)
+	// The peers, after sqlstreams, whose burn-down they are compared to; then
+	// the reference points outside PostgreSQL, where the machine runs them.
+	for _, w := range []struct {
+		name string
+		run  func(context.Context) error
+	}{{"river", b.river}, {"watermill", b.watermill}, {"nats", b.natsRef}, {"rabbitmq", b.rabbitRef}} {
+		if !c.want(w.name) {
+			continue
 		}
-	}
-	if c.want("watermill") {
-		if err := b.watermill(ctx); err != nil {
-			return fmt.Errorf("watermill: %w", err)
-		}
-	}
-	// Reference points outside PostgreSQL, where the machine runs them.
-	if c.want("nats") {
-		if err := b.natsRef(ctx); err != nil {
-			return fmt.Errorf("nats: %w", err)
-		}
-	}
-	if c.want("rabbitmq") {
-		if err := b.rabbitRef(ctx); err != nil {
-			return fmt.Errorf("rabbitmq: %w", err)
+		if err := w.run(ctx); err != nil {
+			return fmt.Errorf("%s: %w", w.name, err)
 		}
 	}
 	if c.statements {
