@@ -52,7 +52,9 @@ func (e *payloadEncoder) encode(v any, remaining int) ([]byte, error) {
 	}
 	end := e.buf.Len() - 1 // Encode ends every value with a newline
 	if start == 0 && remaining > 1 {
-		e.buf.Grow(end * (remaining - 1) * 9 / 8)
+		// Sized from the first message, capped: one large message at the
+		// head of a batch of small ones must not reserve the batch times it.
+		e.buf.Grow(min(end*(remaining-1)*9/8, maxPooledEncoderBytes))
 	}
 	e.spans = append(e.spans, [2]int{start, end})
 	return e.buf.Bytes()[start:end], nil
