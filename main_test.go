@@ -3,8 +3,6 @@ package sqlstreams
 import (
 	"context"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +11,7 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/engine"
+	conformancecases "github.com/c1702965/sqlstreams/internal/conformance"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -112,26 +111,17 @@ func (s *logSink) record(msg string) (slog.Record, bool) {
 	return slog.Record{}, false
 }
 
-// readConformance returns one of the shared conformance files, which sit
-// beside the checkout in ../shared/conformance.
+// readConformance returns one of the conformance files: the repository's
+// copy in testdata/conformance, which internal/conformance holds identical
+// to ../shared/conformance whenever that folder is beside the checkout.
 func readConformance(t *testing.T, name string) string {
 	t.Helper()
-	dir, err := os.Getwd()
+	s, err := conformancecases.Read(name)
 	require.NoError(t, err)
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		require.NotEqual(t, parent, dir, "go.mod not found above the test directory")
-		dir = parent
-	}
-	b, err := os.ReadFile(filepath.Join(dir, "..", "shared", "conformance", name))
-	require.NoError(t, err, "the shared conformance files must sit beside the checkout")
-	return string(b)
+	return s
 }
 
-// conformance reads one of the shared conformance files: lines between bars,
+// conformance reads one of the conformance files: lines between bars,
 // '#' comments skipped.
 func conformance(t *testing.T, name string) []string {
 	t.Helper()

@@ -11,31 +11,19 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/c1702965/sqlstreams/internal/conformance"
 	"github.com/c1702965/sqlstreams/internal/topic"
 )
 
-// conformanceDir locates the shared cases beside the repository, so every
-// implementation in the project is held to the same file rather than to a
-// private copy that could drift.
+// conformanceDir locates the repository's copy of the shared cases
+// (testdata/conformance, held identical to ../shared/conformance by
+// internal/conformance's tests), so a clone of this repository alone runs
+// them.
 func conformanceDir(t *testing.T) string {
 	t.Helper()
-	dir, err := os.Getwd()
+	dir, err := conformance.Dir()
 	require.NoError(t, err)
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatalf("no go.mod found above the test's working directory; cannot locate ../shared/conformance")
-		}
-		dir = parent
-	}
-	conf := filepath.Join(dir, "..", "shared", "conformance")
-	if fi, err := os.Stat(conf); err != nil || !fi.IsDir() {
-		t.Fatalf("shared conformance directory %s is missing (expected beside the repo root %s): %v", conf, dir, err)
-	}
-	return conf
+	return dir
 }
 
 // readLines yields non-blank, non-comment lines with their line numbers, so
