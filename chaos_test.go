@@ -97,7 +97,7 @@ func TestChaos(t *testing.T) {
 			_, _ = control.Exec(context.Background(), "SELECT pg_reload_conf()")
 		})
 	}
-	sink := &logSink{}
+	sink := newSink(t)
 	client, err := NewClient(ctx, pool, &ClientConfig{Schema: schema, Logger: slog.New(sink)})
 	require.NoError(t, err)
 	s := Stream[order](client, "chaos")

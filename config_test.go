@@ -326,7 +326,7 @@ func TestClaimPathNeverReadsConfigFromTheDatabase(t *testing.T) {
 	mock := clock.NewMock()
 	client, err := NewClient(ctx, pool, &ClientConfig{Schema: pgtest.Schema(t), Clock: mock})
 	require.NoError(t, err)
-	e := &env{t: t, pool: pool, client: client, logs: &logSink{}}
+	e := &env{t: t, pool: pool, client: client, logs: newSink(t)}
 	s := e.stream("orders")
 	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Message: &MessageOptions{Retry: &RetryPolicy{MaxRetries: 1}}})
 	require.NoError(t, err)

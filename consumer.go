@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/thejerf/suture/v4"
 	"strings"
 	"time"
@@ -294,7 +295,7 @@ func (h *ConsumerHandle[T]) Register(ctx context.Context, cfg *ConsumerConfig) (
 	}
 	logger := h.s.c.cfg.Logger
 	if !g.Created && cfg != nil && cfg.Start != "" && g.Start != string(cfg.Start) {
-		logger.Warn("consumer group Start differs from the one its cursor was created with; Start is read only at creation",
+		codes.StartIgnored.Log(ctx, logger, "consumer group Start differs from the one its cursor was created with; Start is read only at creation",
 			"group", h.name, "cursor_start", g.Start, "declared_start", cfg.Start)
 	}
 	var declared ConsumerConfig
@@ -319,8 +320,8 @@ func (h *ConsumerHandle[T]) Register(ctx context.Context, cfg *ConsumerConfig) (
 			for i, ch := range changes {
 				fields[i] = ch.String()
 			}
-			logger.Warn("SQL0059 consumer group config redeclared; newest wins: "+strings.Join(fields, "; "),
-				"code", "SQL0059", "group", h.name, "declared_by", declaredBy(), "changes", fields)
+			codes.ConfigRedeclared.Log(ctx, logger, "SQL0059 consumer group config redeclared; newest wins: "+strings.Join(fields, "; "),
+				"group", h.name, "declared_by", declaredBy(), "changes", fields)
 		}
 	}
 	con := &Consumer[T]{s: h.s, group: g, cfg: c, version: h.s.version}
@@ -333,7 +334,7 @@ func (h *ConsumerHandle[T]) Register(ctx context.Context, cfg *ConsumerConfig) (
 		return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
 	}
 	if res.Outcome == store.BindingWaiting {
-		logger.Warn("WAITING: consumer group binding set differs from the installed one while live instances hold it; "+
+		codes.BindingWaiting.Log(ctx, logger, "WAITING: consumer group binding set differs from the installed one while live instances hold it; "+
 			"Consume will wait until they are gone", "group", h.name, "wanted", con.patterns,
 			"installed", res.Installed, "live_instances", res.Live)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/codes"
 	conformancecases "github.com/c1702965/sqlstreams/internal/conformance"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/c1702965/sqlstreams/internal/policy"
@@ -32,7 +33,7 @@ func newEnv(t *testing.T, cfg *ClientConfig) *env {
 	t.Helper()
 	schema := pgtest.Schema(t)
 	pool := pgtest.Pool(t)
-	sink := &logSink{}
+	sink := newSink(t)
 	c := ClientConfig{}
 	if cfg != nil {
 		c = *cfg
@@ -47,11 +48,27 @@ func newEnv(t *testing.T, cfg *ClientConfig) *env {
 }
 
 // logSink is a slog.Handler that keeps records for assertions and can signal
-// when a message is logged.
+// when a message is logged. Every WARN or ERROR it receives must carry a
+// registered code (internal/codes): newSink fails the test otherwise.
 type logSink struct {
 	mu      sync.Mutex
 	records []slog.Record
 	waiters map[string]chan struct{}
+	uncoded []string
+}
+
+// newSink returns a sink that fails t, when t ends, if any WARN or ERROR
+// line lacked a registered code.
+func newSink(t *testing.T) *logSink {
+	s := &logSink{}
+	t.Cleanup(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, m := range s.uncoded {
+			t.Errorf("logged without a registered code: %s", m)
+		}
+	})
+	return s
 }
 
 func (s *logSink) Enabled(context.Context, slog.Level) bool { return true }
@@ -60,6 +77,19 @@ func (s *logSink) WithGroup(string) slog.Handler            { return s }
 func (s *logSink) Handle(_ context.Context, r slog.Record) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if r.Level >= slog.LevelWarn {
+		code := ""
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "code" {
+				code = a.Value.String()
+				return false
+			}
+			return true
+		})
+		if _, ok := codes.Lookup(code); !ok || code == "" {
+			s.uncoded = append(s.uncoded, r.Level.String()+" "+r.Message)
+		}
+	}
 	s.records = append(s.records, r.Clone())
 	for prefix, ch := range s.waiters {
 		if strings.HasPrefix(r.Message, prefix) {

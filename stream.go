@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"regexp"
 	"strings"
 	"sync"
@@ -165,8 +166,8 @@ func (s *StreamHandle[T]) Register(ctx context.Context, cfg *StreamConfig) error
 			for i, ch := range changes {
 				fields[i] = ch.String()
 			}
-			s.c.cfg.Logger.Warn("SQL0059 stream config redeclared; newest wins: "+strings.Join(fields, "; "),
-				"code", "SQL0059", "stream", s.name, "declared_by", declaredBy(), "changes", fields)
+			codes.ConfigRedeclared.Log(ctx, s.c.cfg.Logger, "SQL0059 stream config redeclared; newest wins: "+strings.Join(fields, "; "),
+				"stream", s.name, "declared_by", declaredBy(), "changes", fields)
 		}
 	}
 	s.mu.Lock()
@@ -334,7 +335,7 @@ func (c *Client) committed(ctx context.Context, stream string, err error) error 
 	if !errors.As(err, &wake) {
 		return err
 	}
-	c.cfg.Logger.WarnContext(ctx, "sqlstreams: produced, but the wake-up notification failed; consumers will see the messages at their next poll",
+	codes.WakeFailed.Log(ctx, c.cfg.Logger, "sqlstreams: produced, but the wake-up notification failed; consumers will see the messages at their next poll",
 		"stream", stream, "err", wake.Err)
 	return nil
 }

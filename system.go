@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"time"
 
 	"github.com/c1702965/sqlstreams/internal/store"
@@ -74,7 +75,7 @@ func (c *Client) alert(ctx context.Context, a Alert) {
 	s := Stream[Alert](c, AlertStream)
 	_, err := s.Produce(ctx, a, &ProduceOptions{RoutingKey: a.Kind})
 	if err != nil && !errors.Is(err, store.ErrNotFound) && ctx.Err() == nil {
-		c.cfg.Logger.Warn("could not produce an alert", "kind", a.Kind, "group", a.Group, "error", err)
+		codes.AlertFailed.Log(ctx, c.cfg.Logger, "could not produce an alert", "kind", a.Kind, "group", a.Group, "error", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"log/slog"
 	"slices"
 	"sync"
@@ -131,7 +132,7 @@ func (h *Hub) run(ctx context.Context, done chan struct{}) {
 		}
 		if !lost {
 			lost = true
-			h.logger.Warn("notification listener lost its connection; consumers poll until it is back", "error", err)
+			codes.ListenerLost.Log(ctx, h.logger, "notification listener lost its connection; consumers poll until it is back", "error", err)
 		}
 		t := h.clock.Timer(h.retry)
 		select {

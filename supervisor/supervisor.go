@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"log/slog"
 	"time"
 
@@ -30,15 +31,15 @@ func New(name string, logger *slog.Logger) *suture.Supervisor {
 		EventHook: func(e suture.Event) {
 			switch ev := e.(type) {
 			case suture.EventServicePanic:
-				logger.Error("actor panicked; restarting", "supervisor", ev.SupervisorName, "actor", ev.ServiceName,
+				codes.ActorPanicked.Log(context.Background(), logger, "actor panicked; restarting", "supervisor", ev.SupervisorName, "actor", ev.ServiceName,
 					"panic", ev.PanicMsg, "restarting", ev.Restarting)
 			case suture.EventServiceTerminate:
-				logger.Warn("actor failed; restarting", "supervisor", ev.SupervisorName, "actor", ev.ServiceName,
+				codes.ActorFailed.Log(context.Background(), logger, "actor failed; restarting", "supervisor", ev.SupervisorName, "actor", ev.ServiceName,
 					"error", fmt.Sprint(ev.Err), "restarting", ev.Restarting)
 			case suture.EventBackoff:
-				logger.Warn("actors failing too often; backing off", "supervisor", ev.SupervisorName)
+				codes.ActorsBackingOff.Log(context.Background(), logger, "actors failing too often; backing off", "supervisor", ev.SupervisorName)
 			case suture.EventStopTimeout:
-				logger.Error("actor did not stop in time", "supervisor", ev.SupervisorName, "actor", ev.ServiceName)
+				codes.ActorStopTimeout.Log(context.Background(), logger, "actor did not stop in time", "supervisor", ev.SupervisorName, "actor", ev.ServiceName)
 			}
 		},
 		FailureThreshold: 5,

@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -260,7 +261,7 @@ func (a *Actor) quarantine(ctx context.Context, r store.Range, group policy.Grou
 		return err
 	}
 	a.cfg.Stats.Quarantined.Add(1)
-	a.cfg.Logger.Warn("range quarantined: its messages are retried one by one", "range", r.ID,
+	codes.RangeQuarantined.Log(ctx, a.cfg.Logger, "range quarantined: its messages are retried one by one", "range", r.ID,
 		"reclaims", r.Reclaims, "messages", len(r.Messages))
 	return nil
 }
@@ -447,7 +448,7 @@ func (a *Actor) checkGate(ctx context.Context) error {
 		attrs = append(attrs, "blocker_pid", b.PID, "blocker_application", b.ApplicationName,
 			"blocker_xact_start", b.XactStart, "blocker_state", b.State)
 	}
-	a.cfg.Logger.Warn("delivery stalled: committed messages wait behind an open transaction", attrs...)
+	codes.DeliveryStalled.Log(ctx, a.cfg.Logger, "delivery stalled: committed messages wait behind an open transaction", attrs...)
 	if a.cfg.OnStall != nil {
 		a.cfg.OnStall(now.Sub(a.stallSince), blockers)
 	}
@@ -581,7 +582,7 @@ func (a *Actor) commit(ctx context.Context, id int64) error {
 	err := a.cfg.Store.CommitRange(ctx, a.cfg.StreamID, s, a.cfg.DBNow())
 	if errors.Is(err, store.ErrLeaseLost) {
 		a.cfg.Stats.LeasesLost.Add(1)
-		a.cfg.Logger.Warn("range lease lost before commit; a reclaimer delivers it again", "range", id)
+		codes.RangeLeaseLost.Log(ctx, a.cfg.Logger, "range lease lost before commit; a reclaimer delivers it again", "range", id)
 		a.forget(id)
 		return nil
 	}
@@ -650,7 +651,7 @@ func (a *Actor) Reconcile(ctx context.Context) error {
 		return err
 	}
 	if ranges+leases > 0 {
-		a.cfg.Logger.Warn("let go of leases this instance held without knowing (a reply lost to a cut connection)",
+		codes.UnknownLeasesReleased.Log(ctx, a.cfg.Logger, "let go of leases this instance held without knowing (a reply lost to a cut connection)",
 			"ranges", ranges, "key_leases", leases)
 	}
 	return nil
@@ -726,7 +727,7 @@ func retryHandBack(ctx context.Context, clk clock.Clock, logger *slog.Logger, wh
 			<-t.C
 		}
 	}
-	logger.Warn("could not hand "+what+" back at shutdown; their leases lapse after InstanceTTL and another instance takes them",
+	codes.HandBackFailed.Log(ctx, logger, "could not hand "+what+" back at shutdown; their leases lapse after InstanceTTL and another instance takes them",
 		"error", err)
 }
 
@@ -789,7 +790,7 @@ func (a *Actor) Serve(ctx context.Context) error {
 		case <-drain:
 			startDrain()
 		case <-deadline:
-			a.cfg.Logger.Warn("shutdown timeout reached with handlers still running; handing their ranges back",
+			codes.ShutdownTimeout.Log(ctx, a.cfg.Logger, "shutdown timeout reached with handlers still running; handing their ranges back",
 				"in_flight", a.queued)
 			cancelHandlers()
 			return a.finishDrain(ctx, p, send)
@@ -798,7 +799,7 @@ func (a *Actor) Serve(ctx context.Context) error {
 			a.report(ctx, err)
 			send(jobs)
 		case <-a.cfg.Lost:
-			a.cfg.Logger.Warn("instance row was lost; in-flight ranges are fenced if reclaimed", "in_flight", a.queued)
+			a.cfg.Logger.Info("instance row was lost; in-flight ranges are fenced if reclaimed", "in_flight", a.queued)
 		case <-a.cfg.Wake: // produced to: the loop claims now
 		case <-ticker.C:
 			a.report(ctx, a.Flush(ctx))

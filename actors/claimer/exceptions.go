@@ -3,6 +3,7 @@ package claimer
 import (
 	"context"
 	"errors"
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"time"
 
 	"github.com/c1702965/sqlstreams/internal/outage"
@@ -331,7 +332,7 @@ func (a *ExceptionActor) Reconcile(ctx context.Context) error {
 		return err
 	}
 	if runs+leases > 0 {
-		a.cfg.Logger.Warn("let go of exception rows this instance held without knowing (a reply lost to a cut connection)",
+		codes.UnknownLeasesReleased.Log(ctx, a.cfg.Logger, "let go of exception rows this instance held without knowing (a reply lost to a cut connection)",
 			"rows", runs, "key_leases", leases)
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"log/slog"
 	"runtime/debug"
 	"sync"
@@ -254,7 +255,7 @@ func (r *runner) session(ctx context.Context, workers, capacity int, bound func(
 		p.stop()
 		watch.Wait()
 		if n := r.waitHandlers(bound()); n > 0 {
-			logger.Error(what+" still running after shutdown: they ignore their context and are left behind", "count", n)
+			codes.HandlersLeftBehind.Log(ctx, logger, what+" still running after shutdown: they ignore their context and are left behind", "count", n)
 		}
 	}
 }

@@ -10,6 +10,7 @@ package heartbeat
 
 import (
 	"context"
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"log/slog"
 	"time"
 
@@ -77,7 +78,7 @@ func (a *Actor) Step(ctx context.Context) error {
 		case a.cfg.Lost <- struct{}{}:
 		default:
 		}
-		a.cfg.Logger.Warn("worker instance row was gone at renewal; registering again", "instance", a.cfg.InstanceID)
+		codes.InstanceLost.Log(ctx, a.cfg.Logger, "worker instance row was gone at renewal; registering again", "instance", a.cfg.InstanceID)
 		return a.Step(ctx)
 	}
 	return nil
@@ -96,7 +97,7 @@ func (a *Actor) Serve(ctx context.Context) error {
 				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 				defer cancel()
 				if err := a.cfg.Store.DeleteInstance(dctx, a.cfg.InstanceID); err != nil {
-					a.cfg.Logger.Warn("could not give the worker instance row back; it lapses at its TTL",
+					codes.InstanceGiveBackFailed.Log(ctx, a.cfg.Logger, "could not give the worker instance row back; it lapses at its TTL",
 						"instance", a.cfg.InstanceID, "error", err)
 				}
 			}

@@ -20,6 +20,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"log/slog"
 	"time"
 
@@ -178,7 +179,7 @@ func (a *Actor) step(ctx context.Context, w Worker) error {
 			return err
 		}
 		if !found {
-			a.cfg.Logger.Warn("manager lost its worker slot (its heartbeat lapsed); another process may run it now", "worker", name)
+			codes.ManagerSlotLost.Log(ctx, a.cfg.Logger, "manager lost its worker slot (its heartbeat lapsed); another process may run it now", "worker", name)
 			delete(a.held, name)
 			s = nil
 		}
@@ -200,7 +201,7 @@ func (a *Actor) step(ctx context.Context, w Worker) error {
 	}
 	knobs, err := ParseKnobs(doc, def)
 	if err != nil {
-		a.cfg.Logger.Warn("worker metadata has unreadable knobs; their defaults apply", "worker", name, "error", err)
+		codes.BadWorkerKnobs.Log(ctx, a.cfg.Logger, "worker metadata has unreadable knobs; their defaults apply", "worker", name, "error", err)
 	}
 	s.knobs = knobs
 	// Suspended, or the target was lowered below the older holders: give
@@ -243,7 +244,7 @@ func (a *Actor) Serve(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			if err := a.Release(context.WithoutCancel(ctx)); err != nil {
-				a.cfg.Logger.Warn("manager could not give its worker slots back; they lapse after the TTL", "error", err)
+				codes.ManagerGiveBackFailed.Log(ctx, a.cfg.Logger, "manager could not give its worker slots back; they lapse after the TTL", "error", err)
 			}
 			return ctx.Err()
 		case <-t.C:

@@ -12,6 +12,7 @@ package registrar
 
 import (
 	"context"
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"log/slog"
 	"time"
 
@@ -78,14 +79,14 @@ func (a *Actor) Run(ctx context.Context) (store.BindingResult, error) {
 		case err != nil && ctx.Err() != nil:
 			return res, ctx.Err()
 		case err != nil:
-			a.cfg.Logger.Warn("binding declaration attempt failed; retrying", "group", a.cfg.GroupName, "error", err)
+			codes.StoreOutage.Log(ctx, a.cfg.Logger, "binding declaration attempt failed; retrying", "group", a.cfg.GroupName, "error", err)
 		case res.Outcome != store.BindingWaiting:
 			return res, nil
 		default:
 			if a.cfg.OnWait != nil {
 				a.cfg.OnWait(res, a.since)
 			}
-			a.cfg.Logger.Warn("WAITING: consumer group binding set differs from the installed one while live instances hold it; "+
+			codes.BindingWaiting.Log(ctx, a.cfg.Logger, "WAITING: consumer group binding set differs from the installed one while live instances hold it; "+
 				"this instance will not consume until they are gone",
 				"group", a.cfg.GroupName, "wanted", a.cfg.Patterns, "installed", res.Installed,
 				"live_instances", res.Live, "waiting_since", res.DeclaredAt, "retry_every", a.cfg.Interval.String())

@@ -5,6 +5,7 @@ package outage
 
 import (
 	"context"
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"log/slog"
 )
 
@@ -23,7 +24,7 @@ func (r *Reporter) Report(ctx context.Context, err error) {
 	switch {
 	case err != nil && !r.failing && ctx.Err() == nil:
 		r.failing = true
-		r.Logger.Warn(r.What+" failed; retrying "+r.Retry, append(append([]any{}, r.Attrs...), "error", err)...)
+		codes.StoreOutage.Log(ctx, r.Logger, r.What+" failed; retrying "+r.Retry, append(append([]any{}, r.Attrs...), "error", err)...)
 	case err == nil && r.failing:
 		r.failing = false
 		r.Logger.Info(r.What+" recovered", r.Attrs...)

@@ -243,6 +243,35 @@ func (c *Cluster) Restart(ctx context.Context) error {
 	return nil
 }
 
+// StopServer stops the server with the given pg_ctl mode ("fast" cuts every
+// session and checkpoints; "immediate" is a crash, recovered at the next
+// start), keeping its data and port, so that StartServer brings the same
+// database back. Outage tests use the pair to hold the database down for as
+// long as they need.
+func (c *Cluster) StopServer(ctx context.Context, mode string) error {
+	switch mode {
+	case "fast", "immediate", "smart":
+	default:
+		return fmt.Errorf("pgcluster: stop mode %q: want fast, immediate or smart", mode)
+	}
+	data := filepath.Join(c.dir, dataSubdir)
+	if out, err := c.x.run(ctx, c.dir, "pg_ctl", "stop", "-D", data, "-m", mode, "-w", "-t", "60"); err != nil {
+		return fmt.Errorf("pg_ctl stop -m %s: %w\n%s", mode, err, tail(out))
+	}
+	return nil
+}
+
+// StartServer starts a server StopServer stopped, on the same port and data.
+func (c *Cluster) StartServer(ctx context.Context) error {
+	data := filepath.Join(c.dir, dataSubdir)
+	logPath := filepath.Join(c.dir, logFile)
+	if out, err := c.x.run(ctx, c.dir, "pg_ctl", "start", "-w", "-t", "120", "-D", data, "-l", logPath,
+		"-o", "-p "+strconv.Itoa(c.port)); err != nil {
+		return fmt.Errorf("pg_ctl start: %w\n%s", err, tail(out))
+	}
+	return nil
+}
+
 // URL returns a connection URL for dbname over TCP. TCP rather than the unix
 // socket keeps the URL usable by any client, including ones that cannot
 // reach the cluster's private directory.

@@ -124,3 +124,21 @@ func TestTail(t *testing.T) {
 	assert.Contains(t, got, "line 99")
 	assert.NotContains(t, got, "line 79\n")
 }
+
+func TestStopServerKeepsTheDatabaseForStartServer(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t, Options{})
+	ctx := context.Background()
+	queryString(t, c.URL(""), "with t as (select 1) select 'ok'")
+	conn, err := pgx.Connect(ctx, c.URL(""))
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "create table kept as select 'still here'::text as v")
+	require.NoError(t, err)
+	require.NoError(t, conn.Close(ctx))
+	require.NoError(t, c.StopServer(ctx, "fast"))
+	_, err = pgx.Connect(ctx, c.URL(""))
+	require.Error(t, err, "the server is down between StopServer and StartServer")
+	require.NoError(t, c.StartServer(ctx))
+	assert.Equal(t, "still here", queryString(t, c.URL(""), "select v from kept"))
+	require.Error(t, c.StopServer(ctx, "bogus"))
+}

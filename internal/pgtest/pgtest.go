@@ -93,6 +93,51 @@ func Restart(ctx context.Context) error {
 	return cluster.Restart(ctx)
 }
 
+// Stop stops the private cluster's server, cutting every session, until
+// Start; mode is pg_ctl's ("fast", or "immediate" for a crash). A test that
+// stops it must start it again (t.Cleanup), or every later test of the
+// binary fails.
+func Stop(ctx context.Context, mode string) error {
+	if cluster == nil {
+		return ErrExternal
+	}
+	return cluster.StopServer(ctx, mode)
+}
+
+// Start starts the server Stop stopped.
+func Start(ctx context.Context) error {
+	if cluster == nil {
+		return ErrExternal
+	}
+	return cluster.StartServer(ctx)
+}
+
+// StopFor stops the server for the rest of t, or until the returned start
+// function is called: t's cleanup starts it again in any case. It skips t
+// when the database is external.
+func StopFor(t testing.TB, mode string) (start func()) {
+	t.Helper()
+	ctx := context.Background()
+	if err := Stop(ctx, mode); errors.Is(err, ErrExternal) {
+		t.Skip("the database is external (SQLSTREAMS_TEST_DATABASE_URL); this test stops and starts its server")
+	} else if err != nil {
+		t.Fatalf("pgtest: stop PostgreSQL: %v", err)
+	}
+	var started bool
+	start = func() {
+		t.Helper()
+		if started {
+			return
+		}
+		started = true
+		if err := Start(ctx); err != nil {
+			t.Fatalf("pgtest: start PostgreSQL: %v", err)
+		}
+	}
+	t.Cleanup(start)
+	return start
+}
+
 // URL returns the URL of the database the tests use.
 func URL() string {
 	if dbURL == "" {
