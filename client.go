@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -18,15 +20,87 @@ import (
 // ClientConfig is the ambient config of a Client. The zero value is usable.
 type ClientConfig struct {
 	// Schema holds every table of this client. Default "sqlstreams". Must be
-	// a plain lower-case identifier.
+	// a plain lower-case SQL identifier (see ValidateSchema): a letter or
+	// '_', then letters, digits or '_', at most 63 bytes, and neither
+	// information_schema nor starting with pg_ (PostgreSQL's own).
 	Schema string
 	// Logger receives the library's events. Default slog.Default(). In the
-	// steady state nothing is logged.
+	// steady state nothing is logged; every WARN and ERROR line carries a
+	// stable code attribute (code=SQLnnnn, docs/codes.md).
 	Logger *slog.Logger
 	// Clock drives every Go-side interval. Default the real clock. A
 	// *clock.Mock also becomes the database's now() for every time-dependent
 	// statement, which is how tests and the simulator control leases.
 	Clock clock.Clock
+	// Retry is how the client's actors retry their own store calls after a
+	// transient failure (a lost connection, a restarting server, a
+	// serialization failure): each waits Retry's backoff before its next
+	// attempt, and logs the outage once (SQL0101). Failures that retrying
+	// cannot fix (a missing schema or table, a missing privilege, a closed
+	// pool) are not retried: Consume returns them. Defaults per field: see
+	// Backoff.
+	Retry Backoff
+	// DisableMigrate makes the client run no DDL on its schema: NewClient
+	// only checks that the schema holds this library's tables, and fails
+	// with ErrNotMigrated naming `sqlstreams migrate` when it does not. For
+	// applications whose database role may not create tables; the schema's
+	// owner migrates it (`sqlstreams migrate`, or a client without this
+	// flag) and registers the streams. Default false: NewClient migrates.
+	DisableMigrate bool
+}
+
+// Backoff is a retry curve for the client's own store calls: the first
+// retry waits Initial, each further one twice the last, at most Max, each
+// spread at random by ±Jitter of itself. A zero field is unset.
+type Backoff struct {
+	// Initial is the wait before the first retry. Default 100ms.
+	Initial time.Duration
+	// Max caps the wait. Default 5s. An actor with a shorter cadence of
+	// its own (a heartbeat) retries at least that often.
+	Max time.Duration
+	// Jitter is the fraction of each wait drawn at random: a wait w
+	// becomes between w×(1-Jitter) and w×(1+Jitter). Default 0.2; at most
+	// 1; NoJitter for none.
+	Jitter float64
+}
+
+// NoJitter, as Backoff.Jitter, means no jitter (0 is unset).
+const NoJitter = -1
+
+func (b Backoff) withDefaults() Backoff {
+	if b.Initial == 0 {
+		b.Initial = backoff.Default.Initial
+		if b.Max > 0 {
+			b.Initial = min(b.Initial, b.Max)
+		}
+	}
+	if b.Max == 0 {
+		b.Max = max(backoff.Default.Max, b.Initial)
+	}
+	if b.Jitter == 0 {
+		b.Jitter = backoff.Default.Jitter
+	}
+	return b
+}
+
+func (b Backoff) validate() error {
+	switch {
+	case b.Initial < 0 || b.Max < 0:
+		return fmt.Errorf("%w: ClientConfig.Retry: Initial and Max must not be negative", ErrInvalidConfig)
+	case b.Max < b.Initial:
+		return fmt.Errorf("%w: ClientConfig.Retry.Max %s is below Initial %s", ErrInvalidConfig, b.Max, b.Initial)
+	case b.Jitter != NoJitter && (b.Jitter < 0 || b.Jitter > 1):
+		return fmt.Errorf("%w: ClientConfig.Retry.Jitter %g outside 0..1 (NoJitter for none)", ErrInvalidConfig, b.Jitter)
+	}
+	return nil
+}
+
+func (b Backoff) policy() backoff.Policy {
+	p := backoff.Policy{Initial: b.Initial, Max: b.Max, Jitter: b.Jitter}
+	if b.Jitter == NoJitter {
+		p.Jitter = 0
+	}
+	return p
 }
 
 func (c *ClientConfig) withDefaults() ClientConfig {
@@ -43,8 +117,24 @@ func (c *ClientConfig) withDefaults() ClientConfig {
 	if out.Clock == nil {
 		out.Clock = clock.New()
 	}
+	out.Retry = out.Retry.withDefaults()
 	return out
 }
+
+func (c ClientConfig) validate() error {
+	if err := ValidateSchema(c.Schema); err != nil {
+		return fmt.Errorf("ClientConfig.Schema: %w", err)
+	}
+	return c.Retry.validate()
+}
+
+// ValidateSchema checks a schema name against the rule ClientConfig.Schema
+// follows: a plain lower-case SQL identifier (a letter or '_', then
+// letters, digits or '_', at most 63 bytes, so the quoted name is also the
+// one a person types in psql), and not one of PostgreSQL's own
+// (information_schema, or starting with pg_). The error wraps
+// ErrInvalidSchema.
+func ValidateSchema(name string) error { return store.ValidateSchema(name) }
 
 // Client is the entry point: one per schema and pool, safe for concurrent use.
 type Client struct {
@@ -53,15 +143,28 @@ type Client struct {
 	hub   *engine.Hub
 }
 
-// NewClient validates cfg, brings the schema's tables up to date (under an
-// advisory lock, so many processes may start at once) and returns a client.
+// NewClient validates cfg and returns a client on pool. Unless
+// cfg.DisableMigrate is set it first brings the schema's tables up to date
+// (under an advisory lock, so many processes may start at once); with it,
+// it only checks that they are (ErrNotMigrated otherwise).
 func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg *ClientConfig) (*Client, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: NewClient needs a *pgxpool.Pool, got nil", ErrInvalidConfig)
+	}
 	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("new client: %w", err)
+	}
 	st, err := store.New(pool, c.Schema)
 	if err != nil {
 		return nil, fmt.Errorf("new client: %w", err)
 	}
-	if _, err := st.Migrate(ctx); err != nil {
+	if c.DisableMigrate {
+		err = st.CheckSchema(ctx)
+	} else {
+		_, err = st.Migrate(ctx)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("new client: %w", err)
 	}
 	return &Client{cfg: c, store: st, hub: engine.NewHub(st, c.Clock, c.Logger)}, nil

@@ -34,4 +34,16 @@ var (
 	ErrNotRegistered = store.ErrNotFound
 	// ErrGroupStream: a group name already registered on another stream.
 	ErrGroupStream = store.ErrGroupStream
+	// ErrPermanent: a store failure that retrying cannot fix (a missing
+	// schema or table, a missing privilege, a closed pool, a schema
+	// recreated under the client). Consume returns it, naming the cause and
+	// the remedy, instead of retrying forever.
+	ErrPermanent = store.ErrPermanent
+	// ErrNotMigrated: a client with DisableMigrate found the schema without
+	// this library's tables (run `sqlstreams migrate`).
+	ErrNotMigrated = store.ErrNotMigrated
+	// ErrStreamChanged: a stream's stored row no longer matches the one a
+	// handle resolved, because the schema was dropped and recreated under
+	// the client. Nothing was written; make new handles.
+	ErrStreamChanged = store.ErrStreamChanged
 )

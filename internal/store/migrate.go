@@ -2,12 +2,14 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"strings"
 
 	"github.com/c1702965/sqlstreams/migrations"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // lockKey derives the advisory-lock key that serializes migrations of one
@@ -75,6 +77,35 @@ INSERT INTO %[1]s.schema_migration (version, name) VALUES ($1, $2)`), m.Version,
 		return 0, fmt.Errorf("migrate schema %s: %w", st.schema, err)
 	}
 	return applied, nil
+}
+
+// CheckSchema verifies, without running any DDL, that the schema holds the
+// shared tables this library version needs: what a client that may not
+// migrate (ClientConfig.DisableMigrate) checks at start. A missing schema or
+// an older version is ErrNotMigrated, naming the command that fixes it.
+func (st *Store) CheckSchema(ctx context.Context) error {
+	ms, err := migrations.Schema()
+	if err != nil {
+		return err
+	}
+	want := ms[len(ms)-1].Version
+	remedy := fmt.Sprintf("run `sqlstreams migrate -schema %s` (SQLSTREAMS_DATABASE_URL set) as a role that may create tables in it, "+
+		"or create one client without DisableMigrate", st.schema)
+	v, err := st.SchemaVersion(ctx)
+	if p := Permanent(err); p != nil && p.Err != nil {
+		var pg *pgconn.PgError
+		if errors.As(err, &pg) && (pg.Code == "3F000" || pg.Code == "42P01") {
+			return &PermanentError{Err: fmt.Errorf("%w: schema %q has no sqlstreams tables", ErrNotMigrated, st.schema), Remedy: remedy}
+		}
+		return p
+	}
+	if err != nil {
+		return fmt.Errorf("check schema %s: %w", st.schema, err)
+	}
+	if v < want {
+		return &PermanentError{Err: fmt.Errorf("%w: schema %q is at version %d and this library needs %d", ErrNotMigrated, st.schema, v, want), Remedy: remedy}
+	}
+	return nil
 }
 
 // SchemaVersion reports the newest applied shared-table migration.

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -41,10 +42,14 @@ var ErrInvalidIdentifier = errors.New("invalid identifier")
 var identRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 // ValidateSchema accepts only plain lower-case identifiers so the quoted form
-// is also the form a person types in psql.
+// is also the form a person types in psql, and refuses PostgreSQL's own
+// schemas (information_schema, pg_*), where tables must never be created.
 func ValidateSchema(name string) error {
 	if !identRe.MatchString(name) {
-		return fmt.Errorf("%w: schema %q must match %s", ErrInvalidIdentifier, name, identRe)
+		return fmt.Errorf("%w: schema %q must be a lower-case SQL identifier: a letter or '_', then letters, digits or '_', at most 63 bytes", ErrInvalidIdentifier, name)
+	}
+	if name == "information_schema" || strings.HasPrefix(name, "pg_") {
+		return fmt.Errorf("%w: schema %q is reserved for PostgreSQL's own use (information_schema, pg_*)", ErrInvalidIdentifier, name)
 	}
 	return nil
 }
