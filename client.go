@@ -148,12 +148,12 @@ type Client struct {
 // (under an advisory lock, so many processes may start at once); with it,
 // it only checks that they are (ErrNotMigrated otherwise).
 func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg *ClientConfig) (*Client, error) {
-	if pool == nil {
-		return nil, fmt.Errorf("%w: NewClient needs a *pgxpool.Pool, got nil", ErrInvalidConfig)
-	}
 	c := cfg.withDefaults()
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("new client: %w", err)
+	}
+	if pool == nil {
+		return nil, fmt.Errorf("%w: NewClient needs a *pgxpool.Pool, got nil", ErrInvalidConfig)
 	}
 	st, err := store.New(pool, c.Schema)
 	if err != nil {

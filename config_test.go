@@ -365,7 +365,7 @@ func TestStreamConfigLadder(t *testing.T) {
 	var n int
 	require.NoError(t, e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.client.Schema()+".stream_config_log").Scan(&n))
 	require.Equal(t, 2, n, "one snapshot per change, the first declaration included")
-	_, cfg, err := Stream[order](e.client, "orders").resolve(ctx)
+	_, cfg, err := Stream[order](e.client, "orders").resolve(ctx, nil)
 	require.NoError(t, err)
 	require.Equal(t, 8192, cfg.MaxMessageBytes, "newest wins")
 }

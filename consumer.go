@@ -285,7 +285,7 @@ func (h *ConsumerHandle[T]) Register(ctx context.Context, cfg *ConsumerConfig) (
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	row, _, err := h.s.resolve(ctx)
+	row, _, err := h.s.resolve(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
 	}

@@ -33,7 +33,7 @@ func (e *env) stream(name string) *StreamHandle[order] {
 
 func (e *env) count(s *StreamHandle[order]) int64 {
 	e.t.Helper()
-	row, _, err := s.resolve(context.Background())
+	row, _, err := s.resolve(context.Background(), nil)
 	require.NoError(e.t, err)
 	n, err := e.client.store.CountLog(context.Background(), row.ID)
 	require.NoError(e.t, err)
@@ -91,8 +91,8 @@ func TestStreamRegisterIsIdempotentAndValidatesNames(t *testing.T) {
 	require.NoError(t, s.Register(ctx, nil))
 	other := Stream[order](e.client, "orders.created")
 	require.NoError(t, other.Register(ctx, nil))
-	r1, _, _ := s.resolve(ctx)
-	r2, _, _ := other.resolve(ctx)
+	r1, _, _ := s.resolve(ctx, nil)
+	r2, _, _ := other.resolve(ctx, nil)
 	require.Equal(t, r1.ID, r2.ID)
 
 	for _, bad := range []string{"", "has space", "-lead", "semi;colon", strings.Repeat("x", 129), "quote'"} {
@@ -171,7 +171,7 @@ func TestProduceBatchIdempotentAndOptions(t *testing.T) {
 	require.Equal(t, res[1].ID, again.ID)
 	require.EqualValues(t, 3, e.count(s))
 
-	row, _, _ := s.resolve(ctx)
+	row, _, _ := s.resolve(ctx, nil)
 	var opts string
 	require.NoError(t, e.pool.QueryRow(ctx,
 		"SELECT options::text FROM "+e.client.Schema()+".stream_"+strconv.FormatInt(row.ID, 10)+"_log WHERE id = $1", res[2].ID).Scan(&opts))

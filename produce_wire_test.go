@@ -22,7 +22,7 @@ func TestProduceWritesEveryColumnAsGiven(t *testing.T) {
 	e := newEnv(t, &ClientConfig{Clock: mock})
 	ctx := context.Background()
 	s := e.stream("wire")
-	row, _, err := s.resolve(ctx)
+	row, _, err := s.resolve(ctx, nil)
 	require.NoError(t, err)
 
 	items := func(prefix string) []BatchItem[order] {

@@ -81,7 +81,7 @@ func (s *Scheduler) Register(ctx context.Context, stream, expression string, pay
 	if err != nil {
 		return fmt.Errorf("%w: schedule %q: payload: %v", ErrEncode, s.name, err)
 	}
-	row, err := s.c.store.LookupStream(ctx, stream)
+	row, err := s.c.store.LookupStream(ctx, nil, stream)
 	if err != nil {
 		return fmt.Errorf("schedule %q: %w", s.name, err)
 	}
@@ -121,7 +121,7 @@ func (s *Scheduler) RunNow(ctx context.Context) error {
 		return err
 	}
 	key := "schedule:" + s.name + ":now:" + s.c.cfg.Clock.Now().UTC().Format(time.RFC3339Nano)
-	_, err = s.c.store.Produce(ctx, nil, row.StreamID, []store.NewMessage{{Version: row.Version, Payload: row.Payload, IdempotencyKey: key}}, s.c.dbNow())
+	_, err = s.c.store.Produce(ctx, nil, store.StreamRef{ID: row.StreamID}, []store.NewMessage{{Version: row.Version, Payload: row.Payload, IdempotencyKey: key}}, s.c.dbNow())
 	if err = s.c.committed(ctx, "schedule "+s.name, err); err != nil {
 		return fmt.Errorf("schedule %q: run now: %w", s.name, err)
 	}

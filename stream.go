@@ -126,10 +126,18 @@ type StreamHandle[T any] struct {
 }
 
 // Stream returns the handle of the stream called name, carrying messages of
-// type T. Nothing is checked until the handle is used.
+// type T. Nothing is checked until the handle is used: a bad name, or a nil
+// client, is the error of its first call.
+//
+// Stream names are 1 to 128 bytes of ASCII letters, digits, '.', '_' and
+// '-', starting with a letter or digit (orders.placed, billing-v2). Consumer
+// group and schedule names follow the same rule. Names are case-sensitive.
 func Stream[T any](c *Client, name string) *StreamHandle[T] {
 	return &StreamHandle[T]{c: c, name: name, version: schemaVersion[T]()}
 }
+
+// errNilClient is every call's error on a handle made from a nil client.
+var errNilClient = fmt.Errorf("%w: the stream handle was made from a nil *Client (use NewClient)", ErrInvalidConfig)
 
 // Name returns the stream's name.
 func (s *StreamHandle[T]) Name() string { return s.name }
@@ -138,6 +146,9 @@ func (s *StreamHandle[T]) Name() string { return s.name }
 // (nil declares the defaults). A declaration that changes the stored config
 // is logged as a warning naming the change.
 func (s *StreamHandle[T]) Register(ctx context.Context, cfg *StreamConfig) error {
+	if s.c == nil {
+		return errNilClient
+	}
 	if err := validateName("stream", s.name); err != nil {
 		return err
 	}
@@ -176,8 +187,13 @@ func (s *StreamHandle[T]) Register(ctx context.Context, cfg *StreamConfig) error
 	return nil
 }
 
-// resolve returns the stream's row and effective config, reading them once.
-func (s *StreamHandle[T]) resolve(ctx context.Context) (store.StreamRow, StreamConfig, error) {
+// resolve returns the stream's row and effective config, reading them once,
+// on q (a caller's transaction: a produce inside it needs no other
+// connection) or on the pool when q is nil.
+func (s *StreamHandle[T]) resolve(ctx context.Context, q store.Querier) (store.StreamRow, StreamConfig, error) {
+	if s.c == nil {
+		return store.StreamRow{}, StreamConfig{}, errNilClient
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.row != nil {
@@ -186,7 +202,7 @@ func (s *StreamHandle[T]) resolve(ctx context.Context) (store.StreamRow, StreamC
 	if err := validateName("stream", s.name); err != nil {
 		return store.StreamRow{}, StreamConfig{}, err
 	}
-	row, err := s.c.store.LookupStream(ctx, s.name)
+	row, err := s.c.store.LookupStream(ctx, q, s.name)
 	if err != nil {
 		return row, StreamConfig{}, err
 	}
@@ -196,6 +212,14 @@ func (s *StreamHandle[T]) resolve(ctx context.Context) (store.StreamRow, StreamC
 	}
 	s.row, s.cfg = &row, cfg.withDefaults()
 	return row, s.cfg, nil
+}
+
+// forget drops the cached row once the database says it no longer matches
+// (ErrStreamChanged): the next call reads the stream again by name.
+func (s *StreamHandle[T]) forget() {
+	s.mu.Lock()
+	s.row = nil
+	s.mu.Unlock()
 }
 
 // ProduceOptions ride one Produce or ProduceBatch call. nil means defaults.
@@ -212,7 +236,10 @@ type ProduceOptions struct {
 	// options and stored with the message.
 	Message *MessageOptions
 	// Tx, if set, produces inside the caller's transaction: the messages
-	// exist exactly when it commits.
+	// exist exactly when it commits, and everything the produce needs runs
+	// on that transaction (no second connection is taken from the pool). A
+	// transaction that has already committed or rolled back is refused with
+	// an error wrapping pgx.ErrTxClosed, and nothing is written.
 	Tx pgx.Tx
 }
 
@@ -268,7 +295,11 @@ func (s *StreamHandle[T]) ProduceBatch(ctx context.Context, items []BatchItem[T]
 
 // produce validates and encodes everything before writing anything.
 func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *ProduceOptions) ([]Produced, error) {
-	row, cfg, err := s.resolve(ctx)
+	var q store.Querier
+	if o.Tx != nil {
+		q = o.Tx
+	}
+	row, cfg, err := s.resolve(ctx, q)
 	if err != nil {
 		return nil, fmt.Errorf("produce to %q: %w", s.name, err)
 	}
@@ -313,11 +344,10 @@ func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *
 		}
 	}
 	enc.finish(msgs)
-	var q store.Querier
-	if o.Tx != nil {
-		q = o.Tx
+	res, err := s.c.store.Produce(ctx, q, store.StreamRef{ID: row.ID, Name: s.name}, msgs, s.c.dbNow())
+	if errors.Is(err, store.ErrStreamChanged) {
+		s.forget()
 	}
-	res, err := s.c.store.Produce(ctx, q, row.ID, msgs, s.c.dbNow())
 	if err = s.c.committed(ctx, s.name, err); err != nil {
 		return nil, fmt.Errorf("produce to %q: %w", s.name, err)
 	}

@@ -357,7 +357,7 @@ func (w *World) produce(ctx context.Context, q store.Querier, n int, key string,
 		payload, _ := json.Marshal(map[string]int{"n": first + i})
 		msgs[i] = store.NewMessage{Version: 1, RoutingKey: routingKey, Key: key, Payload: payload, Options: optDoc}
 	}
-	out, err := w.st.Produce(ctx, q, w.streamID, msgs, w.now())
+	out, err := w.st.Produce(ctx, q, store.StreamRef{ID: w.streamID}, msgs, w.now())
 	if wake := (*store.WakeError)(nil); errors.As(err, &wake) {
 		err = nil // committed; consumers find the messages at their next poll
 	}

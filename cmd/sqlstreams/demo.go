@@ -2,11 +2,16 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	neturl "net/url"
 	"os"
+	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +19,7 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams"
 	"github.com/c1702965/sqlstreams/internal/pgcluster"
+	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -36,18 +42,19 @@ type OrderPlaced struct {
 func (OrderPlaced) SchemaVersion() int { return 1 }
 
 // connect returns a pool on SQLSTREAMS_DATABASE_URL, or on a private cluster
-// it starts (and the func that stops it).
-func connect(ctx context.Context, out io.Writer) (*pgxpool.Pool, func(), error) {
-	url := os.Getenv("SQLSTREAMS_DATABASE_URL")
+// it starts, the URL it connected to, and the func that closes the pool and
+// stops the cluster.
+func connect(ctx context.Context, out io.Writer) (_ *pgxpool.Pool, url string, _ func(), _ error) {
+	url = os.Getenv("SQLSTREAMS_DATABASE_URL")
 	stop := func() {}
 	if url == "" {
 		if _, err := pgcluster.FindBinaries(); err != nil {
-			return nil, nil, err
+			return nil, "", nil, err
 		}
 		fmt.Fprintln(out, "starting a private PostgreSQL (set SQLSTREAMS_DATABASE_URL to use your own)...")
 		c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true})
 		if err != nil {
-			return nil, nil, fmt.Errorf("start PostgreSQL: %w", err)
+			return nil, "", nil, fmt.Errorf("start PostgreSQL: %w", err)
 		}
 		url = c.URL("postgres")
 		stop = func() {
@@ -60,7 +67,7 @@ func connect(ctx context.Context, out io.Writer) (*pgxpool.Pool, func(), error) 
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		stop()
-		return nil, nil, fmt.Errorf("database url: %w", err)
+		return nil, "", nil, fmt.Errorf("database url: %w", err)
 	}
 	cfg.MaxConns = 16
 	// sqlstreams' statements are short; PostgreSQL's JIT compiles them once
@@ -71,30 +78,32 @@ func connect(ctx context.Context, out io.Writer) (*pgxpool.Pool, func(), error) 
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		stop()
-		return nil, nil, fmt.Errorf("connect: %w", err)
+		return nil, "", nil, fmt.Errorf("connect: %w", err)
 	}
-	return pool, func() { pool.Close(); stop() }, nil
+	return pool, url, func() { pool.Close(); stop() }, nil
 }
 
 // openClient is what the verbs that act on a user's database share: they
 // need SQLSTREAMS_DATABASE_URL (a throwaway server would be pointless) and a
-// client, whose creation migrates the schema. done closes the pool.
+// client, whose creation migrates the schema unless cfg.DisableMigrate.
+// done closes the pool.
 func openClient(ctx context.Context, out io.Writer, verb string, cfg *sqlstreams.ClientConfig) (client *sqlstreams.Client, done func(), err error) {
 	if os.Getenv("SQLSTREAMS_DATABASE_URL") == "" {
 		return nil, nil, fmt.Errorf("%s needs SQLSTREAMS_DATABASE_URL", verb)
 	}
-	pool, done, err := connect(ctx, out)
+	pool, _, done, err := connect(ctx, out)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("%s: %w", verb, err)
 	}
 	client, err = sqlstreams.NewClient(ctx, pool, cfg)
 	if err != nil {
 		done()
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("%s: %w", verb, err)
 	}
 	return client, done, nil
 }
 
+// migrate is the verb that creates a schema: its client migrates.
 func migrate(ctx context.Context, out io.Writer, schema string) error {
 	_, done, err := openClient(ctx, out, "migrate", &sqlstreams.ClientConfig{Schema: schema})
 	if err != nil {
@@ -107,39 +116,91 @@ func migrate(ctx context.Context, out io.Writer, schema string) error {
 
 // manage runs the schema's maintenance workers (retention, pruning,
 // schedules) the way Consume does by default, for deployments that run them
-// apart from their consumers; it stops on SIGINT or SIGTERM.
+// apart from their consumers; it stops on SIGINT or SIGTERM. It runs no DDL:
+// a schema migrate has not set up (a misspelled -schema, say) is an error
+// naming sqlstreams migrate, and is not created.
 func manage(ctx context.Context, out io.Writer, logger *slog.Logger, schema string, ttl time.Duration) error {
-	client, done, err := openClient(ctx, out, "manager", &sqlstreams.ClientConfig{Schema: schema, Logger: logger})
+	client, done, err := openClient(ctx, out, "manager", &sqlstreams.ClientConfig{Schema: schema, Logger: logger, DisableMigrate: true})
 	if err != nil {
 		return err
 	}
 	defer done()
 	fmt.Fprintf(out, "manager running on schema %s (stop with Ctrl-C)\n", schema)
 	if err := client.Manager().Run(ctx, &sqlstreams.ManagerOptions{InstanceTTL: ttl}); err != nil {
-		return err
+		return fmt.Errorf("manager: %w", err)
 	}
 	fmt.Fprintln(out, "manager stopped")
 	return nil
 }
 
+// demoSchemaPrefix starts the name of the fresh schema a demo run creates
+// when -schema is not given.
+const demoSchemaPrefix = "sqlstreams_demo_"
+
 // demo produces at a steady rate for a while and consumes with two instances
-// of one group, printing a progress line and a summary.
-func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions) error {
+// of one group, printing a progress line and a summary. It works in a schema
+// it creates itself (a fresh random one, or o.schema when that does not
+// exist yet) and drops that schema when it returns, whatever the outcome; it
+// never drops a schema it did not create.
+func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions) (err error) {
 	if o.rate < 1 || o.duration <= 0 {
 		return errors.New("demo: -rate and -duration must be positive")
 	}
-	pool, done, err := connect(ctx, out)
+	if o.backlog < 0 {
+		return errors.New("demo: -backlog must not be negative")
+	}
+	if o.schema != "" {
+		if err := validSchemaFlag("demo", o.schema); err != nil {
+			return err
+		}
+	}
+	pool, url, done, err := connect(ctx, out)
 	if err != nil {
-		return err
+		return fmt.Errorf("demo: %w", err)
 	}
 	defer done()
-	clk := clock.New()
-	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+o.schema+" CASCADE"); err != nil {
-		return fmt.Errorf("reset demo schema: %w", err)
+	fmt.Fprintf(out, "database %s\n", redactURL(url))
+	schema := o.schema
+	if schema == "" {
+		schema = demoSchemaPrefix + randomHex(4)
+	} else {
+		exists, err := store.SchemaExists(ctx, pool, schema)
+		if err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		if exists {
+			return schemaExistsError(schema)
+		}
 	}
-	client, err := sqlstreams.NewClient(ctx, pool, &sqlstreams.ClientConfig{Schema: o.schema, Logger: logger, Clock: clk})
+	// Created here without IF NOT EXISTS: success proves the schema is this
+	// run's, so the drop below can never destroy someone else's, even if
+	// another session created the name since the check above.
+	if err := store.CreateSchema(ctx, pool, schema); err != nil {
+		if errors.Is(err, store.ErrSchemaExists) {
+			return schemaExistsError(schema)
+		}
+		return fmt.Errorf("demo: %w", err)
+	}
+	defer func() {
+		// Also after an interrupt, when ctx is already done.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if derr := store.DropSchema(dctx, pool, schema); derr != nil {
+			derr = fmt.Errorf("demo: %w (drop it by hand)", derr)
+			if err == nil {
+				err = derr
+			} else {
+				err = fmt.Errorf("%w; and %v", err, derr)
+			}
+			return
+		}
+		fmt.Fprintf(out, "dropped schema %s\n", schema)
+	}()
+	fmt.Fprintf(out, "schema %s (created by this run, dropped when it ends)\n", schema)
+	clk := clock.New()
+	client, err := sqlstreams.NewClient(ctx, pool, &sqlstreams.ClientConfig{Schema: schema, Logger: logger, Clock: clk})
 	if err != nil {
-		return err
+		return fmt.Errorf("demo: %w", err)
 	}
 	orders := sqlstreams.Stream[OrderPlaced](client, "orders.placed")
 	if err := orders.Register(ctx, nil); err != nil {
@@ -204,7 +265,7 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 		case <-ctx.Done():
 			stopConsumers()
 			wg.Wait()
-			return ctx.Err()
+			return fmt.Errorf("demo interrupted: %w", ctx.Err())
 		case <-producerDone:
 			producerDone = nil
 		case now := <-tick.C:
@@ -273,4 +334,45 @@ func produce(ctx context.Context, stop <-chan struct{}, clk clock.Clock, s *sqls
 			produced.Add(due)
 		}
 	}
+}
+
+func schemaExistsError(schema string) error {
+	return fmt.Errorf("demo: -schema: schema %q already exists, and the demo only works in a schema it creates (and drops at its end): "+
+		"name one that does not exist, or leave -schema out for a fresh %s<random> schema", schema, demoSchemaPrefix)
+}
+
+// randomHex returns n random bytes in hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // never fails, see crypto/rand.Read
+	return hex.EncodeToString(b)
+}
+
+// secretParam matches a password-like key=value pair of a keyword/value
+// connection string (password, sslpassword), quoted or not.
+var secretParam = regexp.MustCompile(`(?i)(\b\w*password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s]*)`)
+
+// redactURL returns a connection string fit to print: any password in it
+// (the URL's user info, a password-like query parameter, or a keyword/value
+// pair) is replaced by xxxxx.
+func redactURL(s string) string {
+	if !strings.HasPrefix(s, "postgres://") && !strings.HasPrefix(s, "postgresql://") {
+		return secretParam.ReplaceAllString(s, "${1}xxxxx")
+	}
+	u, err := neturl.Parse(s)
+	if err != nil {
+		return "(a connection URL that does not parse)"
+	}
+	q := u.Query()
+	redacted := false
+	for k := range q {
+		if strings.Contains(strings.ToLower(k), "password") {
+			q.Set(k, "xxxxx")
+			redacted = true
+		}
+	}
+	if redacted {
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
 }

@@ -1,12 +1,24 @@
 // Command sqlstreams is the sqlstreams command line: a demo that shows
-// messages flowing, the schema migration verb, and a standalone manager.
+// messages flowing, the schema migration verb, a standalone manager, and the
+// explanation of the log codes.
 //
-//	sqlstreams demo [-duration 10s] [-rate 2000]   produce and consume on a local PostgreSQL
-//	sqlstreams migrate                             bring a schema's tables up to date
-//	sqlstreams manager                             run the maintenance workers until stopped
+//	sqlstreams demo [-duration 10s] [-rate 2000] [-backlog 20000] [-schema NAME]
+//	                                  produce and consume in a schema of its own, dropped at its end
+//	sqlstreams migrate [-schema sqlstreams]
+//	                                  create a schema's tables or bring them up to date
+//	sqlstreams manager [-schema sqlstreams] [-instance-ttl 30s]
+//	                                  run the maintenance workers of a migrated schema until stopped
+//	sqlstreams explain [-o text|json] [CODE]
+//	                                  what a log code (code=SQLnnnn) means and what to do; all codes without CODE
 //
-// All read SQLSTREAMS_DATABASE_URL; the demo starts a private throwaway
-// PostgreSQL from the installed binaries when it is unset.
+// SQLSTREAMS_DATABASE_URL names the database. migrate and manager need it;
+// the demo starts a private throwaway PostgreSQL from the installed binaries
+// when it is unset. The demo never touches a schema it did not create: by
+// default it creates sqlstreams_demo_<random hex>, and it refuses a -schema
+// that already exists; it drops its schema when it ends, also on failure or
+// Ctrl-C. manager never creates a schema: one that migrate has not set up is
+// an error. Every verb takes -h; an error is one line on stderr and exit
+// status 1.
 package main
 
 import (
@@ -18,25 +30,38 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
+
+	"github.com/c1702965/sqlstreams"
 )
 
 func main() {
 	if err := run(os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "sqlstreams:", err)
+		fmt.Fprintln(os.Stderr, "sqlstreams:", oneLine(err.Error()))
 		os.Exit(1)
 	}
 }
 
+// oneLine keeps the CLI's error to the one line its convention promises,
+// whatever a wrapped error holds.
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
 func usage(w io.Writer) {
 	fmt.Fprintln(w, `usage:
-  sqlstreams demo [-duration 10s] [-rate 2000] [-backlog 20000] [-schema sqlstreams_demo]
+  sqlstreams demo [-duration 10s] [-rate 2000] [-backlog 20000] [-schema NAME]
   sqlstreams migrate [-schema sqlstreams]
   sqlstreams manager [-schema sqlstreams] [-instance-ttl 30s]
+  sqlstreams explain [-o text|json] [CODE]
+  sqlstreams help [VERB]
 
 SQLSTREAMS_DATABASE_URL names the database; the demo starts a private
-PostgreSQL from the installed binaries when it is unset.`)
+PostgreSQL from the installed binaries when it is unset. The demo works in
+a fresh schema of its own and drops it at its end; migrate creates or
+upgrades a schema; manager runs on a schema migrate has set up. Run
+'sqlstreams VERB -h' for a verb's flags.`)
 }
 
 func run(args []string, out io.Writer) error {
@@ -45,44 +70,181 @@ func run(args []string, out io.Writer) error {
 	return runCtx(ctx, args, out)
 }
 
+// verbs are the commands, in the order usage lists them.
+var verbs = []string{"demo", "migrate", "manager", "explain"}
+
 func runCtx(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
 		usage(out)
-		return errors.New("missing command")
+		return errors.New("missing command (one of demo, migrate, manager, explain, help)")
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	switch args[0] {
 	case "demo":
-		fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-		o := demoOptions{}
-		fs.DurationVar(&o.duration, "duration", defaultDemoDuration, "how long to produce")
-		fs.IntVar(&o.rate, "rate", 2000, "messages produced per second")
-		fs.IntVar(&o.backlog, "backlog", 20000, "messages produced before the consumers start")
-		fs.StringVar(&o.schema, "schema", "sqlstreams_demo", "schema for the demo's tables")
-		if err := fs.Parse(args[1:]); err != nil {
-			return err
-		}
-		return demo(ctx, out, logger, o)
+		return demoVerb(ctx, args[1:], out, logger)
 	case "migrate":
-		fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-		schema := fs.String("schema", "sqlstreams", "schema to migrate")
-		if err := fs.Parse(args[1:]); err != nil {
-			return err
-		}
-		return migrate(ctx, out, *schema)
+		return migrateVerb(ctx, args[1:], out)
 	case "manager":
-		fs := flag.NewFlagSet("manager", flag.ContinueOnError)
-		schema := fs.String("schema", "sqlstreams", "schema whose fleet workers to run")
-		ttl := fs.Duration("instance-ttl", 30*time.Second, "how long a held worker slot outlives its last heartbeat")
-		if err := fs.Parse(args[1:]); err != nil {
-			return err
+		return managerVerb(ctx, args[1:], out, logger)
+	case "explain":
+		return explainVerb(args[1:], out)
+	case "help", "-h", "-help", "--help":
+		switch len(args) {
+		case 1:
+			usage(out)
+			return nil
+		case 2:
+			for _, v := range verbs {
+				if args[1] == v {
+					return runCtx(ctx, []string{v, "-h"}, out)
+				}
+			}
+			return fmt.Errorf("help: unknown command %q (one of %s)", args[1], strings.Join(verbs, ", "))
+		default:
+			return unexpected("help", args[2:])
 		}
-		return manage(ctx, out, logger, *schema, *ttl)
-	case "help", "-h", "--help":
-		usage(out)
-		return nil
 	default:
 		usage(out)
 		return fmt.Errorf("unknown command %q", args[0])
 	}
+}
+
+// verbUsage is what `sqlstreams VERB -h` prints.
+type verbUsage struct {
+	synopsis string // the usage line, after "usage: sqlstreams "
+	about    string // what the verb does, as a paragraph
+}
+
+// newFlags returns a flag set for verb that prints nothing by itself: parse
+// prints the verb's usage on -h, and an error is the CLI's one line.
+func newFlags(verb string) *flag.FlagSet {
+	fs := flag.NewFlagSet(verb, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
+
+// parse parses args into fs. It reports help when args asked for it
+// (-h, -help, --help), after printing the verb's usage to out; the verb then
+// returns nil. Positional arguments are returned for the verb to accept or
+// refuse.
+func parse(fs *flag.FlagSet, args []string, out io.Writer, u verbUsage) (positional []string, help bool, err error) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printVerbUsage(fs, out, u)
+			return nil, true, nil
+		}
+		return nil, false, fmt.Errorf("%s: %w (see sqlstreams %s -h)", fs.Name(), err, fs.Name())
+	}
+	return fs.Args(), false, nil
+}
+
+func printVerbUsage(fs *flag.FlagSet, out io.Writer, u verbUsage) {
+	fmt.Fprintf(out, "usage: sqlstreams %s\n\n%s\n", u.synopsis, u.about)
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	if n > 0 {
+		fmt.Fprintln(out, "\nflags:")
+		fs.SetOutput(out)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
+}
+
+// unexpected is the error for positional arguments a verb does not take.
+func unexpected(verb string, args []string) error {
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = strconv.Quote(a)
+	}
+	if len(q) == 1 {
+		return fmt.Errorf("%s: unexpected argument %s", verb, q[0])
+	}
+	return fmt.Errorf("%s: unexpected arguments %s", verb, strings.Join(q, " "))
+}
+
+// validSchemaFlag checks a -schema value before anything connects.
+func validSchemaFlag(verb, schema string) error {
+	if err := sqlstreams.ValidateSchema(schema); err != nil {
+		return fmt.Errorf("%s: -schema: %w", verb, err)
+	}
+	return nil
+}
+
+var demoUsage = verbUsage{
+	synopsis: "demo [-duration 10s] [-rate 2000] [-backlog 20000] [-schema NAME]",
+	about: `Produces to a stream at a steady rate and consumes it with two instances of
+one consumer group, printing progress and a summary. It works in a schema it
+creates itself and drops at its end, also when the run fails or is
+interrupted: by default a fresh sqlstreams_demo_<8 random hex> schema; with
+-schema NAME a new schema of that name, refused when one already exists (the
+demo never drops a schema it did not create). SQLSTREAMS_DATABASE_URL names
+the database; unset, the demo starts a private PostgreSQL and removes it at
+the end.`,
+}
+
+func demoVerb(ctx context.Context, args []string, out io.Writer, logger *slog.Logger) error {
+	fs := newFlags("demo")
+	o := demoOptions{}
+	fs.DurationVar(&o.duration, "duration", defaultDemoDuration, "how long to produce")
+	fs.IntVar(&o.rate, "rate", 2000, "messages produced per second")
+	fs.IntVar(&o.backlog, "backlog", 20000, "messages produced before the consumers start")
+	fs.StringVar(&o.schema, "schema", "", "a new schema for the demo's tables, created and dropped by the run (default: a fresh sqlstreams_demo_<random hex>)")
+	rest, help, err := parse(fs, args, out, demoUsage)
+	if help || err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return unexpected("demo", rest)
+	}
+	return demo(ctx, out, logger, o)
+}
+
+var migrateUsage = verbUsage{
+	synopsis: "migrate [-schema sqlstreams]",
+	about: `Creates the schema and its tables, or brings them up to this version's
+(an up-to-date schema is left as it is). Run it as a role that may create
+tables, before the first client with DisableMigrate or manager starts.
+SQLSTREAMS_DATABASE_URL must name the database.`,
+}
+
+func migrateVerb(ctx context.Context, args []string, out io.Writer) error {
+	fs := newFlags("migrate")
+	schema := fs.String("schema", "sqlstreams", "schema to create or migrate")
+	rest, help, err := parse(fs, args, out, migrateUsage)
+	if help || err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return unexpected("migrate", rest)
+	}
+	if err := validSchemaFlag("migrate", *schema); err != nil {
+		return err
+	}
+	return migrate(ctx, out, *schema)
+}
+
+var managerUsage = verbUsage{
+	synopsis: "manager [-schema sqlstreams] [-instance-ttl 30s]",
+	about: `Runs a schema's maintenance workers (retention, pruning, schedules) until
+SIGINT or SIGTERM, for deployments that run them apart from their consumers.
+The schema must have been set up by 'sqlstreams migrate'; the manager creates
+nothing, and a schema without sqlstreams tables is an error.
+SQLSTREAMS_DATABASE_URL must name the database.`,
+}
+
+func managerVerb(ctx context.Context, args []string, out io.Writer, logger *slog.Logger) error {
+	fs := newFlags("manager")
+	schema := fs.String("schema", "sqlstreams", "schema whose maintenance workers to run (set up by sqlstreams migrate)")
+	ttl := fs.Duration("instance-ttl", 30*time.Second, "how long a held worker slot outlives its last heartbeat")
+	rest, help, err := parse(fs, args, out, managerUsage)
+	if help || err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return unexpected("manager", rest)
+	}
+	if err := validSchemaFlag("manager", *schema); err != nil {
+		return err
+	}
+	return manage(ctx, out, logger, *schema, *ttl)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Position orders the log: the producing transaction's id first, then the
@@ -30,6 +31,15 @@ type NewMessage struct {
 	IdempotencyKey string
 	Payload        []byte // JSON
 	Options        []byte // JSON or empty
+}
+
+// StreamRef names the stream a produce writes to: its id, and its name for
+// the guard that refuses to write when the id no longer names that stream
+// ("" skips the guard, for callers that read the id in the same database
+// transaction).
+type StreamRef struct {
+	ID   int64
+	Name string
 }
 
 // Produced reports what happened to one NewMessage.
@@ -66,7 +76,15 @@ type Message struct {
 // (decision 0014). A wake-up that fails after the messages committed is
 // reported as a *WakeError with the results: the messages are written, and
 // consumers see them at their next poll.
-func (st *Store) Produce(ctx context.Context, q Querier, streamID int64, msgs []NewMessage, now Now) ([]Produced, error) {
+//
+// Every insert is guarded by the stream's row: when stream.Name is set and
+// the stream_config row of stream.ID no longer carries that name (the schema
+// was dropped and recreated, and the id may now be another stream's), the
+// insert writes nothing and Produce returns ErrStreamChanged. On a caller's
+// transaction every statement runs on that transaction, and a finished one
+// is refused with pgx.ErrTxClosed before anything is sent.
+func (st *Store) Produce(ctx context.Context, q Querier, stream StreamRef, msgs []NewMessage, now Now) ([]Produced, error) {
+	streamID := stream.ID
 	own := q == nil
 	if own {
 		q = st.pool
@@ -86,7 +104,7 @@ func (st *Store) Produce(ctx context.Context, q Querier, streamID int64, msgs []
 		for i := range idx {
 			idx[i] = i
 		}
-		err := st.produceUnkeyed(ctx, q, own, t, streamID, now, msgs, idx, out, channel, wake)
+		err := st.produceUnkeyed(ctx, q, own, t, stream, now, msgs, idx, out, channel, wake)
 		if wakeErr := (*WakeError)(nil); err != nil && !errors.As(err, &wakeErr) {
 			return nil, err
 		}
@@ -102,7 +120,7 @@ func (st *Store) Produce(ctx context.Context, q Querier, streamID int64, msgs []
 	for i := 0; i < len(msgs); {
 		if msgs[i].IdempotencyKey != "" {
 			m := &msgs[i]
-			batch.Queue(t.insertKeyed, now, m.IdempotencyKey, m.Version, m.RoutingKey, m.Key, m.Payload, m.Options)
+			batch.Queue(t.insertKeyed, now, m.IdempotencyKey, m.Version, m.RoutingKey, m.Key, m.Payload, m.Options, stream.Name)
 			runs = append(runs, []int{i})
 			i++
 			continue
@@ -115,7 +133,7 @@ func (st *Store) Produce(ctx context.Context, q Querier, streamID int64, msgs []
 		for k := i; k < j; k++ {
 			idx = append(idx, k)
 		}
-		batch.Queue(t.insertBatch, now, versions(msgs, idx), texts(msgs, idx, 2), texts(msgs, idx, 3), texts(msgs, idx, 4), texts(msgs, idx, 5))
+		batch.Queue(t.insertBatch, now, versions(msgs, idx), texts(msgs, idx, 2), texts(msgs, idx, 3), texts(msgs, idx, 4), texts(msgs, idx, 5), stream.Name)
 		runs = append(runs, idx)
 		i = j
 	}
@@ -130,8 +148,12 @@ func (st *Store) Produce(ctx context.Context, q Querier, streamID int64, msgs []
 	for _, idx := range runs {
 		if msgs[idx[0]].IdempotencyKey != "" {
 			i := idx[0]
-			if err := br.QueryRow().Scan(&out[i].ID, &out[i].Duplicate); err != nil {
+			var ok bool
+			if err := br.QueryRow().Scan(&out[i].ID, &out[i].Duplicate, &ok); err != nil {
 				return fail(fmt.Errorf("produce idempotent message: %w", err))
+			}
+			if !ok {
+				return fail(streamChanged(stream.Name, stream.ID))
 			}
 			continue
 		}
@@ -140,6 +162,9 @@ func (st *Store) Produce(ctx context.Context, q Querier, streamID int64, msgs []
 			return fail(fmt.Errorf("produce: %w", err))
 		}
 		if err := scanIDs(rows, idx, out); err != nil {
+			if errors.Is(err, errGuard) {
+				err = streamChanged(stream.Name, stream.ID)
+			}
 			return fail(err)
 		}
 	}
@@ -209,30 +234,42 @@ SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`, st.NotifyChannel(), paylo
 }
 
 // produceUnkeyed is the common case: one prepared insert whose parameters
-// wire.go encodes, then, on the pool, the wake-up.
-func (st *Store) produceUnkeyed(ctx context.Context, q Querier, own bool, t *tables, streamID int64, now Now, msgs []NewMessage, idx []int, out []Produced, channel, wake string) error {
+// wire.go encodes, then, on the pool, the wake-up. On a caller's transaction
+// the statement is prepared through the transaction, which refuses a
+// finished one (pgx.ErrTxClosed): only then is its connection used, so a
+// produce never writes on a connection the transaction gave back to the
+// pool, where another caller's transaction may run by now.
+func (st *Store) produceUnkeyed(ctx context.Context, q Querier, own bool, t *tables, stream StreamRef, now Now, msgs []NewMessage, idx []int, out []Produced, channel, wake string) error {
+	guarded := func(err error) error {
+		if errors.Is(err, errGuard) {
+			return streamChanged(stream.Name, stream.ID)
+		}
+		return err
+	}
 	if own {
 		c, err := st.pool.Acquire(ctx)
 		if err != nil {
 			return fmt.Errorf("produce: %w", err)
 		}
-		err = insertPrepared(ctx, c.Conn(), t.insertBatchName, t.insertBatch, now, msgs, idx, out)
+		conn := c.Conn()
+		err = insertPrepared(ctx, conn, conn.Prepare, t.insertBatchName, t.insertBatch, now, msgs, idx, out, stream.Name)
 		c.Release()
 		if err != nil {
-			return err
+			return guarded(err)
 		}
-		return st.wakeAfter(ctx, own, streamID, msgs)
+		return st.wakeAfter(ctx, own, stream.ID, msgs)
 	}
-	var conn *pgx.Conn
-	switch v := q.(type) {
-	case *pgx.Conn:
-		conn = v
-	case interface{ Conn() *pgx.Conn }: // pgx.Tx
-		conn = v.Conn()
-	default:
-		return st.insertPlain(ctx, q, t.insertBatchWake, []any{now, versions(msgs, idx), texts(msgs, idx, 2), texts(msgs, idx, 3), texts(msgs, idx, 4), texts(msgs, idx, 5), channel, wake}, idx, out)
+	if tx, ok := q.(txConn); ok {
+		return guarded(insertPrepared(ctx, tx.Conn(), tx.Prepare, t.insertBatchWakeName, t.insertBatchWake, now, msgs, idx, out, stream.Name, channel, wake))
 	}
-	return insertPrepared(ctx, conn, t.insertBatchWakeName, t.insertBatchWake, now, msgs, idx, out, channel, wake)
+	return guarded(st.insertPlain(ctx, q, t.insertBatchWake, []any{now, versions(msgs, idx), texts(msgs, idx, 2), texts(msgs, idx, 3), texts(msgs, idx, 4), texts(msgs, idx, 5), stream.Name, channel, wake}, idx, out))
+}
+
+// txConn is what a pgx.Tx offers: its connection, and a Prepare that
+// refuses a finished transaction.
+type txConn interface {
+	Conn() *pgx.Conn
+	Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error)
 }
 
 func (st *Store) insertPlain(ctx context.Context, q Querier, insert string, args []any, idx []int, out []Produced) error {
@@ -260,9 +297,15 @@ func scanIDs(rows pgx.Rows, idx []int, out []Produced) error {
 	return assignIDs(ids, idx, out)
 }
 
+// errGuard is an insert that wrote nothing because its stream guard failed.
+var errGuard = errors.New("stream guard")
+
 // assignIDs assigns returned ids in ascending order: identity values follow
 // the insert's ORDER BY, so the i-th smallest id belongs to the i-th message.
 func assignIDs(ids []int64, idx []int, out []Produced) error {
+	if len(ids) == 0 && len(idx) > 0 {
+		return errGuard // the insert's stream guard held it back: nothing was written
+	}
 	if len(ids) != len(idx) {
 		return fmt.Errorf("produce: %d ids returned for %d messages", len(ids), len(idx))
 	}

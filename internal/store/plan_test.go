@@ -54,7 +54,7 @@ func TestClaimPathPlansUseTheLogIndex(t *testing.T) {
 	for i := range msgs {
 		msgs[i] = NewMessage{Version: 1, Payload: []byte(`{"a":1}`)}
 	}
-	_, err := st.Produce(ctx, nil, streamID, msgs, nil)
+	_, err := st.Produce(ctx, nil, StreamRef{ID: streamID}, msgs, nil)
 	require.NoError(t, err)
 	// A backlog large enough for the planner to weigh a bitmap scan, checked
 	// never analyzed (a burst into a new stream, before autovacuum) and
@@ -119,7 +119,7 @@ func TestOrderedKeyChecksUseTheLogIndexWithStaleStatistics(t *testing.T) {
 		for i := range msgs {
 			msgs[i] = NewMessage{Version: 1, Key: fmt.Sprintf("k%d", i%400), Payload: []byte(`{"a":1}`)}
 		}
-		_, err := st.Produce(ctx, nil, streamID, msgs, nil)
+		_, err := st.Produce(ctx, nil, StreamRef{ID: streamID}, msgs, nil)
 		require.NoError(t, err)
 	}
 	produce(20000) // never analyzed

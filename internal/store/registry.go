@@ -61,10 +61,14 @@ VALUES ($1, $2, $3, coalesce($4, now()))`), row.ID, config, declaredBy, now); er
 	return row, old, changed, created, nil
 }
 
-// LookupStream reads a registered stream by name.
-func (st *Store) LookupStream(ctx context.Context, name string) (StreamRow, error) {
+// LookupStream reads a registered stream by name, on q (a caller's
+// transaction) or, when q is nil, on the pool.
+func (st *Store) LookupStream(ctx context.Context, q Querier, name string) (StreamRow, error) {
+	if q == nil {
+		q = st.pool
+	}
 	row := StreamRow{Name: name}
-	err := st.pool.QueryRow(ctx, st.sql(`-- store.LookupStream
+	err := q.QueryRow(ctx, st.sql(`-- store.LookupStream
 SELECT id, config FROM %[1]s.stream_config WHERE name = $1`), name).Scan(&row.ID, &row.Config)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return row, fmt.Errorf("stream %q: %w (call Register first)", name, ErrNotFound)

@@ -133,7 +133,7 @@ FOR UPDATE SKIP LOCKED`), name, now))
 					IdempotencyKey: "schedule:" + s.Name + ":" + due.UTC().Format(time.RFC3339Nano)}
 			}
 			if len(msgs) > 0 {
-				out, err := st.Produce(ctx, tx, s.StreamID, msgs, now)
+				out, err := st.Produce(ctx, tx, StreamRef{ID: s.StreamID}, msgs, now)
 				if err != nil {
 					return err
 				}

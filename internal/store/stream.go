@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -62,7 +63,7 @@ func (st *Store) streamTables(streamID int64) *tables {
 	if t, ok := tablesCache.Load(key); ok {
 		return t.(*tables)
 	}
-	t := buildTables(st.s, tablePrefix(streamID))
+	t := buildTables(st.s, streamID)
 	actual, _ := tablesCache.LoadOrStore(key, t)
 	return actual.(*tables)
 }
@@ -93,8 +94,9 @@ func keyHeldLive(key string) string {
         WHERE l.group_id = $1 AND l.message_key = %s AND i.expires_at > coalesce($2, now())`, key)
 }
 
-func buildTables(schema, prefix string) *tables {
-	r := strings.NewReplacer("{s}", schema, "{t}", prefix)
+func buildTables(schema string, streamID int64) *tables {
+	prefix := tablePrefix(streamID)
+	r := strings.NewReplacer("{s}", schema, "{t}", prefix, "{id}", strconv.FormatInt(streamID, 10))
 	t := &tables{
 		insertCursor: r.Replace(`-- store.RegisterGroup
 INSERT INTO {s}.{t}_cursor (group_id, head_xid, head_id, updated_at)
@@ -108,12 +110,13 @@ ON CONFLICT (group_id) DO NOTHING`),
 		// consumers wake without tight polling: in the insert's statement
 		// inside a caller's transaction, after it on the pool (see
 		// store.Produce).
-		insertBatch: r.Replace(insertBatchSQL),
+		insertBatch: r.Replace(`-- store.Produce
+` + insertBatchSQL),
 		insertBatchWake: r.Replace(`-- store.Produce
 WITH ins AS (
 ` + insertBatchSQL + `
 )
-SELECT ins.id FROM ins, (SELECT pg_notify($7, $8)) AS wake(x)`),
+SELECT ins.id FROM ins, (SELECT pg_notify($8, $9)) AS wake(x)`),
 
 		notify: `-- store.Produce
 SELECT pg_notify($1, $2)`,
@@ -122,9 +125,12 @@ SELECT pg_notify($1, $2)`,
 		// sequence first, so two producers racing on one key serialize on the
 		// key's unique index and exactly one log row is written.
 		insertKeyed: r.Replace(`-- store.Produce
-WITH k AS (
+WITH g AS (
+    SELECT coalesce($8 = '' OR (SELECT s.name FROM {s}.stream_config s WHERE s.id = {id}) = $8, false) AS ok
+), k AS (
     INSERT INTO {s}.{t}_idempotency (key, message_id, created_at)
-    VALUES ($2, nextval(pg_get_serial_sequence('{s}.{t}_log', 'id')), coalesce($1, now()))
+    SELECT $2, nextval(pg_get_serial_sequence('{s}.{t}_log', 'id')), coalesce($1, now())
+    WHERE (SELECT ok FROM g)
     ON CONFLICT (key) DO NOTHING
     RETURNING message_id
 ), ins AS (
@@ -134,9 +140,9 @@ WITH k AS (
     FROM k
     RETURNING id
 )
-SELECT id, false FROM ins
+SELECT id, false, true FROM ins
 UNION ALL
-SELECT coalesce((SELECT message_id FROM {s}.{t}_idempotency WHERE key = $2), 0), true
+SELECT coalesce((SELECT message_id FROM {s}.{t}_idempotency WHERE key = $2), 0), true, (SELECT ok FROM g)
 WHERE NOT EXISTS (SELECT 1 FROM k)`),
 
 		// One statement, one round trip: lock the cursor, find the next
@@ -701,10 +707,13 @@ SELECT id, token::text, owner::text, reclaims FROM {s}.{t}_range WHERE group_id 
 }
 
 // insertBatchSQL writes a produce call's unkeyed messages, ids in item order.
+// The guard ($7, the stream's name, or ” for none) is a one-time filter:
+// when the stream's row no longer carries that name, nothing is written.
 const insertBatchSQL = `INSERT INTO {s}.{t}_log (produced_at, version, routing_key, message_key, payload, options)
 SELECT coalesce($1, now()), m.version, nullif(m.routing_key, ''), nullif(m.message_key, ''),
        m.payload::json, nullif(m.options, '')::jsonb
 FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[])
      WITH ORDINALITY AS m(version, routing_key, message_key, payload, options, n)
+WHERE $7::text = '' OR (SELECT s.name FROM {s}.stream_config s WHERE s.id = {id}) = $7::text
 ORDER BY m.n
 RETURNING id`

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The produce insert is the one statement whose parameters are large: a
@@ -118,10 +119,12 @@ func statementName(sql string) string {
 // column) in binary".
 var binaryFormat = []int16{1}
 
-// insertPrepared runs insert (prepared on conn as name) with msgs[idx...]
-// and assigns the returned ids.
-func insertPrepared(ctx context.Context, conn *pgx.Conn, name, insert string, now Now, msgs []NewMessage, idx []int, out []Produced, extra ...string) error {
-	sd, err := conn.Prepare(ctx, name, insert)
+// insertPrepared runs insert (prepared as name by prepare, on conn) with
+// msgs[idx...] and assigns the returned ids. extra are the statement's text
+// parameters after the six produceParams encodes.
+func insertPrepared(ctx context.Context, conn *pgx.Conn, prepare func(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error),
+	name, insert string, now Now, msgs []NewMessage, idx []int, out []Produced, extra ...string) error {
+	sd, err := prepare(ctx, name, insert)
 	if err != nil {
 		return fmt.Errorf("produce: prepare: %w", err)
 	}
