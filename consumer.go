@@ -13,6 +13,8 @@ import (
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
+	"github.com/c1702965/sqlstreams/internal/outage"
+	"github.com/c1702965/sqlstreams/internal/shutdown"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/topic"
@@ -171,10 +173,19 @@ type ConsumeOptions struct {
 	// on live incumbents tries again. Default 10s. There is no timeout: it
 	// waits forever, and is not ready meanwhile.
 	BindingRetryInterval time.Duration
-	// Readiness, if set, turns ready when this session consumes and not
-	// before (see Readiness.Handler for an HTTP readiness probe).
+	// Readiness, if set, carries this session's readiness level: ready
+	// while it consumes and reaches its database, not ready while its
+	// binding set waits, while its store calls have failed for longer than
+	// InstanceTTL, and after Consume returns (see Readiness.Handler for an
+	// HTTP readiness probe).
 	Readiness *Readiness
 }
+
+// ShutdownGrace is the fixed time a stopping Consume has after its
+// ShutdownTimeout: to hand unfinished work back, stop its actors and give
+// its instance rows back. Consume returns within ShutdownTimeout plus
+// ShutdownGrace of its context ending, whatever the database does.
+const ShutdownGrace = shutdown.Grace
 
 // Default instance options.
 const (
@@ -389,9 +400,24 @@ func (c *Consumer[T]) Stats() Stats {
 type Handler[T any] func(ctx context.Context, msg *T) error
 
 // Consume runs one instance of the group until ctx ends, then drains (unless
-// DisableGracefulShutdown) and returns nil. It returns only after every
-// goroutine it started has exited. Many Consume calls, in one process or
-// many, share the group's work.
+// DisableGracefulShutdown) and returns nil. It blocks until then: run it on
+// a goroutine of its own, or as the last call of main. Many Consume calls,
+// in one process or many, share the group's work.
+//
+// Once ctx ends, Consume returns within ShutdownTimeout plus ShutdownGrace
+// (5s), whatever the database does: handlers get ShutdownTimeout, then
+// unfinished work is handed back within the grace; what cannot be handed
+// back (the database is down) lapses with its lease after InstanceTTL and
+// another instance delivers it, as after a crash. It returns only after
+// every goroutine it started has exited, handlers that ignore their context
+// excepted (they are reported, SQL0207, and left behind).
+//
+// A transient store failure (a lost connection, a restarting database) is
+// retried with ClientConfig.Retry's backoff and logged once per outage
+// (SQL0101). A failure that retrying cannot fix (the schema or a table is
+// missing, a privilege is missing, the pool was closed) ends the session:
+// Consume drains as above and returns an error wrapping ErrPermanent that
+// names the cause and the remedy.
 func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *ConsumeOptions) error {
 	if handler == nil {
 		return fmt.Errorf("%w: Consume needs a handler", ErrInvalidConfig)
@@ -402,11 +428,14 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 	}
 	client := c.s.c
 	alerted := false
-	var mgr suture.Service
+	var mgr func(*shutdown.Plan) suture.Service
 	if !o.DisableManager {
-		mgr = client.Manager().actor(o.InstanceTTL)
+		mgr = func(stop *shutdown.Plan) suture.Service { return client.Manager().actor(o.InstanceTTL, stop) }
 	}
-	return engine.Run(ctx, engine.Config{Manager: mgr,
+	health := outage.NewHealth(client.cfg.Clock, o.InstanceTTL)
+	defer health.Close()
+	defer o.Readiness.attach(health)()
+	return engine.Run(ctx, engine.Config{Manager: mgr, Health: health, Retry: client.cfg.Retry.policy(),
 		Store: client.store, StreamID: c.group.StreamID, GroupID: c.group.ID, GroupName: c.group.Name,
 		Workers: c.group.Workers, DeclaredBy: declaredBy(), Handler: c.adapt(handler),
 		Options: engine.Options{
@@ -416,7 +445,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 			TimeoutGrace: o.TimeoutGrace, KeyBusyDelay: keyBusyDelay, ConfigRefreshInterval: o.ConfigRefreshInterval,
 			BindingRetryInterval: o.BindingRetryInterval,
 		},
-		Patterns: c.patterns, Regexes: c.regexes, Ready: o.Readiness.set, Hub: client.hub,
+		Patterns: c.patterns, Regexes: c.regexes, Hub: client.hub,
 		OnWait: func(res store.BindingResult, since time.Time) {
 			if !alerted { // one alert per wait; the log line repeats every attempt
 				alerted = true

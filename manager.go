@@ -8,6 +8,7 @@ import (
 
 	"github.com/c1702965/sqlstreams/actors/manager"
 	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/shutdown"
 )
 
 // Manager runs the fleet's maintenance workers: retention, which drops
@@ -124,11 +125,11 @@ func (o *ManagerOptions) withDefaults() ManagerOptions {
 	return out
 }
 
-func (m *Manager) actor(ttl time.Duration) *manager.Actor {
+func (m *Manager) actor(ttl time.Duration, stop *shutdown.Plan) *manager.Actor {
 	c := m.c
 	dbNow := engine.DBNow(c.cfg.Clock)
 	return manager.New(manager.Config{
-		Store: c.store, DeclaredBy: declaredBy(), TTL: ttl, NewID: engine.NewID,
+		Store: c.store, DeclaredBy: declaredBy(), TTL: ttl, NewID: engine.NewID, Stop: stop,
 		Clock: c.cfg.Clock, Logger: c.cfg.Logger, DBNow: dbNow,
 		Workers: []manager.Worker{
 			&manager.Retention{Store: c.store, DBNow: dbNow, Logger: c.cfg.Logger},
@@ -145,6 +146,6 @@ func (m *Manager) Run(ctx context.Context, opts *ManagerOptions) error {
 	if o.InstanceTTL < 0 {
 		return fmt.Errorf("%w: ManagerOptions.InstanceTTL must not be negative", ErrInvalidConfig)
 	}
-	_ = m.actor(o.InstanceTTL).Serve(ctx)
+	_ = m.actor(o.InstanceTTL, nil).Serve(ctx)
 	return nil
 }

@@ -4,51 +4,118 @@ import (
 	"context"
 	"net/http"
 	"sync"
+
+	"github.com/c1702965/sqlstreams/internal/outage"
 )
 
-// Readiness reports whether a Consume session consumes. It turns ready when
-// the session's binding set is in force and its actors run, and never while
-// the session waits on a binding change: orchestrators should route a
-// rollout's readiness probe to it. A nil *Readiness is valid and ignored.
+// Readiness is the readiness level of the Consume sessions it is handed to
+// (ConsumeOptions.Readiness), for an orchestrator's readiness probe. It is a
+// level, not a one-shot: ready while every such session consumes (its
+// binding set is in force and its actors run) and reaches its database;
+// not ready while a session waits on a binding change, while its store
+// calls have been failing for longer than its InstanceTTL, and once its
+// Consume has returned. A Readiness no session was handed to is not ready.
+// A nil *Readiness is valid and ignored.
 type Readiness struct {
-	once sync.Once
-	ch   chan struct{}
+	once  sync.Once
+	first chan struct{} // closed the first time the level turns ready
+
+	mu       sync.Mutex
+	sessions map[*outage.Health]func() // each attached session and its unwatch
+	changed  chan struct{}              // closed and replaced at each possible change
 }
 
 // NewReadiness returns a not-ready signal.
-func NewReadiness() *Readiness { return &Readiness{ch: make(chan struct{})} }
-
-func (r *Readiness) set() {
-	if r == nil {
-		return
-	}
-	r.once.Do(func() { close(r.ch) })
+func NewReadiness() *Readiness {
+	return &Readiness{first: make(chan struct{}), sessions: map[*outage.Health]func(){}, changed: make(chan struct{})}
 }
 
-// Ready reports whether the session consumes.
+// attach adds a session's health; detach removes it.
+func (r *Readiness) attach(h *outage.Health) (detach func()) {
+	if r == nil {
+		return func() {}
+	}
+	unwatch := h.Watch(r.notify)
+	r.mu.Lock()
+	r.sessions[h] = unwatch
+	r.mu.Unlock()
+	r.notify()
+	return func() {
+		r.mu.Lock()
+		if f, ok := r.sessions[h]; ok {
+			f()
+			delete(r.sessions, h)
+		}
+		r.mu.Unlock()
+		r.notify()
+	}
+}
+
+// notify wakes Changed's waiters and records the first time it is ready.
+func (r *Readiness) notify() {
+	if r.Ready() {
+		r.once.Do(func() { close(r.first) })
+	}
+	r.mu.Lock()
+	close(r.changed)
+	r.changed = make(chan struct{})
+	r.mu.Unlock()
+}
+
+// Ready reports the level now.
 func (r *Readiness) Ready() bool {
-	select {
-	case <-r.ch:
-		return true
-	default:
+	if r == nil {
 		return false
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.sessions) == 0 {
+		return false
+	}
+	for h := range r.sessions {
+		if !h.Ready() {
+			return false
+		}
+	}
+	return true
 }
 
-// Done is closed when the session becomes ready.
-func (r *Readiness) Done() <-chan struct{} { return r.ch }
-
-// Wait blocks until ready or ctx ends.
-func (r *Readiness) Wait(ctx context.Context) error {
-	select {
-	case <-r.ch:
+// Changed returns a channel closed at the next moment the level may have
+// changed: read Ready again then.
+func (r *Readiness) Changed() <-chan struct{} {
+	if r == nil {
 		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.changed
+}
+
+// Done is closed the first time the level turns ready (a session began to
+// consume). It stays closed: use Ready and Changed for the level.
+func (r *Readiness) Done() <-chan struct{} {
+	if r == nil {
+		return nil
+	}
+	return r.first
+}
+
+// Wait blocks until the level is ready or ctx ends.
+func (r *Readiness) Wait(ctx context.Context) error {
+	for {
+		ch := r.Changed()
+		if r.Ready() {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }
 
-// Handler serves a readiness probe: 200 once ready, 503 before.
+// Handler serves a readiness probe: 200 while ready, 503 otherwise.
 func (r *Readiness) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		if r.Ready() {
@@ -57,6 +124,6 @@ func (r *Readiness) Handler() http.Handler {
 			return
 		}
 		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte("not ready: waiting to consume\n"))
+		_, _ = w.Write([]byte("not ready: not consuming, or the database has been unreachable for longer than InstanceTTL\n"))
 	})
 }

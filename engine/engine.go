@@ -14,6 +14,13 @@
 // instance rows back last. With graceful shutdown disabled the tree is
 // stopped at once and the database is left exactly as a crash would leave it,
 // which is what the killed-instance tests rely on.
+//
+// Whatever the database does, Run returns within ShutdownTimeout plus
+// shutdown.Grace of its context ending: the drain's deadlines are one shared
+// plan (internal/shutdown), every store call on the way down is bounded by
+// it, and what could not be handed back in time lapses with its lease. A
+// store error that retrying cannot fix (store.Permanent) ends the session the
+// same way, and Run returns it.
 package engine
 
 import (
@@ -29,9 +36,12 @@ import (
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/actors/refresher"
 	"github.com/c1702965/sqlstreams/actors/registrar"
+	"github.com/c1702965/sqlstreams/internal/backoff"
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/policy"
+	"github.com/c1702965/sqlstreams/internal/shutdown"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/supervisor"
 	"github.com/thejerf/suture/v4"
@@ -92,18 +102,20 @@ type Config struct {
 	Fault func(site string) error
 	// OnStall is called once per delivery stall.
 	OnStall func(waited time.Duration, blockers []store.Blocker)
-	// Ready is called once the session consumes (its set is in force and
-	// its actors run); never while it waits.
-	Ready  func()
+	// Health is the session's readiness and permanent-error sink; the
+	// caller makes it so that its Readiness can watch it. nil: Run makes one.
+	Health *outage.Health
+	// Retry is the backoff of the actors' store calls after a failure.
+	Retry  backoff.Policy
 	Clock  clock.Clock
 	Logger *slog.Logger
 	Stats  *claimer.Stats
 	// OnStart, if set, is called with the message consumer's instance id
 	// once the instance rows exist and the actors are about to run.
 	OnStart func(instanceID string)
-	// Manager, if set, runs in the session's tree (the fleet's maintenance
-	// workers, provisioned by target; see actors/manager).
-	Manager suture.Service
+	// Manager, if set, makes the fleet's maintenance workers' actor for
+	// the session's tree (see actors/manager), bounded by its shutdown plan.
+	Manager func(stop *shutdown.Plan) suture.Service
 }
 
 // DBNow returns the explicit database time for statements: nil under a real
@@ -135,13 +147,20 @@ type drainable struct {
 	done  chan error
 }
 
-// Run consumes until ctx ends. It returns nil after a clean stop.
+// Run consumes until ctx ends. It returns nil after a clean stop, and the
+// error after a permanent store failure.
 func Run(ctx context.Context, cfg Config) error {
 	o := cfg.Options
 	graceful := !o.DisableGracefulShutdown
 	dbNow := DBNow(cfg.Clock)
 	msgID, excID := NewID(), NewID()
 	logger := cfg.Logger.With("group", cfg.GroupName, "instance", msgID)
+	health := cfg.Health
+	if health == nil {
+		health = outage.NewHealth(cfg.Clock, o.InstanceTTL)
+	}
+	defer health.SetConsuming(false)
+	plan := shutdown.New(cfg.Clock)
 
 	lost := make(chan struct{}, 1)
 	newBeat := func(id, worker string, lost chan<- struct{}) *heartbeat.Actor {
@@ -149,14 +168,17 @@ func Run(ctx context.Context, cfg Config) error {
 			Store: cfg.Store, StreamID: cfg.StreamID, WorkerConfigID: cfg.Workers[worker],
 			InstanceID: id, DeclaredBy: cfg.DeclaredBy, TTL: o.InstanceTTL,
 			Clock: cfg.Clock, Logger: logger.With("worker", worker), DBNow: dbNow, Lost: lost,
-			Graceful: func() bool { return graceful },
+			Graceful: func() bool { return graceful }, Health: health, Retry: cfg.Retry, Stop: plan,
 		})
 	}
 	snap := groupconfig.NewSnapshot(groupconfig.Declared{})
 	ref := refresher.New(refresher.Config{Store: cfg.Store, GroupID: cfg.GroupID, Interval: o.ConfigRefreshInterval,
-		Snapshot: snap, Clock: cfg.Clock, Logger: logger})
-	if err := firstRefresh(ctx, ref, cfg.Clock, o.ClaimPollRate, logger); err != nil {
-		return nil // stopped before the first read: nothing was started
+		Snapshot: snap, Clock: cfg.Clock, Logger: logger, Health: health, Retry: cfg.Retry})
+	if err := firstRefresh(ctx, ref, cfg.Clock, o.ClaimPollRate); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before the first read: nothing was started
+		}
+		return fmt.Errorf("consume %s: read group config: %w", cfg.GroupName, err)
 	}
 	reg := registrar.New(registrar.Config{
 		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, GroupName: cfg.GroupName,
@@ -165,7 +187,7 @@ func Run(ctx context.Context, cfg Config) error {
 			{ID: msgID, WorkerConfigID: cfg.Workers[store.WorkerMessageConsumer], TTL: o.InstanceTTL},
 			{ID: excID, WorkerConfigID: cfg.Workers[store.WorkerExceptionConsumer], TTL: o.InstanceTTL},
 		},
-		Interval: o.BindingRetryInterval, Clock: cfg.Clock, Logger: logger, DBNow: dbNow, OnWait: cfg.OnWait,
+		Interval: o.BindingRetryInterval, Clock: cfg.Clock, Logger: logger, DBNow: dbNow, OnWait: cfg.OnWait, Retry: cfg.Retry,
 	})
 	if _, err := reg.Run(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -176,12 +198,12 @@ func Run(ctx context.Context, cfg Config) error {
 	msgBeat := newBeat(msgID, store.WorkerMessageConsumer, lost)
 	excBeat := newBeat(excID, store.WorkerExceptionConsumer, make(chan struct{}, 1))
 
-	drain := make(chan struct{})
 	common := claimer.Common{
 		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, Handler: cfg.Handler, Group: snap.Group,
 		Concurrency: o.MessageConcurrency, PollRate: o.ClaimPollRate, Lease: o.InstanceTTL,
 		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: ShutdownBudget(o, snap),
-		Clock: cfg.Clock, Logger: logger, DBNow: dbNow, Stats: cfg.Stats, Drain: drain, Fault: cfg.Fault,
+		Clock: cfg.Clock, Logger: logger, DBNow: dbNow, Stats: cfg.Stats, Drain: plan, Fault: cfg.Fault,
+		Health: health, Retry: cfg.Retry,
 	}
 	rc := common
 	rc.InstanceID = msgID
@@ -206,7 +228,7 @@ func Run(ctx context.Context, cfg Config) error {
 	sup.Add(supervisor.Guard("exception-heartbeat", excBeat))
 	sup.Add(supervisor.Guard("refresher", ref))
 	if cfg.Manager != nil {
-		sup.Add(supervisor.Guard("manager", cfg.Manager))
+		sup.Add(supervisor.Guard("manager", cfg.Manager(plan)))
 	}
 	for _, d := range actors {
 		sup.Add(supervisor.Guard(d.name, serviceFunc(func(ctx context.Context) error {
@@ -224,18 +246,26 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.OnStart != nil {
 		cfg.OnStart(msgID)
 	}
-	if cfg.Ready != nil {
-		cfg.Ready()
-	}
+	health.SetConsuming(true)
 
+	var cause error
 	select {
 	case <-ctx.Done():
 	case err := <-done: // the tree gave up (restart budget exhausted)
 		return fmt.Errorf("consume %s: %w", cfg.GroupName, err)
+	case err := <-health.Fatal():
+		cause = fmt.Errorf("consume %s: %w", cfg.GroupName, err)
 	}
+	health.SetConsuming(false)
+
+	// The stop: a graceful drain within the plan, then the tree, within
+	// ShutdownTimeout + shutdown.Grace in all.
 	var errs []error
 	if graceful {
-		close(drain)
+		plan.Begin(ShutdownBudget(o, snap)())
+		claimersBy := cfg.Clock.Timer(shutdown.Until(cfg.Clock, plan.HandlersWaitDeadline().Add(500*time.Millisecond)))
+		defer claimersBy.Stop()
+	wait:
 		for _, d := range actors {
 			select {
 			case err := <-d.done:
@@ -243,12 +273,28 @@ func Run(ctx context.Context, cfg Config) error {
 					errs = append(errs, fmt.Errorf("%s: %w", d.name, err))
 				}
 			case err := <-done:
-				return fmt.Errorf("consume %s: %w", cfg.GroupName, err)
+				return errors.Join(cause, fmt.Errorf("consume %s: %w", cfg.GroupName, err))
+			case <-claimersBy.C: // a claimer still restarting or stuck: stop the tree anyway
+				break wait
 			}
 		}
 	}
+	finalBy := cfg.Clock.Now().Add(shutdown.Grace)
+	if plan.Begun() {
+		finalBy = plan.Deadline()
+	}
 	stop()
-	<-done
+	final := cfg.Clock.Timer(shutdown.Until(cfg.Clock, finalBy))
+	defer final.Stop()
+	select {
+	case <-done:
+	case <-final.C:
+		codes.StopOverran.Log(ctx, logger, "session did not stop within ShutdownTimeout plus the shutdown grace; returning anyway",
+			"grace", shutdown.Grace.String())
+	}
+	if cause != nil {
+		return cause
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("consume %s: %w", cfg.GroupName, errors.Join(errs...))
 	}
@@ -256,20 +302,24 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 // firstRefresh reads the group's config before anything starts, retrying
-// every poll while the database is unreachable (a restart during a deploy
-// must not fail Consume). It returns an error only when ctx ends.
-func firstRefresh(ctx context.Context, ref *refresher.Actor, clk clock.Clock, every time.Duration, logger *slog.Logger) error {
-	rep := outage.Reporter{Logger: logger, What: "read group config", Retry: "every poll"}
-	t := clk.Ticker(every)
-	defer t.Stop()
+// with backoff (at least every poll) while the database is unreachable (a
+// restart during a deploy must not fail Consume). It returns the error when
+// retrying cannot fix it, and ctx's error when ctx ends.
+func firstRefresh(ctx context.Context, ref *refresher.Actor, clk clock.Clock, every time.Duration) error {
+	rep := ref.Reporter()
 	for {
 		_, err := ref.Step(ctx)
-		rep.Report(ctx, err)
+		wait := rep.Report(ctx, err)
 		if err == nil {
 			return nil
 		}
+		if p := store.Permanent(err); p != nil {
+			return p
+		}
+		t := clk.Timer(min(wait, every))
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return ctx.Err()
 		case <-t.C:
 		}

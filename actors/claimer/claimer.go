@@ -25,8 +25,10 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/policy"
+	"github.com/c1702965/sqlstreams/internal/shutdown"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
@@ -71,8 +73,9 @@ type Common struct {
 	// TimeoutGrace is how long a handler may outlive its Timeout before it
 	// is abandoned.
 	TimeoutGrace time.Duration
-	// ShutdownTimeout bounds the drain of in-flight handlers. It is read
-	// when a drain starts, so a refreshed MessageMax re-derives it.
+	// ShutdownTimeout bounds how long a stopping handler pool waits for
+	// handlers that ignore their context outside a drain (a drain's bound is
+	// the shutdown plan's).
 	ShutdownTimeout func() time.Duration
 	Clock           clock.Clock
 	Logger          *slog.Logger
@@ -81,8 +84,16 @@ type Common struct {
 	// Fault, if set, is called at the top of every claim: chaos tests make
 	// it panic or fail to show the supervisor restarts the actor.
 	Fault func(site string) error
-	// Drain is closed to ask for a graceful stop.
-	Drain <-chan struct{}
+	// Drain is the session's shutdown plan: when it begins, the actor stops
+	// claiming, lets in-flight handlers finish until its handlers' deadline,
+	// and hands the rest back within its hand-back deadline. nil never
+	// drains.
+	Drain *shutdown.Plan
+	// Health, if set, is the session's readiness and permanent-error sink:
+	// the actor reports every store call's result to it.
+	Health *outage.Health
+	// Retry is the backoff after a failed store call (zero: the default).
+	Retry backoff.Policy
 	// Skipped, if set, is told of each message a range settles without
 	// delivery because the binding set in force (declaration id) does not
 	// route it to the group (the simulator checks it).
@@ -182,7 +193,7 @@ type Actor struct {
 // New returns a range claimer.
 func New(cfg Config) *Actor {
 	a := &Actor{cfg: cfg, runner: &runner{handler: cfg.Handler, clock: cfg.Clock, grace: cfg.TimeoutGrace, stats: cfg.Stats},
-		outage: &outage.Reporter{Logger: cfg.Logger, What: "claimer store call", Retry: "every poll", Attrs: []any{"group_id", cfg.GroupID}}}
+		outage: cfg.reporter("claimer store call")}
 	a.reset()
 	return a
 }
@@ -709,132 +720,44 @@ func (a *Actor) HandBack(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// handBackAttempts bounds the retries of a hand-back whose writes fail (a
-// connection cut mid-shutdown): a new attempt gets a new connection.
-const handBackAttempts = 3
-
-// retryHandBack runs hand back until it succeeds or its attempts run out;
-// what it could not hand back is logged, not returned: those leases lapse
-// after InstanceTTL and another instance delivers their messages.
-func retryHandBack(ctx context.Context, clk clock.Clock, logger *slog.Logger, what string, hand func(context.Context) error) {
-	var err error
-	for attempt := 1; attempt <= handBackAttempts; attempt++ {
-		if err = hand(ctx); err == nil {
-			return
-		}
-		if attempt < handBackAttempts {
-			t := clk.Timer(100 * time.Millisecond)
-			<-t.C
-		}
-	}
-	codes.HandBackFailed.Log(ctx, logger, "could not hand "+what+" back at shutdown; their leases lapse after InstanceTTL and another instance takes them",
-		"error", err)
-}
-
 // Serve runs the actor until ctx ends (an abrupt stop: nothing is committed
-// or handed back) or until Drain is closed and the drain finishes.
+// or handed back) or until the session's drain finishes (ErrDrained); see
+// serve.
 func (a *Actor) Serve(ctx context.Context) error {
-	// A restarted claimer has lost its predecessor's ranges; hand them back
-	// so the heartbeat does not keep them alive.
-	if err := a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow()); err != nil {
-		return err
-	}
-	a.reset()
-	p, cancelHandlers, closePool := a.runner.session(ctx, a.cfg.Concurrency, a.cfg.QueueSize, a.cfg.ShutdownTimeout, a.cfg.Logger, "handlers")
-	defer closePool()
-	send := func(jobs []Job) {
-		for _, j := range jobs {
-			p.jobs <- j
-		}
-	}
-
-	ticker := a.cfg.Clock.Ticker(a.cfg.PollRate)
-	defer ticker.Stop()
-	reconcile := a.cfg.Clock.Ticker(a.cfg.Lease / 3)
-	defer reconcile.Stop()
-	stopTimer := func() bool { return false }
-	drain := a.cfg.Drain
-	var deadline <-chan time.Time
-	startDrain := func() {
-		drain = nil
-		timer := a.cfg.Clock.Timer(a.cfg.ShutdownTimeout())
-		stopTimer = timer.Stop
-		deadline = timer.C
-	}
-	defer func() { stopTimer() }()
-	for {
-		if deadline == nil && drain != nil {
-			select { // a drain asked for while this actor restarted: no claims
-			case <-drain:
-				startDrain()
-			default:
-			}
-		}
-		if deadline == nil {
-			for {
-				before := a.queued
-				jobs, err := a.Claim(ctx)
-				a.report(ctx, err)
-				send(jobs)
-				if err != nil || a.queued-before < a.cfg.BatchLimit {
-					break
-				}
-				a.absorb(ctx, p, send) // keep outcomes flowing while claims are full
-			}
-		} else if a.queued == 0 {
-			return a.finishDrain(ctx, p, send)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-drain:
-			startDrain()
-		case <-deadline:
-			codes.ShutdownTimeout.Log(ctx, a.cfg.Logger, "shutdown timeout reached with handlers still running; handing their ranges back",
-				"in_flight", a.queued)
-			cancelHandlers()
-			return a.finishDrain(ctx, p, send)
-		case o := <-p.out:
-			jobs, err := a.Outcome(ctx, o)
-			a.report(ctx, err)
-			send(jobs)
-		case <-a.cfg.Lost:
-			a.cfg.Logger.Info("instance row was lost; in-flight ranges are fenced if reclaimed", "in_flight", a.queued)
-		case <-a.cfg.Wake: // produced to: the loop claims now
-		case <-ticker.C:
-			a.report(ctx, a.Flush(ctx))
-		case <-reconcile.C:
-			if deadline == nil {
-				a.report(ctx, a.Reconcile(ctx))
-			}
-		}
-	}
+	return serve(ctx, a, a.outage, a.runner, a.cfg.Concurrency, a.cfg.QueueSize, a.cfg.Wake, a.cfg.Lost)
 }
 
-// absorb applies every outcome already waiting, without blocking.
-func (a *Actor) absorb(ctx context.Context, p *pool, send func([]Job)) {
-	for {
-		select {
-		case o := <-p.out:
-			jobs, err := a.Outcome(ctx, o)
-			a.report(ctx, err)
-			send(jobs)
-		default:
-			return
-		}
-	}
+// The loop methods serve drives.
+
+func (a *Actor) common() *Common  { return &a.cfg.Common }
+func (a *Actor) what() string     { return "in-flight ranges" }
+func (a *Actor) handlers() string { return "handlers" }
+func (a *Actor) eager() bool      { return true }
+func (a *Actor) inFlight() int    { return a.queued }
+func (a *Actor) draining()        {}
+
+func (a *Actor) claimAfter([]Job) bool { return true }
+
+// begin expires the ranges a restarted claimer's earlier run held: they are
+// no longer known, and the heartbeat would keep them alive.
+func (a *Actor) begin(ctx context.Context) error {
+	return a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow())
 }
 
-// ErrDrained is what a claimer's Serve returns once its drain is complete:
-// the one result that is not a reason to restart it.
-var ErrDrained = errors.New("drained")
-
-func (a *Actor) finishDrain(ctx context.Context, p *pool, send func([]Job)) error {
-	a.absorb(ctx, p, send)
-	retryHandBack(context.WithoutCancel(ctx), a.cfg.Clock, a.cfg.Logger, "in-flight ranges", a.HandBack)
-	return ErrDrained
+func (a *Actor) claim(ctx context.Context) ([]Job, bool, error) {
+	before := a.queued
+	jobs, err := a.Claim(ctx)
+	return jobs, err == nil && a.queued-before >= a.cfg.BatchLimit, err
 }
 
-// report logs a failing store call once per outage; the actor keeps its
-// state and retries, so a database restart costs a pause, not a session.
-func (a *Actor) report(ctx context.Context, err error) { a.outage.Report(ctx, err) }
+func (a *Actor) outcome(ctx context.Context, o Outcome) ([]Job, error) { return a.Outcome(ctx, o) }
+func (a *Actor) flush(ctx context.Context) ([]Job, error)              { return nil, a.Flush(ctx) }
+func (a *Actor) reconcile(ctx context.Context) error                   { return a.Reconcile(ctx) }
+func (a *Actor) handBack(ctx context.Context) error                    { return a.HandBack(ctx) }
+
+// reporter returns the actor's outage reporter: once-per-outage logging,
+// the backoff, and the session's health.
+func (c *Common) reporter(what string) *outage.Reporter {
+	return &outage.Reporter{Logger: c.Logger, What: what, Retry: "with backoff", Attrs: []any{"group_id", c.GroupID},
+		Health: c.Health, Backoff: backoff.Backoff{Policy: c.Retry}}
+}

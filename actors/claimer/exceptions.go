@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"github.com/c1702965/sqlstreams/internal/codes"
-	"time"
 
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/policy"
@@ -49,8 +48,8 @@ type ExceptionActor struct {
 	runner  *runner
 	running map[store.Position]*excRun
 	outage  *outage.Reporter
-	// draining: a drain is under way, so no chain starts its next row.
-	draining bool
+	// draining_: a drain is under way, so no chain starts its next row.
+	draining_ bool
 }
 
 // NewExceptionActor returns an exception claimer.
@@ -63,7 +62,7 @@ func NewExceptionActor(cfg ExceptionConfig) *ExceptionActor {
 	}
 	return &ExceptionActor{cfg: cfg, running: map[store.Position]*excRun{},
 		runner: &runner{handler: cfg.Handler, clock: cfg.Clock, grace: cfg.TimeoutGrace, stats: cfg.Stats},
-		outage: &outage.Reporter{Logger: cfg.Logger, What: "exception claimer store call", Retry: "every poll", Attrs: []any{"group_id", cfg.GroupID}}}
+		outage: cfg.reporter("exception claimer store call")}
 }
 
 // Running returns how many rows are leased and started, not settled.
@@ -108,16 +107,16 @@ func (a *ExceptionActor) Claim(ctx context.Context) ([]Job, error) {
 	var jobs []Job
 	errs := []error{a.giveBack(ctx, orphans)}
 	for _, r := range heads {
-		more, err := a.begin(ctx, r, false)
+		more, err := a.startRow(ctx, r, false)
 		jobs, errs = append(jobs, more...), append(errs, err)
 	}
 	return jobs, errors.Join(errs...)
 }
 
-// begin starts a leased row: dead at once if its holders died on it too
+// startRow starts a leased row: dead at once if its holders died on it too
 // often, back to pending if its key is busy, else a job. A chain's next row
 // starts with the key lease handed over (haveKey).
-func (a *ExceptionActor) begin(ctx context.Context, r *excRun, haveKey bool) ([]Job, error) {
+func (a *ExceptionActor) startRow(ctx context.Context, r *excRun, haveKey bool) ([]Job, error) {
 	m := &r.run.Message
 	opts, _ := policy.Parse(m.Options)
 	r.eff = policy.Resolve(opts, a.cfg.Group())
@@ -150,7 +149,7 @@ func (a *ExceptionActor) begin(ctx context.Context, r *excRun, haveKey bool) ([]
 // goes back to pending. A failed write is kept for Flush.
 func (a *ExceptionActor) settle(ctx context.Context, r *excRun, s store.Settlement) ([]Job, error) {
 	s.Next = nil
-	if (s.Delete || s.Status == policy.StatusDead) && len(r.queued) > 0 && !a.draining {
+	if (s.Delete || s.Status == policy.StatusDead) && len(r.queued) > 0 && !a.draining_ {
 		s.Next = &r.queued[0]
 	}
 	started, err := a.cfg.Store.SettleException(ctx, a.cfg.StreamID, a.cfg.GroupID, r.run.Position, r.run.Token, s, a.cfg.DBNow())
@@ -168,7 +167,7 @@ func (a *ExceptionActor) settle(ctx context.Context, r *excRun, s store.Settleme
 	if s.Next == nil || !started {
 		return nil, a.giveBack(ctx, r.queued)
 	}
-	return a.begin(ctx, &excRun{run: r.queued[0], queued: r.queued[1:]}, true)
+	return a.startRow(ctx, &excRun{run: r.queued[0], queued: r.queued[1:]}, true)
 }
 
 // giveBack returns queued rows to pending. Should the write fail, Reconcile
@@ -244,77 +243,42 @@ func (a *ExceptionActor) HandBack(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Serve runs the actor until ctx ends or until Drain is closed and the
-// drain finishes.
+// Serve runs the actor until ctx ends or until the session's drain
+// finishes; see serve.
 func (a *ExceptionActor) Serve(ctx context.Context) error {
-	if err := a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow()); err != nil {
-		return err
-	}
-	a.running, a.draining = map[store.Position]*excRun{}, false
-	p, cancelHandlers, closePool := a.runner.session(ctx, a.cfg.Concurrency, a.cfg.Concurrency, a.cfg.ShutdownTimeout, a.cfg.Logger, "exception handlers")
-	defer closePool()
-	ticker := a.cfg.Clock.Ticker(a.cfg.PollRate)
-	defer ticker.Stop()
-	reconcile := a.cfg.Clock.Ticker(a.cfg.Lease / 3)
-	defer reconcile.Stop()
-	drain := a.cfg.Drain
-	var deadline <-chan time.Time
-	handOut := func(jobs []Job) {
-		for _, j := range jobs {
-			p.jobs <- j
-		}
-	}
-	claim := func() {
-		jobs, err := a.Claim(ctx)
-		a.report(ctx, err)
-		handOut(jobs)
-	}
-	stopTimer := func() bool { return false }
-	defer func() { stopTimer() }()
-	startDrain := func() {
-		drain, a.draining = nil, true
-		timer := a.cfg.Clock.Timer(a.cfg.ShutdownTimeout())
-		stopTimer, deadline = timer.Stop, timer.C
-	}
-	select { // a drain asked for while this actor restarted: no claims
-	case <-drain:
-		startDrain()
-	default:
-		claim()
-	}
-	for {
-		if deadline != nil && len(a.running) == 0 {
-			return a.finish(ctx)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-drain:
-			startDrain()
-		case <-deadline:
-			cancelHandlers()
-			return a.finish(ctx)
-		case o := <-p.out:
-			jobs, err := a.Outcome(ctx, o)
-			a.report(ctx, err)
-			handOut(jobs)
-			if deadline == nil && len(jobs) == 0 { // a slot came free; a chain's next row keeps its slot
-				claim()
-			}
-		case <-ticker.C:
-			jobs, err := a.Flush(ctx)
-			a.report(ctx, err)
-			handOut(jobs)
-			if deadline == nil {
-				claim()
-			}
-		case <-reconcile.C:
-			if deadline == nil {
-				a.report(ctx, a.Reconcile(ctx))
-			}
-		}
-	}
+	return serve(ctx, a, a.outage, a.runner, a.cfg.Concurrency, a.cfg.Concurrency, nil, nil)
 }
+
+// The loop methods serve drives.
+
+func (a *ExceptionActor) common() *Common  { return &a.cfg.Common }
+func (a *ExceptionActor) what() string     { return "exception rows" }
+func (a *ExceptionActor) handlers() string { return "exception handlers" }
+func (a *ExceptionActor) eager() bool      { return false }
+func (a *ExceptionActor) inFlight() int    { return len(a.running) }
+func (a *ExceptionActor) draining()        { a.draining_ = true }
+func (a *ExceptionActor) reset()           { a.running, a.draining_ = map[store.Position]*excRun{}, false }
+
+// claimAfter: a chain's next row keeps the slot its head freed, so only an
+// outcome that started nothing makes a claim due.
+func (a *ExceptionActor) claimAfter(jobs []Job) bool { return len(jobs) == 0 }
+
+// begin releases what a restarted claimer's earlier run held.
+func (a *ExceptionActor) begin(ctx context.Context) error {
+	return a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow())
+}
+
+func (a *ExceptionActor) claim(ctx context.Context) ([]Job, bool, error) {
+	jobs, err := a.Claim(ctx)
+	return jobs, false, err
+}
+
+func (a *ExceptionActor) outcome(ctx context.Context, o Outcome) ([]Job, error) {
+	return a.Outcome(ctx, o)
+}
+func (a *ExceptionActor) flush(ctx context.Context) ([]Job, error) { return a.Flush(ctx) }
+func (a *ExceptionActor) reconcile(ctx context.Context) error      { return a.Reconcile(ctx) }
+func (a *ExceptionActor) handBack(ctx context.Context) error       { return a.HandBack(ctx) }
 
 // Reconcile returns to pending the rows this instance holds as running
 // without knowing (a claim whose reply was lost to a cut connection) and
@@ -337,10 +301,3 @@ func (a *ExceptionActor) Reconcile(ctx context.Context) error {
 	}
 	return nil
 }
-
-func (a *ExceptionActor) finish(ctx context.Context) error {
-	retryHandBack(context.WithoutCancel(ctx), a.cfg.Clock, a.cfg.Logger, "exception rows", a.HandBack)
-	return ErrDrained
-}
-
-func (a *ExceptionActor) report(ctx context.Context, err error) { a.outage.Report(ctx, err) }

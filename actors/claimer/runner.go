@@ -139,6 +139,22 @@ func (r *runner) run(ctx context.Context, j Job, slot **executor) Outcome {
 		return r.outcome(ctx, hctx, j, err)
 	case <-hctx.Done():
 	}
+	if ctx.Err() != nil {
+		// The pool is stopping: the outcome would settle nothing, and a stop
+		// must not wait TimeoutGrace per handler. The handler is left to
+		// return on its own; the pool's close waits for it within the
+		// session's shutdown deadline.
+		select {
+		case err := <-ex.done:
+			return r.outcome(ctx, hctx, j, err)
+		default:
+		}
+		if slot != nil {
+			close(ex.calls)
+			*slot = nil
+		}
+		return Outcome{Ref: j.Ref, Err: ctx.Err(), Canceled: true}
+	}
 	grace := r.clock.Timer(r.grace)
 	defer grace.Stop()
 	select {
@@ -215,13 +231,13 @@ func (p *pool) stop() {
 }
 
 // waitHandlers waits for every handler goroutine, abandoned ones included,
-// up to bound. Go cannot stop a goroutine that ignores its context; past the
-// bound such handlers are reported and left running.
-func (r *runner) waitHandlers(bound time.Duration) int64 {
+// until the time until gives. Go cannot stop a goroutine that ignores its
+// context; past it such handlers are reported and left running.
+func (r *runner) waitHandlers(until time.Time) int64 {
 	done := make(chan struct{})
 	wg := r.tracker()
 	go func() { wg.Wait(); close(done) }()
-	t := r.clock.Timer(bound)
+	t := r.clock.Timer(max(until.Sub(r.clock.Now()), 0))
 	defer t.Stop()
 	select {
 	case <-done:
@@ -234,9 +250,9 @@ func (r *runner) waitHandlers(bound time.Duration) int64 {
 // session starts one Serve generation's handler pool. Handler contexts end
 // with the actor's context unless a drain is under way (the actor then
 // cancels them itself, at its deadline). close stops the pool, waits for its
-// workers and, up to bound, for every handler goroutine, and reports those
-// that ignore their context.
-func (r *runner) session(ctx context.Context, workers, capacity int, bound func() time.Duration, logger *slog.Logger, what string) (p *pool, cancelHandlers context.CancelFunc, close func()) {
+// workers and, until the time until gives, for every handler goroutine, and
+// reports those that ignore their context.
+func (r *runner) session(ctx context.Context, workers, capacity int, until func() time.Time, logger *slog.Logger, what string) (p *pool, cancelHandlers context.CancelFunc, close func()) {
 	r.generation()
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	p = r.startPool(hctx, workers, capacity)
@@ -254,7 +270,7 @@ func (r *runner) session(ctx context.Context, workers, capacity int, bound func(
 		cancel()
 		p.stop()
 		watch.Wait()
-		if n := r.waitHandlers(bound()); n > 0 {
+		if n := r.waitHandlers(until()); n > 0 {
 			codes.HandlersLeftBehind.Log(ctx, logger, what+" still running after shutdown: they ignore their context and are left behind", "count", n)
 		}
 	}

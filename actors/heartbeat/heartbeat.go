@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/outage"
+	"github.com/c1702965/sqlstreams/internal/shutdown"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
@@ -40,6 +42,15 @@ type Config struct {
 	// Registered says the row already exists (the registrar inserted it
 	// with the binding declaration), so the first step renews.
 	Registered bool
+	// Health, if set, is the session's readiness and permanent-error sink.
+	Health *outage.Health
+	// Retry is the backoff after a failed beat (zero: the default); a
+	// failed beat is retried at least every Interval.
+	Retry backoff.Policy
+	// Stop, if set, bounds the give-back of the row on a graceful stop
+	// (the session's shutdown plan); without it the give-back gets
+	// shutdown.Grace.
+	Stop *shutdown.Plan
 }
 
 // Actor is the heartbeat actor.
@@ -52,7 +63,8 @@ type Actor struct {
 // New returns a heartbeat actor.
 func New(cfg Config) *Actor {
 	return &Actor{cfg: cfg, registered: cfg.Registered,
-		outage: &outage.Reporter{Logger: cfg.Logger, What: "heartbeat", Retry: "every interval", Attrs: []any{"instance", cfg.InstanceID}}}
+		outage: &outage.Reporter{Logger: cfg.Logger, What: "heartbeat", Retry: "with backoff", Attrs: []any{"instance", cfg.InstanceID},
+			Health: cfg.Health, Backoff: backoff.Backoff{Policy: cfg.Retry}}}
 }
 
 // Interval is how often the actor beats: a third of the TTL, so two beats
@@ -85,16 +97,30 @@ func (a *Actor) Step(ctx context.Context) error {
 }
 
 // Serve beats every Interval until ctx ends, then gives the row back when the
-// stop is graceful. A failed beat is logged once per outage and retried at
-// the next tick: a database restart must not end the session.
+// stop is graceful, within the session's shutdown plan. A failed beat is
+// logged once per outage and retried with backoff, at least every Interval:
+// a database restart must not end the session.
 func (a *Actor) Serve(ctx context.Context) error {
 	t := a.cfg.Clock.Ticker(a.Interval())
 	defer t.Stop()
+	var retry <-chan time.Time
+	var stopRetry func() bool
+	defer func() {
+		if stopRetry != nil {
+			stopRetry()
+		}
+	}()
+	beat := func() {
+		if wait := a.outage.Report(ctx, a.Step(ctx)); wait > 0 && wait < a.Interval() {
+			r := a.cfg.Clock.Timer(wait)
+			retry, stopRetry = r.C, r.Stop
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			if a.cfg.Graceful() && a.registered {
-				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				dctx, cancel := a.cfg.Stop.Context(ctx, a.cfg.Clock, true)
 				defer cancel()
 				if err := a.cfg.Store.DeleteInstance(dctx, a.cfg.InstanceID); err != nil {
 					codes.InstanceGiveBackFailed.Log(ctx, a.cfg.Logger, "could not give the worker instance row back; it lapses at its TTL",
@@ -103,7 +129,10 @@ func (a *Actor) Serve(ctx context.Context) error {
 			}
 			return ctx.Err()
 		case <-t.C:
-			a.outage.Report(ctx, a.Step(ctx))
+			beat()
+		case <-retry:
+			retry = nil
+			beat()
 		}
 	}
 }

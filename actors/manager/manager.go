@@ -26,6 +26,7 @@ import (
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/outage"
+	"github.com/c1702965/sqlstreams/internal/shutdown"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
@@ -114,6 +115,9 @@ type Config struct {
 	Clock  clock.Clock
 	Logger *slog.Logger
 	DBNow  func() store.Now
+	// Stop, if set, bounds the give-back of the slots at a stop (the
+	// session's shutdown plan); without it the give-back gets shutdown.Grace.
+	Stop *shutdown.Plan
 }
 
 type slot struct {
@@ -235,7 +239,8 @@ func (a *Actor) Release(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Serve steps every TTL/3 until ctx ends, then gives its slots back.
+// Serve steps every TTL/3 until ctx ends, then gives its slots back, within
+// the session's shutdown plan (Config.Stop; shutdown.Grace without one).
 func (a *Actor) Serve(ctx context.Context) error {
 	t := a.cfg.Clock.Ticker(a.Interval())
 	defer t.Stop()
@@ -243,7 +248,9 @@ func (a *Actor) Serve(ctx context.Context) error {
 		a.outage.Report(ctx, a.Step(ctx))
 		select {
 		case <-ctx.Done():
-			if err := a.Release(context.WithoutCancel(ctx)); err != nil {
+			dctx, cancel := a.cfg.Stop.Context(ctx, a.cfg.Clock, true)
+			defer cancel()
+			if err := a.Release(dctx); err != nil {
 				codes.ManagerGiveBackFailed.Log(ctx, a.cfg.Logger, "manager could not give its worker slots back; they lapse after the TTL", "error", err)
 			}
 			return ctx.Err()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/store"
@@ -24,6 +25,10 @@ type Config struct {
 	Snapshot *groupconfig.Snapshot
 	Clock    clock.Clock
 	Logger   *slog.Logger
+	// Health, if set, is the session's readiness and permanent-error sink.
+	Health *outage.Health
+	// Retry is the backoff after a failed read (zero: the default).
+	Retry backoff.Policy
 }
 
 // Actor is the refresher.
@@ -35,7 +40,8 @@ type Actor struct {
 // New returns a refresher.
 func New(cfg Config) *Actor {
 	return &Actor{cfg: cfg, outage: &outage.Reporter{Logger: cfg.Logger, What: "group config refresh",
-		Retry: "every interval, keeping the last copy", Attrs: []any{"group_id", cfg.GroupID}}}
+		Retry: "with backoff, keeping the last copy", Attrs: []any{"group_id", cfg.GroupID},
+		Health: cfg.Health, Backoff: backoff.Backoff{Policy: cfg.Retry}}}
 }
 
 // Step reads the group's documents once and swaps them in. It reports
@@ -53,20 +59,36 @@ func (a *Actor) Step(ctx context.Context) (bool, error) {
 }
 
 // Serve refreshes every interval until ctx ends. A failed read keeps the
-// last good copy and is logged once per outage.
+// last good copy, is logged once per outage and retried with backoff, at
+// least every interval.
 func (a *Actor) Serve(ctx context.Context) error {
 	t := a.cfg.Clock.Ticker(a.cfg.Interval)
 	defer t.Stop()
+	var retry <-chan time.Time
+	var stopRetry func() bool
+	defer func() {
+		if stopRetry != nil {
+			stopRetry()
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
-			changed, err := a.Step(ctx)
-			a.outage.Report(ctx, err)
-			if changed {
-				a.cfg.Logger.Info("group config changed; new claims and exception writes use it", "group_id", a.cfg.GroupID)
-			}
+		case <-retry:
+			retry = nil
+		}
+		changed, err := a.Step(ctx)
+		if wait := a.outage.Report(ctx, err); wait > 0 && wait < a.cfg.Interval {
+			r := a.cfg.Clock.Timer(wait)
+			retry, stopRetry = r.C, r.Stop
+		}
+		if changed {
+			a.cfg.Logger.Info("group config changed; new claims and exception writes use it", "group_id", a.cfg.GroupID)
 		}
 	}
 }
+
+// Reporter returns the actor's outage reporter, for the engine's first read.
+func (a *Actor) Reporter() *outage.Reporter { return a.outage }

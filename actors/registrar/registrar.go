@@ -12,7 +12,9 @@ package registrar
 
 import (
 	"context"
+	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/codes"
+	"github.com/c1702965/sqlstreams/internal/outage"
 	"log/slog"
 	"time"
 
@@ -36,6 +38,9 @@ type Config struct {
 	DBNow      func() store.Now
 	// OnWait, if set, is called on every waiting attempt (alerts, tests).
 	OnWait func(res store.BindingResult, waitingSince time.Time)
+	// Retry is the backoff after a failed attempt (zero: the default); a
+	// failed attempt is retried at least every Interval.
+	Retry backoff.Policy
 }
 
 // Actor is the registrar.
@@ -66,23 +71,39 @@ func (a *Actor) Step(ctx context.Context) (store.BindingResult, error) {
 	return res, nil
 }
 
-// Run attempts until the set is installed or joined, or ctx ends. Failed
-// attempts (a database restart, say) are retried on the same interval.
+// Run attempts until the set is installed or joined, or ctx ends. A failed
+// attempt (a database restart, say) is logged once per outage and retried
+// with backoff, at least every Interval; one that retrying cannot fix (a
+// missing table, a missing privilege) is returned.
 func (a *Actor) Run(ctx context.Context) (store.BindingResult, error) {
 	// The ticker exists before the first attempt reports, so a mock clock
 	// advanced after that report always reaches it.
 	t := a.cfg.Clock.Ticker(a.cfg.Interval)
 	defer t.Stop()
+	rep := &outage.Reporter{Logger: a.cfg.Logger, What: "binding declaration attempt", Retry: "with backoff",
+		Attrs: []any{"group", a.cfg.GroupName}, Backoff: backoff.Backoff{Policy: a.cfg.Retry}}
+	var retry <-chan time.Time
+	stopRetry := func() bool { return false }
+	defer func() { stopRetry() }()
 	for {
 		res, err := a.Step(ctx)
+		stopRetry()
+		retry = nil
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return res, ctx.Err()
+		case store.Permanent(err) != nil:
+			return res, store.Permanent(err)
 		case err != nil:
-			codes.StoreOutage.Log(ctx, a.cfg.Logger, "binding declaration attempt failed; retrying", "group", a.cfg.GroupName, "error", err)
+			if wait := rep.Report(ctx, err); wait < a.cfg.Interval {
+				r := a.cfg.Clock.Timer(wait)
+				retry, stopRetry = r.C, r.Stop
+			}
 		case res.Outcome != store.BindingWaiting:
+			rep.Report(ctx, nil)
 			return res, nil
 		default:
+			rep.Report(ctx, nil)
 			if a.cfg.OnWait != nil {
 				a.cfg.OnWait(res, a.since)
 			}
@@ -95,6 +116,7 @@ func (a *Actor) Run(ctx context.Context) (store.BindingResult, error) {
 		case <-ctx.Done():
 			return res, ctx.Err()
 		case <-t.C:
+		case <-retry:
 		}
 	}
 }

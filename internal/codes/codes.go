@@ -120,6 +120,13 @@ var (
 			"A session whose store calls have failed for longer than its InstanceTTL is not ready.",
 		"Check the database's availability. If it stays down for longer than InstanceTTL, other instances take over "+
 			"this instance's leases once it lapses; nothing is lost.")
+	StorePermanent = register("SQL0105", slog.LevelWarn,
+		"a maintenance store call failed with an error retrying cannot fix",
+		"A store call of a part that runs beside consuming (the manager's retention, pruning or scheduler "+
+			"workers) failed with a missing schema, table or privilege. Consuming goes on; the part retries with "+
+			"backoff and logs this once per outage. (A Consume session that meets such an error returns it instead.)",
+		"Read the error: grant the privilege it names (README, Privileges), or run `sqlstreams migrate`. Run the "+
+			"manager as the schema's owner if the application role may not create and drop log chunks.")
 	ListenerLost = register("SQL0102", slog.LevelWarn,
 		"the notification listener lost its connection; consumers poll until it is back",
 		"Consumers are woken by LISTEN/NOTIFY when a stream is produced to. Without the listener they find new "+

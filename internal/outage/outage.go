@@ -1,32 +1,222 @@
-// Package outage logs a failing call once per outage, and its recovery once,
-// so an actor that retries a store call every tick during a database restart
-// says so twice, not every tick.
+// Package outage is how actors live with a failing database. A Reporter
+// records each store call's result: the first failure of an outage is
+// logged once (SQL0101) and its recovery once, the caller is told how long
+// to back off before its next attempt (ClientConfig.Retry), and a failure
+// that retrying cannot fix is handed to the session's Health, which ends the
+// session with it instead of retrying forever.
+//
+// Health is the session's view of all its actors' store calls: the
+// readiness level (consuming, and no actor failing for longer than the
+// instance TTL) and the first permanent error.
 package outage
 
 import (
 	"context"
-	"github.com/c1702965/sqlstreams/internal/codes"
 	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/backoff"
+	"github.com/c1702965/sqlstreams/internal/codes"
+	"github.com/c1702965/sqlstreams/internal/store"
 )
 
 // Reporter tracks one actor's outage. The zero value needs Logger and What.
 type Reporter struct {
-	Logger  *slog.Logger
-	What    string // e.g. "claimer store call"
-	Retry   string // how it retries, e.g. "every poll"
-	Attrs   []any
+	Logger *slog.Logger
+	What   string // e.g. "claimer store call"
+	Retry  string // how it retries, e.g. "with backoff"
+	Attrs  []any
+	// Health, if set, is the session this actor belongs to: it learns of
+	// the actor's outages (readiness) and of permanent errors.
+	Health *Health
+	// Backoff is the wait before the next attempt after a failure.
+	Backoff backoff.Backoff
+
 	failing bool
 }
 
-// Report records the result of one attempt. Errors after the actor's own
-// context ended are its stop, not an outage.
-func (r *Reporter) Report(ctx context.Context, err error) {
+// Report records the result of one attempt and returns how long the actor
+// should wait before its next store call: 0 after a success, else the
+// backoff. Errors after the actor's own context ended are its stop, not an
+// outage.
+func (r *Reporter) Report(ctx context.Context, err error) time.Duration {
 	switch {
-	case err != nil && !r.failing && ctx.Err() == nil:
+	case err == nil:
+		r.Backoff.Succeeded()
+		if r.failing {
+			r.failing = false
+			r.Health.recovered(r)
+			if r.Logger != nil {
+				r.Logger.Info(r.What+" recovered", r.Attrs...)
+			}
+		}
+		return 0
+	case ctx.Err() != nil:
+		return 0
+	}
+	if p := store.Permanent(err); p != nil && r.Health != nil {
+		// The session ends with it (Consume returns it): not logged here.
+		r.Health.permanent(p)
+	} else if !r.failing {
+		code := codes.StoreOutage
+		if p != nil {
+			code = codes.StorePermanent
+		}
+		code.Log(ctx, r.Logger, r.What+" failed; retrying "+r.Retry, append(append([]any{}, r.Attrs...), "error", err)...)
+	}
+	if !r.failing {
 		r.failing = true
-		codes.StoreOutage.Log(ctx, r.Logger, r.What+" failed; retrying "+r.Retry, append(append([]any{}, r.Attrs...), "error", err)...)
-	case err == nil && r.failing:
-		r.failing = false
-		r.Logger.Info(r.What+" recovered", r.Attrs...)
+		r.Health.failed(r)
+	}
+	return r.Backoff.Failed()
+}
+
+// Failing reports whether the last attempt failed.
+func (r *Reporter) Failing() bool { return r.failing }
+
+// Health is a session's readiness and its first permanent store error. A
+// nil *Health ignores everything.
+type Health struct {
+	clock clock.Clock
+	ttl   time.Duration
+	fatal chan error
+
+	mu        sync.Mutex
+	consuming bool
+	failing   map[*Reporter]time.Time
+	timers    map[*Reporter]*clock.Timer
+	watchers  map[int]func()
+	nextWatch int
+	closed    bool
+}
+
+// NewHealth returns the health of a session whose instance lapses ttl after
+// its last heartbeat: it is not ready while any of its actors has been
+// failing for ttl or longer.
+func NewHealth(clk clock.Clock, ttl time.Duration) *Health {
+	return &Health{clock: clk, ttl: ttl, fatal: make(chan error, 1),
+		failing: map[*Reporter]time.Time{}, timers: map[*Reporter]*clock.Timer{}, watchers: map[int]func(){}}
+}
+
+// Fatal receives the session's first permanent error.
+func (h *Health) Fatal() <-chan error {
+	if h == nil {
+		return nil
+	}
+	return h.fatal
+}
+
+// SetConsuming says whether the session consumes: its actors run and its
+// binding set is in force.
+func (h *Health) SetConsuming(on bool) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.consuming = on
+	h.mu.Unlock()
+	h.notify()
+}
+
+// Ready reports the level: consuming, and no actor failing for ttl or
+// longer.
+func (h *Health) Ready() bool {
+	if h == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.consuming {
+		return false
+	}
+	now := h.clock.Now()
+	for _, since := range h.failing {
+		if now.Sub(since) >= h.ttl {
+			return false
+		}
+	}
+	return true
+}
+
+// Watch calls f (on a goroutine of its own choosing, never under a lock)
+// whenever the level may have changed, until the returned func is called.
+func (h *Health) Watch(f func()) (stop func()) {
+	if h == nil {
+		return func() {}
+	}
+	h.mu.Lock()
+	id := h.nextWatch
+	h.nextWatch++
+	h.watchers[id] = f
+	h.mu.Unlock()
+	return func() {
+		h.mu.Lock()
+		delete(h.watchers, id)
+		h.mu.Unlock()
+	}
+}
+
+// Close stops the health's timers; nothing changes after it.
+func (h *Health) Close() {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.closed, h.consuming = true, false
+	for r, t := range h.timers {
+		t.Stop()
+		delete(h.timers, r)
+	}
+	h.mu.Unlock()
+	h.notify()
+}
+
+func (h *Health) notify() {
+	h.mu.Lock()
+	fs := make([]func(), 0, len(h.watchers))
+	for _, f := range h.watchers {
+		fs = append(fs, f)
+	}
+	h.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
+
+func (h *Health) failed(r *Reporter) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return
+	}
+	h.failing[r] = h.clock.Now()
+	// The level turns at since+ttl: wake the watchers then.
+	h.timers[r] = h.clock.AfterFunc(h.ttl, h.notify)
+	h.mu.Unlock()
+}
+
+func (h *Health) recovered(r *Reporter) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	delete(h.failing, r)
+	if t := h.timers[r]; t != nil {
+		t.Stop()
+		delete(h.timers, r)
+	}
+	h.mu.Unlock()
+	h.notify()
+}
+
+func (h *Health) permanent(err error) {
+	select {
+	case h.fatal <- err:
+	default: // the first one is what the session returns
 	}
 }

@@ -1,0 +1,225 @@
+package claimer
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/c1702965/sqlstreams/internal/codes"
+	"github.com/c1702965/sqlstreams/internal/outage"
+	"github.com/c1702965/sqlstreams/internal/shutdown"
+)
+
+// loop is one claimer as the shared Serve loop drives it: the range claimer
+// and the exception claimer differ in what they claim and settle, not in
+// how they run, drain and stop, which serve holds once for both.
+type loop interface {
+	common() *Common
+	// reset drops every in-memory state: a (re)started Serve knows nothing.
+	reset()
+	// begin lets go of what an earlier run of this actor (before a restart)
+	// held in the database, before anything is claimed.
+	begin(ctx context.Context) error
+	// claim takes new work; more reports that another claim may follow at
+	// once (a whole batch came in).
+	claim(ctx context.Context) (jobs []Job, more bool, err error)
+	// claimAfter says whether an outcome that started jobs is still a reason
+	// to claim.
+	claimAfter(jobs []Job) bool
+	outcome(ctx context.Context, o Outcome) ([]Job, error)
+	flush(ctx context.Context) ([]Job, error)
+	reconcile(ctx context.Context) error
+	inFlight() int
+	handBack(ctx context.Context) error
+	// draining is told once a drain begins: nothing new starts.
+	draining()
+	// what names the actor's work in log lines ("in-flight ranges"), and
+	// handlers its handlers ("handlers", "exception handlers").
+	what() string
+	handlers() string
+	// eager claims at every turn of the loop (the range claimer, whose claim
+	// costs nothing while its queue is full); otherwise only when a poll, a
+	// backoff's end or an outcome that started nothing makes one due.
+	eager() bool
+}
+
+// serve runs l until ctx ends (an abrupt stop: nothing is committed or
+// handed back) or until the session's shutdown plan begins and the drain
+// finishes (ErrDrained). A failed store call backs the actor off (no claims,
+// flushes or reconciles until the wait is over) and is logged once per
+// outage; a permanent one reaches the session through the reporter's Health.
+func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers, capacity int, wake, lost <-chan struct{}) error {
+	c := l.common()
+	l.reset()
+	plan := c.Drain
+	until := func() time.Time { // how long the handler pool's close waits for handlers
+		if plan.Begun() {
+			return plan.HandlersWaitDeadline()
+		}
+		return c.Clock.Now().Add(c.ShutdownTimeout())
+	}
+	p, cancelHandlers, closePool := r.session(ctx, workers, capacity, until, c.Logger, l.handlers())
+	defer closePool()
+	send := func(jobs []Job) {
+		for _, j := range jobs {
+			p.jobs <- j
+		}
+	}
+	poll := c.Clock.Ticker(c.PollRate)
+	defer poll.Stop()
+	reconcile := c.Clock.Ticker(c.Lease / 3)
+	defer reconcile.Stop()
+
+	var (
+		begun, draining bool
+		drainC          = plan.Started()
+		deadline        <-chan time.Time
+		holdoff         <-chan time.Time // set while backing off after a failure
+		due             = true           // a claim is due at the top of the loop
+		sctx            = ctx            // store calls' context: bounded once draining
+		timers          []func() bool
+	)
+	defer func() {
+		for _, stop := range timers {
+			stop()
+		}
+	}()
+	timer := func(d time.Duration) <-chan time.Time {
+		t := c.Clock.Timer(d)
+		timers = append(timers, t.Stop)
+		return t.C
+	}
+	report := func(err error) {
+		if wait := rep.Report(ctx, err); wait > 0 && holdoff == nil {
+			holdoff = timer(wait)
+		}
+	}
+	cancelDrainCtx := func() {}
+	defer func() { cancelDrainCtx() }()
+	startDrain := func() {
+		drainC, draining = nil, true
+		l.draining()
+		sctx, cancelDrainCtx = plan.Context(ctx, c.Clock, false)
+		deadline = timer(shutdown.Until(c.Clock, plan.HandlersDeadline()))
+	}
+	finish := func() error {
+		absorb(sctx, l, p, report, send) // outcomes already waiting settle before the hand-back
+		retryHandBack(sctx, c, l.what(), l.handBack)
+		return ErrDrained
+	}
+	for {
+		if !draining {
+			select { // a drain begun while this actor restarted: no claims
+			case <-drainC:
+				startDrain()
+			default:
+			}
+		}
+		switch {
+		case draining:
+			if !begun { // restarted mid-drain: hand back what the earlier run held, within the deadline
+				begun = true
+				report(l.begin(sctx))
+			}
+			if l.inFlight() == 0 {
+				return finish()
+			}
+		case holdoff != nil:
+		case !begun:
+			err := l.begin(ctx)
+			report(err)
+			begun = err == nil
+		}
+		for !draining && begun && holdoff == nil && due {
+			jobs, more, err := l.claim(ctx)
+			report(err)
+			send(jobs)
+			if err != nil || !more {
+				break
+			}
+			absorb(sctx, l, p, report, send) // keep outcomes flowing while claims are full
+		}
+		due = l.eager()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-drainC:
+			startDrain()
+		case <-deadline:
+			codes.ShutdownTimeout.Log(ctx, c.Logger, "shutdown timeout reached with handlers still running; handing their work back",
+				"in_flight", l.inFlight(), "what", l.what())
+			cancelHandlers()
+			return finish()
+		case o := <-p.out:
+			jobs, err := l.outcome(sctx, o)
+			report(err)
+			send(jobs)
+			due = due || l.claimAfter(jobs)
+		case <-lost:
+			c.Logger.Info("instance row was lost; in-flight work is fenced if reclaimed", "in_flight", l.inFlight())
+		case <-wake: // produced to: claim now
+			due = true
+		case <-poll.C:
+			if begun && holdoff == nil {
+				jobs, err := l.flush(sctx)
+				report(err)
+				send(jobs)
+			}
+			due = true
+		case <-reconcile.C:
+			if begun && !draining && holdoff == nil {
+				report(l.reconcile(ctx))
+			}
+		case <-holdoff:
+			holdoff, due = nil, true
+		}
+	}
+}
+
+// absorb applies every outcome already waiting, without blocking.
+func absorb(ctx context.Context, l loop, p *pool, report func(error), send func([]Job)) {
+	for {
+		select {
+		case o := <-p.out:
+			jobs, err := l.outcome(ctx, o)
+			report(err)
+			send(jobs)
+		default:
+			return
+		}
+	}
+}
+
+// handBackAttempts bounds the retries of a hand-back whose writes fail (a
+// connection cut mid-shutdown): a new attempt gets a new connection.
+const handBackAttempts = 3
+
+// retryHandBack runs hand back until it succeeds, its attempts run out or
+// ctx (bounded by the shutdown plan) ends; what it could not hand back is
+// logged, not returned: those leases lapse after InstanceTTL and another
+// instance delivers their messages.
+func retryHandBack(ctx context.Context, c *Common, what string, hand func(context.Context) error) {
+	var err error
+	for attempt := 1; attempt <= handBackAttempts && ctx.Err() == nil; attempt++ {
+		if err = hand(ctx); err == nil {
+			return
+		}
+		if attempt < handBackAttempts {
+			t := c.Clock.Timer(100 * time.Millisecond)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+		}
+	}
+	if err == nil {
+		err = ctx.Err()
+	}
+	codes.HandBackFailed.Log(ctx, c.Logger, "could not hand "+what+" back at shutdown; their leases lapse after InstanceTTL and another instance takes them",
+		"error", err)
+}
+
+// ErrDrained is what a claimer's Serve returns once its drain is complete:
+// the one result that is not a reason to restart it.
+var ErrDrained = errors.New("drained")
