@@ -14,8 +14,8 @@ import (
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/outage"
-	"github.com/c1702965/sqlstreams/internal/shutdown"
 	"github.com/c1702965/sqlstreams/internal/policy"
+	"github.com/c1702965/sqlstreams/internal/shutdown"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/topic"
 )

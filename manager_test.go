@@ -25,7 +25,7 @@ func TestRetentionKeepsTheLogBounded(t *testing.T) {
 	ctx := context.Background()
 	require.NoError(t, s.Register(ctx, &StreamConfig{RetentionTTL: time.Hour}))
 	require.NoError(t, st.e.client.Manager().Declare(ctx, WorkerRetention, WorkerConfig{Batch: 20, MaxBatches: 10, ChunkInterval: 30 * time.Minute}))
-	mgr := st.e.client.Manager().actor(30 * time.Second, nil)
+	mgr := st.e.client.Manager().actor(30*time.Second, nil)
 	ret := retention(t, mgr)
 	slow, err := s.Consumer("slow").Register(ctx, nil)
 	require.NoError(t, err)
@@ -105,7 +105,7 @@ func TestRetentionNeverDropsWhatAGroupHasNotCommitted(t *testing.T) {
 	require.NoError(t, s.Register(ctx, &StreamConfig{RetentionTTL: time.Hour}))
 	st.e.produceN(s, "m", 10)
 	require.Equal(t, 10, st.claimRange())
-	mgr := st.e.client.Manager().actor(30 * time.Second, nil)
+	mgr := st.e.client.Manager().actor(30*time.Second, nil)
 	survivors := func() []string {
 		rows, err := st.e.pool.Query(ctx, fmt.Sprintf("SELECT payload->>'order_id' FROM %s.stream_%d_log ORDER BY id", st.e.client.Schema(), st.c.group.StreamID))
 		require.NoError(t, err)
@@ -153,7 +153,7 @@ func TestRetentionKeepsDeadLettersOfDroppedChunks(t *testing.T) {
 	ctx := context.Background()
 	require.NoError(t, s.Register(ctx, &StreamConfig{RetentionTTL: time.Hour}))
 	require.NoError(t, st.e.client.Manager().Declare(ctx, WorkerRetention, WorkerConfig{ChunkInterval: time.Minute}))
-	mgr := st.e.client.Manager().actor(30 * time.Second, nil)
+	mgr := st.e.client.Manager().actor(30*time.Second, nil)
 	ret := retention(t, mgr)
 	streamID := st.c.group.StreamID
 	chunks := func() []store.Chunk {
@@ -303,7 +303,7 @@ func TestLedgersStayBoundedWhileAnInstanceWaitsForDays(t *testing.T) {
 		Interval:  10 * time.Minute, Clock: mock, Logger: e.client.cfg.Logger, DBNow: engine.DBNow(mock)})
 	m := e.client.Manager()
 	require.NoError(t, m.Declare(ctx, WorkerPrune, WorkerConfig{Interval: time.Hour, Batch: 50, ConfigLogKeep: 3}))
-	a := m.actor(2 * time.Hour, nil)
+	a := m.actor(2*time.Hour, nil)
 	prune := func() *manager.Prune {
 		for _, w := range a.Workers() {
 			if p, ok := w.(*manager.Prune); ok {

@@ -22,7 +22,7 @@ type Readiness struct {
 
 	mu       sync.Mutex
 	sessions map[*outage.Health]func() // each attached session and its unwatch
-	changed  chan struct{}              // closed and replaced at each possible change
+	changed  chan struct{}             // closed and replaced at each possible change
 }
 
 // NewReadiness returns a not-ready signal.
