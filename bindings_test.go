@@ -474,10 +474,11 @@ func TestSystemProducesAlerts(t *testing.T) {
 	st := newStepperFor(t, e, other, mock, func(context.Context, *claimer.Delivery) error { return nil })
 	stalled := make(chan struct{})
 	cl := claimer.New(claimer.Config{Common: st.common, BatchLimit: 10, QueueSize: 10, StallAfter: 30 * time.Second,
-		OnStall: func(waited time.Duration, b []store.Blocker) {
-			e.client.alertStall(ctx, "other", "o", waited, b)
+		OnStall: func(since time.Time, waited time.Duration, b []store.Blocker) {
+			e.client.alertStall(ctx, "other", "o", since, waited, b)
 			close(stalled)
 		}})
+	stallBegan := mock.Now() // the first claim below finds the stall
 	for i := 0; ; i++ {
 		require.Less(t, i, 5)
 		_, err := cl.Claim(ctx)
@@ -496,6 +497,8 @@ func TestSystemProducesAlerts(t *testing.T) {
 	sa := within(t, stallGot, "the stall alert")
 	require.Equal(t, AlertDeliveryStalled, sa.Kind)
 	require.Contains(t, sa.Detail, "behind an open transaction")
+	require.True(t, sa.Since.Equal(stallBegan), "the alert's since is when the stall began (%s), not %s", stallBegan, sa.Since)
+	require.False(t, sa.Since.IsZero())
 	raw, _ := json.Marshal(sa)
 	require.NotContains(t, string(raw), "late", "no payloads in alerts")
 }

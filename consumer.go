@@ -452,8 +452,8 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 				client.alertBindingWait(ctx, c.s.name, c.group.Name, c.patterns, res, since)
 			}
 		},
-		OnStall: func(waited time.Duration, blockers []store.Blocker) {
-			client.alertStall(ctx, c.s.name, c.group.Name, waited, blockers)
+		OnStall: func(since time.Time, waited time.Duration, blockers []store.Blocker) {
+			client.alertStall(ctx, c.s.name, c.group.Name, since, waited, blockers)
 		},
 		Clock: client.cfg.Clock, Logger: client.cfg.Logger, Stats: &c.stats,
 		OnStart: consumeHooks(ctx), Fault: faultHook(ctx),

@@ -21,6 +21,7 @@ import (
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -530,4 +531,57 @@ func TestAReclaimedRangeIsNeverSettledByItsEarlierIncarnation(t *testing.T) {
 	}
 	require.Zero(t, ranges())
 	require.Empty(t, st.states(), "every message ran and succeeded; m-2 failed only in the dropped incarnation")
+}
+
+// A range commit whose outcome is unknown (its attempt failed without
+// saying whether it applied, as when the reply is lost to a restart) is
+// retried; when the retry finds the range row gone and no one holding it,
+// the earlier attempt applied: the range is counted committed, and nothing
+// claims it was lost to a reclaimer that delivers it again.
+func TestACommitWhoseReplyWasLostIsNotReportedAsALostLease(t *testing.T) {
+	st, s := newStepper(t, nil, func(*order, int) error { return nil })
+	ctx := context.Background()
+	st.e.produceN(s, "m", 3)
+	jobs, err := st.ranges.Claim(ctx)
+	require.NoError(t, err)
+	require.Len(t, jobs, 3)
+	leases := st.e.leases(st.c)
+	require.Len(t, leases, 1)
+
+	lost, cancel := context.WithCancel(ctx)
+	cancel() // the commit's attempt fails without knowing whether it applied
+	for _, j := range jobs {
+		_, _ = st.ranges.Outcome(lost, st.ranges.Run(ctx, j))
+	}
+	require.Len(t, st.e.leases(st.c), 1, "the attempt failed")
+	// What the lost attempt would have done on the server: the range,
+	// committed under its own token.
+	require.NoError(t, st.e.client.store.CommitRange(ctx, st.c.group.StreamID,
+		store.RangeCommit{GroupID: st.c.group.ID, RangeID: leases[0].ID, Token: leases[0].Token}, st.now()))
+
+	require.NoError(t, st.ranges.Flush(ctx)) // the retry finds the range gone
+	require.Zero(t, st.stats.LeasesLost.Load(), "no lease was lost")
+	require.EqualValues(t, 1, st.stats.Committed.Load())
+	require.Zero(t, st.ranges.Queued())
+	for _, m := range st.e.logs.messages(slog.LevelWarn) {
+		require.NotContains(t, m, "range lease lost", "nothing is delivered again")
+	}
+	_, ok := st.e.logs.record("range committed by an earlier attempt whose reply was lost")
+	require.True(t, ok)
+
+	// A range another instance took over is still reported as lost.
+	st.e.produceN(s, "n", 3)
+	jobs, err = st.ranges.Claim(ctx)
+	require.NoError(t, err)
+	require.Len(t, jobs, 3)
+	_, err = st.e.pool.Exec(ctx, fmt.Sprintf("UPDATE %s.stream_%d_range SET token = gen_random_uuid()",
+		pgx.Identifier{st.e.client.Schema()}.Sanitize(), st.c.group.StreamID))
+	require.NoError(t, err)
+	for _, j := range jobs {
+		_, err := st.ranges.Outcome(ctx, st.ranges.Run(ctx, j))
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, 1, st.stats.LeasesLost.Load())
+	_, ok = st.e.logs.record("range lease lost before commit; a reclaimer delivers it again")
+	require.True(t, ok)
 }

@@ -40,7 +40,9 @@ type Alert struct {
 	Wanted        []string  `json:"wanted,omitempty"`
 	Installed     []string  `json:"installed,omitempty"`
 	LiveInstances int       `json:"live_instances,omitempty"`
-	Since         time.Time `json:"since"`
+	// Since is when the condition began: the first waiting attempt of a
+	// binding wait, the first claim held back by a delivery stall.
+	Since time.Time `json:"since"`
 	Detail        string    `json:"detail,omitempty"`
 }
 
@@ -85,10 +87,10 @@ func (c *Client) alertBindingWait(ctx context.Context, stream, group string, wan
 		Detail: fmt.Sprintf("waiting since %s for %d live instance(s) holding the installed set", since.Format(time.RFC3339), res.Live)})
 }
 
-func (c *Client) alertStall(ctx context.Context, stream, group string, waited time.Duration, blockers []store.Blocker) {
+func (c *Client) alertStall(ctx context.Context, stream, group string, since time.Time, waited time.Duration, blockers []store.Blocker) {
 	detail := fmt.Sprintf("committed messages have waited %s behind an open transaction", waited)
 	for _, b := range blockers {
 		detail += fmt.Sprintf("; pid %d (%s) open since %s, %s", b.PID, b.ApplicationName, b.XactStart.Format(time.RFC3339), b.State)
 	}
-	c.alert(ctx, Alert{Kind: AlertDeliveryStalled, Stream: stream, Group: group, Detail: detail})
+	c.alert(ctx, Alert{Kind: AlertDeliveryStalled, Stream: stream, Group: group, Since: since, Detail: detail})
 }

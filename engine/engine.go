@@ -101,7 +101,7 @@ type Config struct {
 	// Fault, if set, is called at the top of every claim (chaos tests).
 	Fault func(site string) error
 	// OnStall is called once per delivery stall.
-	OnStall func(waited time.Duration, blockers []store.Blocker)
+	OnStall func(since time.Time, waited time.Duration, blockers []store.Blocker)
 	// Health is the session's readiness and permanent-error sink; the
 	// caller makes it so that its Readiness can watch it. nil: Run makes one.
 	Health *outage.Health

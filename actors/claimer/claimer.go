@@ -128,8 +128,9 @@ type Config struct {
 	// Wake, if set, receives a value when the stream is produced to: the
 	// claimer claims at once instead of at its next poll.
 	Wake <-chan struct{}
-	// OnStall, if set, is called once per stall (alerts).
-	OnStall func(waited time.Duration, blockers []store.Blocker)
+	// OnStall, if set, is called once per stall (alerts) with the time the
+	// stall began and how long it has lasted.
+	OnStall func(since time.Time, waited time.Duration, blockers []store.Blocker)
 }
 
 type msgState uint8
@@ -160,6 +161,10 @@ type inflight struct {
 	pending int                     // messages without an outcome
 	keys    []string                // held keys this range uses (acquired or shared)
 	release []store.KeyLease        // keys its settlement releases, once computed
+	// uncertain: a commit attempt failed without saying whether it applied
+	// (a reply lost to a cut connection, say), so a later attempt that
+	// finds the range gone has found that earlier attempt's work.
+	uncertain bool
 }
 
 // keyState is a key lease this instance holds. Its queue spans the
@@ -461,7 +466,7 @@ func (a *Actor) checkGate(ctx context.Context) error {
 	}
 	codes.DeliveryStalled.Log(ctx, a.cfg.Logger, "delivery stalled: committed messages wait behind an open transaction", attrs...)
 	if a.cfg.OnStall != nil {
-		a.cfg.OnStall(now.Sub(a.stallSince), blockers)
+		a.cfg.OnStall(a.stallSince, now.Sub(a.stallSince), blockers)
 	}
 	return nil
 }
@@ -591,13 +596,26 @@ func (a *Actor) commit(ctx context.Context, id int64) error {
 	}
 	s := store.RangeCommit{GroupID: a.cfg.GroupID, RangeID: id, Token: in.r.Token, Exceptions: writes, Deliveries: in.log, Keys: a.releaseKeys(in)}
 	err := a.cfg.Store.CommitRange(ctx, a.cfg.StreamID, s, a.cfg.DBNow())
-	if errors.Is(err, store.ErrLeaseLost) {
+	switch {
+	case errors.Is(err, store.ErrRangeGone) && in.uncertain:
+		// No one holds the range and its row is gone: the earlier attempt
+		// whose outcome was unknown applied. Nothing is delivered again.
+		a.cfg.Logger.Info("range committed by an earlier attempt whose reply was lost", "range", id)
+		a.cfg.Stats.Committed.Add(1)
+		a.forget(id)
+		return nil
+	case errors.Is(err, store.ErrRangeGone):
+		a.cfg.Stats.LeasesLost.Add(1)
+		codes.RangeLeaseLost.Log(ctx, a.cfg.Logger, "range lease lost before commit; another instance reclaimed the range and has settled it", "range", id)
+		a.forget(id)
+		return nil
+	case errors.Is(err, store.ErrLeaseLost):
 		a.cfg.Stats.LeasesLost.Add(1)
 		codes.RangeLeaseLost.Log(ctx, a.cfg.Logger, "range lease lost before commit; a reclaimer delivers it again", "range", id)
 		a.forget(id)
 		return nil
-	}
-	if err != nil {
+	case err != nil:
+		in.uncertain = true
 		return err
 	}
 	a.cfg.Stats.Committed.Add(1)

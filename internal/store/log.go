@@ -435,6 +435,12 @@ func (st *Store) ReclaimRange(ctx context.Context, a ClaimArgs) (r Range, ok boo
 // reclaimer; nothing of the range was written.
 var ErrLeaseLost = errors.New("range lease lost")
 
+// ErrRangeGone reports a commit that found no range row at all: the range
+// is settled already, by a reclaimer that finished it, or by an earlier
+// attempt of the same commit whose reply was lost. It wraps ErrLeaseLost
+// (nothing was written by this attempt).
+var ErrRangeGone = fmt.Errorf("%w: the range is settled already", ErrLeaseLost)
+
 // ExceptionWrite is one exception row written when a range is settled: a
 // message that failed, was delayed, was deferred behind its key, or was
 // quarantined.
@@ -503,14 +509,19 @@ func (st *Store) CommitRange(ctx context.Context, streamID int64, s RangeCommit,
 	}
 	knames, ktokens := keyArrays(s.Keys)
 	var deleted int
+	var exists bool
 	if err := st.pool.QueryRow(ctx, t.commit, s.RangeID, s.Token, now, xids, ids, keys, concs, statuses, attempts, delays, errs, afters,
-		lxids, lids, lattempts, loutcomes, lerrs, knames, ktokens, s.GroupID).Scan(&deleted); err != nil {
+		lxids, lids, lattempts, loutcomes, lerrs, knames, ktokens, s.GroupID).Scan(&deleted, &exists); err != nil {
 		return fmt.Errorf("commit range %d: %w", s.RangeID, err)
 	}
-	if deleted == 0 {
+	switch {
+	case deleted > 0:
+		return nil
+	case exists:
 		return fmt.Errorf("commit range %d: %w", s.RangeID, ErrLeaseLost)
+	default:
+		return fmt.Errorf("commit range %d: %w", s.RangeID, ErrRangeGone)
 	}
-	return nil
 }
 
 // Release hands a range back for immediate reclaim.

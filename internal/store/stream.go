@@ -236,8 +236,10 @@ LEFT JOIN LATERAL (SELECT binds.rx IS NULL
 ORDER BY m.xid, m.id`),
 
 		// Deleting the lease by its token is the fence: zero rows means a
-		// reclaimer owns the range now, and no exception or delivery row is
-		// written. The key leases the caller no longer needs go in the same
+		// reclaimer owns the range now (the row is there under another
+		// token), or the range is settled already (no row: a reclaimer
+		// finished it, or an earlier attempt of this commit whose reply was
+		// lost applied), and no exception or delivery row is written. The key leases the caller no longer needs go in the same
 		// statement as the exception rows, so an ordered key's next message
 		// sees its predecessor's exception row the moment the key is free.
 		// They go even when the fence fails (the caller is done with them),
@@ -262,7 +264,7 @@ WITH d AS (
     SELECT d.group_id, x.xid, x.id, x.attempt, x.outcome, x.err, coalesce($3, now())
     FROM d, unnest($13::bigint[], $14::bigint[], $15::int[], $16::text[], $17::text[]) AS x(xid, id, attempt, outcome, err)
 )
-SELECT count(*) FROM d`),
+SELECT (SELECT count(*) FROM d), EXISTS (SELECT 1 FROM {s}.{t}_range WHERE id = $1)`),
 
 		// Hand a range back at once: its settled prefix is dropped by moving
 		// lo, and the lease expires now so any instance reclaims the rest.
