@@ -34,16 +34,16 @@ var AlertGroups = map[string][]string{
 
 // Alert is a message on the AlertStream.
 type Alert struct {
-	Kind          string    `json:"kind"`
-	Stream        string    `json:"stream"`
-	Group         string    `json:"group"`
-	Wanted        []string  `json:"wanted,omitempty"`
-	Installed     []string  `json:"installed,omitempty"`
-	LiveInstances int       `json:"live_instances,omitempty"`
+	Kind          string   `json:"kind"`
+	Stream        string   `json:"stream"`
+	Group         string   `json:"group"`
+	Wanted        []string `json:"wanted,omitempty"`
+	Installed     []string `json:"installed,omitempty"`
+	LiveInstances int      `json:"live_instances,omitempty"`
 	// Since is when the condition began: the first waiting attempt of a
 	// binding wait, the first claim held back by a delivery stall.
-	Since time.Time `json:"since"`
-	Detail        string    `json:"detail,omitempty"`
+	Since  time.Time `json:"since"`
+	Detail string    `json:"detail,omitempty"`
 }
 
 // SystemConfig is the system's stored config, declared at System().Register.
