@@ -109,6 +109,9 @@ func (c ConsumerConfig) validate() error {
 			return err
 		}
 	}
+	if err := policy.CheckBounds(c.MessageMin.layer(), c.MessageMax.layer(), "ConsumerConfig.MessageMin", "ConsumerConfig.MessageMax"); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
 	for _, p := range c.Bindings {
 		if err := topic.ValidatePattern(p); err != nil {
 			return fmt.Errorf("%w: ConsumerConfig.Bindings: %v", ErrInvalidPattern, err)
@@ -130,12 +133,15 @@ func (c ConsumerConfig) validate() error {
 // ConsumeOptions are one Consume session's instance options: how this
 // process runs, free to differ per box. nil means the defaults.
 type ConsumeOptions struct {
-	// BatchLimit is the most messages one claim takes. Default 100.
+	// BatchLimit is the most messages one claim takes. Default 100; at
+	// most MaxBatchLimit (10,000).
 	BatchLimit int
 	// QueueSize bounds messages claimed and not yet settled. Default
-	// 2×BatchLimit; at least BatchLimit.
+	// 2×BatchLimit; at least BatchLimit, at most MaxQueueSize (100,000).
 	QueueSize int
-	// MessageConcurrency is how many handlers run at once. Default 10.
+	// MessageConcurrency is how many handlers run at once. Default 10; at
+	// most MaxMessageConcurrency (10,000): each is a goroutine and a slot
+	// of the handler pool, and a process needing more runs more sessions.
 	MessageConcurrency int
 	// ClaimPollRate is how often an idle instance looks for new messages
 	// (and due retries) without being told. Producers notify on commit and
@@ -186,6 +192,14 @@ type ConsumeOptions struct {
 // its instance rows back. Consume returns within ShutdownTimeout plus
 // ShutdownGrace of its context ending, whatever the database does.
 const ShutdownGrace = shutdown.Grace
+
+// Upper bounds of the instance options: every queue and pool a session
+// makes is bounded.
+const (
+	MaxBatchLimit         = 10000
+	MaxQueueSize          = 100000
+	MaxMessageConcurrency = 10000
+)
 
 // Default instance options.
 const (
@@ -243,12 +257,14 @@ func (o *ConsumeOptions) withDefaults() ConsumeOptions {
 
 func (o ConsumeOptions) validate() error {
 	switch {
-	case o.BatchLimit < 1 || o.BatchLimit > 10000:
-		return fmt.Errorf("%w: ConsumeOptions.BatchLimit %d outside 1..10000", ErrInvalidConfig, o.BatchLimit)
+	case o.BatchLimit < 1 || o.BatchLimit > MaxBatchLimit:
+		return fmt.Errorf("%w: ConsumeOptions.BatchLimit %d outside 1..%d", ErrInvalidConfig, o.BatchLimit, MaxBatchLimit)
 	case o.QueueSize < o.BatchLimit:
 		return fmt.Errorf("%w: ConsumeOptions.QueueSize %d is below BatchLimit %d", ErrInvalidConfig, o.QueueSize, o.BatchLimit)
-	case o.MessageConcurrency < 1:
-		return fmt.Errorf("%w: ConsumeOptions.MessageConcurrency %d must be at least 1", ErrInvalidConfig, o.MessageConcurrency)
+	case o.QueueSize > MaxQueueSize:
+		return fmt.Errorf("%w: ConsumeOptions.QueueSize %d is above %d", ErrInvalidConfig, o.QueueSize, MaxQueueSize)
+	case o.MessageConcurrency < 1 || o.MessageConcurrency > MaxMessageConcurrency:
+		return fmt.Errorf("%w: ConsumeOptions.MessageConcurrency %d outside 1..%d", ErrInvalidConfig, o.MessageConcurrency, MaxMessageConcurrency)
 	case o.ClaimPollRate < time.Millisecond:
 		return fmt.Errorf("%w: ConsumeOptions.ClaimPollRate %s is below 1ms", ErrInvalidConfig, o.ClaimPollRate)
 	case o.InstanceTTL < time.Second:

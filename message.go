@@ -3,7 +3,6 @@ package sqlstreams
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -168,16 +167,20 @@ func (o *MessageOptions) encode() ([]byte, error) {
 	return b, nil
 }
 
-// Terminal marks err as not worth retrying: the message is dead at once.
+// Terminal marks err as not worth retrying: the message is dead at once
+// (a dead letter, with err as its last error). Terminal(nil) is nil, like
+// the errors it wraps: a handler that returns it has succeeded.
 func Terminal(err error) error {
 	if err == nil {
-		err = errors.New("terminal")
+		return nil
 	}
 	return &policy.TerminalError{Err: err}
 }
 
 // Delay asks for the message to run again after d without spending a retry,
-// at most MaxDelays times.
+// at most MaxDelays times (past that a Delay counts as a failure). d ≤ 0
+// means "again as soon as possible": the message is due at once, still
+// without spending a retry, and still counted against MaxDelays.
 func Delay(d time.Duration) error { return &policy.DelayError{D: d} }
 
 // Meta describes the message a handler is running.

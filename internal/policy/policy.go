@@ -218,8 +218,46 @@ func (o Options) Validate(field string) error {
 		return fmt.Errorf("%s: Exponent must be a finite number ≥ 0", field)
 	case !o.Concurrency.Valid():
 		return fmt.Errorf("%s: unknown Concurrency %q (want parallel, exclusive or ordered)", field, o.Concurrency)
+	case o.BaseDelay > 0 && o.MaxDelay > 0 && o.MaxDelay < o.BaseDelay:
+		return fmt.Errorf("%s: Retry.MaxDelay %s is below Retry.BaseDelay %s (MaxDelay caps the curve BaseDelay starts)", field, o.MaxDelay, o.BaseDelay)
 	}
 	return nil
+}
+
+// CheckBounds rejects a floor above its ceiling: every field set on both
+// min and max (MessageMin, MessageMax) must have min ≤ max, or the clamp
+// would silently pick one of them.
+func CheckBounds(min, max Options, minField, maxField string) error {
+	count := func(n int) int { return maxInt(n, 0) } // None is zero
+	type pair struct {
+		name     string
+		set      bool
+		above    bool
+		min, max string
+	}
+	pairs := []pair{
+		{"Timeout", min.Timeout > 0 && max.Timeout > 0, min.Timeout > max.Timeout, min.Timeout.String(), max.Timeout.String()},
+		{"Retry.MaxRetries", min.MaxRetries != 0 && max.MaxRetries != 0, count(min.MaxRetries) > count(max.MaxRetries),
+			fmt.Sprint(min.MaxRetries), fmt.Sprint(max.MaxRetries)},
+		{"Retry.MaxDelays", min.MaxDelays != 0 && max.MaxDelays != 0, count(min.MaxDelays) > count(max.MaxDelays),
+			fmt.Sprint(min.MaxDelays), fmt.Sprint(max.MaxDelays)},
+		{"Retry.BaseDelay", min.BaseDelay > 0 && max.BaseDelay > 0, min.BaseDelay > max.BaseDelay, min.BaseDelay.String(), max.BaseDelay.String()},
+		{"Retry.MaxDelay", min.MaxDelay > 0 && max.MaxDelay > 0, min.MaxDelay > max.MaxDelay, min.MaxDelay.String(), max.MaxDelay.String()},
+		{"Retry.Exponent", min.Exponent > 0 && max.Exponent > 0, min.Exponent > max.Exponent, fmt.Sprint(min.Exponent), fmt.Sprint(max.Exponent)},
+	}
+	for _, p := range pairs {
+		if p.set && p.above {
+			return fmt.Errorf("%s.%s %s is above %s.%s %s: a floor must not exceed its ceiling", minField, p.name, p.min, maxField, p.name, p.max)
+		}
+	}
+	return nil
+}
+
+func maxInt(a, b int) int {
+	if a > b {
+		return a
+	}
+	return b
 }
 
 // doc is the stored, sparse form: snake_case keys, durations as "10s".

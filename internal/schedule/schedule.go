@@ -4,6 +4,7 @@ package schedule
 
 import (
 	"fmt"
+	"strings"
 	"time"
 	_ "time/tzdata" // zones resolve the same on every machine
 
@@ -20,6 +21,9 @@ const (
 	// MissedSkip produces none and waits for the next due time.
 	MissedSkip = "skip"
 )
+
+// MinEvery is the shortest @every interval a schedule may have.
+const MinEvery = time.Second
 
 // MaxCatchUp bounds the due times one round produces for one schedule.
 const MaxCatchUp = 1000
@@ -41,6 +45,17 @@ func Parse(expr, zone string) (Spec, error) {
 	loc, err := time.LoadLocation(zone)
 	if err != nil {
 		return Spec{}, fmt.Errorf("zone %q: %w", zone, err)
+	}
+	if rest, ok := strings.CutPrefix(strings.TrimSpace(expr), "@every"); ok {
+		// robfig/cron reads any duration, and turns what is below a second
+		// (zero and negative included) into a second: refuse instead.
+		d, err := time.ParseDuration(strings.TrimSpace(rest))
+		if err != nil {
+			return Spec{}, fmt.Errorf("cron expression %q: @every takes a duration such as 5m: %w", expr, err)
+		}
+		if d < MinEvery || d%time.Second != 0 {
+			return Spec{}, fmt.Errorf("cron expression %q: @every interval %s must be a whole number of seconds, at least %s", expr, d, MinEvery)
+		}
 	}
 	s, err := parser.Parse(expr)
 	if err != nil {
