@@ -258,7 +258,7 @@ inject:
 			break inject
 		case <-tick.C:
 		}
-		switch roll(10) {
+		switch roll(11) {
 		case 0, 1: // an instance dies without a graceful shutdown; a new one starts
 			mu.Lock()
 			victim := running[roll(len(running))]
@@ -290,6 +290,47 @@ inject:
 			} else if !errors.Is(err, pgtest.ErrExternal) {
 				t.Fatalf("restart postgres: %v", err)
 			}
+		case 6: // PostgreSQL stops while a session is being cancelled, for longer than its ShutdownTimeout
+			mu.Lock()
+			var victim *inst
+			for _, in := range running {
+				if !in.abrupt {
+					victim = in
+					break
+				}
+			}
+			if victim != nil {
+				running = remove(running, victim)
+			}
+			mu.Unlock()
+			if victim == nil {
+				continue
+			}
+			if err := pgtest.Stop(ctx, "fast"); errors.Is(err, pgtest.ErrExternal) {
+				victim.cancel()
+				start(false)
+				continue
+			} else if err != nil {
+				t.Fatalf("stop postgres: %v", err)
+			}
+			down := time.NewTimer(2 * opts.ShutdownTimeout) // down for longer than ShutdownTimeout, whatever happens
+			cancelled := time.Now()
+			victim.cancel()
+			budget := time.NewTimer(opts.ShutdownTimeout + ShutdownGrace)
+			select {
+			case err := <-victim.done:
+				victim.done <- err // read again at the end
+				count("session cancelled while postgres was down")
+			case <-budget.C:
+				t.Fatalf("chaos: a session cancelled while PostgreSQL was down had not returned after %s (ShutdownTimeout %s + ShutdownGrace %s)",
+					time.Since(cancelled).Round(time.Millisecond), opts.ShutdownTimeout, ShutdownGrace)
+			}
+			budget.Stop()
+			<-down.C
+			if err := pgtest.Start(ctx); err != nil {
+				t.Fatalf("start postgres: %v", err)
+			}
+			start(false)
 		}
 	}
 	tick.Stop()
