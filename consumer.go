@@ -285,7 +285,11 @@ type ConsumerHandle[T any] struct {
 	name string
 }
 
-// Consumer returns the handle of the consumer group called name.
+// Consumer returns the handle of the consumer group called name. Group
+// names follow the stream name rule (1 to 128 bytes of ASCII letters,
+// digits, '.', '_' and '-', starting with a letter or digit) and are unique
+// in the client's schema: a name already registered on another stream is
+// ErrGroupStream.
 func (s *StreamHandle[T]) Consumer(name string) *ConsumerHandle[T] {
 	return &ConsumerHandle[T]{s: s, name: name}
 }

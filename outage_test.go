@@ -266,10 +266,19 @@ func TestMissingPrivilegeEndsConsume(t *testing.T) {
 	rc, err := Stream[order](client, "orders").Consumer("g").Register(ctx, nil)
 	require.NoError(t, err)
 	ready := NewReadiness()
-	sess := consume(t, rc, func(context.Context, *order) error { return nil }, &ConsumeOptions{
+	got := newHandledSet()
+	sess := consume(t, rc, func(_ context.Context, o *order) error { got.add(o.OrderID); return nil }, &ConsumeOptions{
 		ClaimPollRate: 20 * time.Millisecond, InstanceTTL: 2 * time.Second, ShutdownTimeout: time.Second,
 		Readiness: ready, DisableManager: true})
 	waitLevel(t, ready, true, "the session to consume as the application role")
+	// With the grants of README's Privileges section the role produces
+	// (plain and idempotent) and consumes.
+	app := Stream[order](client, "orders")
+	_, err = app.Produce(ctx, order{OrderID: "plain"}, nil)
+	require.NoError(t, err)
+	_, err = app.Produce(ctx, order{OrderID: "idempotent"}, &ProduceOptions{IdempotencyKey: "once"})
+	require.NoError(t, err)
+	got.waitAll(t, []string{"plain", "idempotent"})
 	_, err = e.pool.Exec(ctx, fmt.Sprintf("REVOKE ALL ON %s.stream_%d_cursor FROM %s", schema, c.group.StreamID, pgx.Identifier{role}.Sanitize()))
 	require.NoError(t, err)
 	err = within(t, sess.done, "Consume to return on its own")

@@ -224,13 +224,22 @@ func (s *StreamHandle[T]) forget() {
 
 // ProduceOptions ride one Produce or ProduceBatch call. nil means defaults.
 type ProduceOptions struct {
-	// RoutingKey is the message's routing key: dot-separated words of
-	// letters, digits, '_' and '-'. Empty means none. Produce only.
+	// RoutingKey is the message's routing key, matched against consumer
+	// groups' binding patterns: words of one or more ASCII letters, digits,
+	// '_' or '-', separated by '.' (payments.card.eu), at most 255 bytes,
+	// case-sensitive; no empty word, no '*' or '#'. Empty means none, and a
+	// message without one reaches only groups without bindings
+	// (ErrInvalidRoutingKey otherwise). Produce only.
 	RoutingKey string
-	// Key is the message key consumers' per-key concurrency works on. Produce only.
+	// Key is the message key consumers' per-key concurrency (Exclusive,
+	// Ordered) works on: any UTF-8 text of at most MaxKeyBytes (255) bytes
+	// without control characters (ErrInvalidKey otherwise). Empty means
+	// none. Produce only.
 	Key string
 	// IdempotencyKey makes the produce idempotent: a repeated key writes
-	// nothing and reports Duplicate. Produce only.
+	// nothing and reports Duplicate. The same rule as Key. Keys are kept
+	// for the prune worker's IdempotencyTTL (7 days by default). Produce
+	// only.
 	IdempotencyKey string
 	// Message holds the producer's defaults, merged under each message's own
 	// options and stored with the message.
@@ -253,7 +262,8 @@ type Produced struct {
 	Duplicate bool
 }
 
-// BatchItem is one message of a ProduceBatch.
+// BatchItem is one message of a ProduceBatch; its fields follow the rules
+// of ProduceOptions' fields of the same names.
 type BatchItem[T any] struct {
 	Msg            T
 	RoutingKey     string
