@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
@@ -164,4 +165,30 @@ func TestDelayOfZeroOrLessRunsAgainAtOnceWithoutSpendingARetry(t *testing.T) {
 	require.Empty(t, st2.states(), "the third run succeeded")
 	require.Equal(t, 3, calls)
 	require.EqualValues(t, 2, st2.stats.Delayed.Load())
+}
+
+// A client that may not run DDL (DisableMigrate) only checks the schema: a
+// missing or older one is ErrNotMigrated naming `sqlstreams migrate`, and
+// nothing is created.
+func TestDisableMigrateChecksAndCreatesNothing(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, nil) // a migrated schema
+	fresh := pgtest.Schema(t)
+	_, err := NewClient(ctx, e.pool, &ClientConfig{Schema: fresh, DisableMigrate: true})
+	require.ErrorIs(t, err, ErrNotMigrated)
+	require.ErrorIs(t, err, ErrPermanent)
+	require.ErrorContains(t, err, "sqlstreams migrate -schema "+fresh)
+	var exists bool
+	require.NoError(t, e.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1)", fresh).Scan(&exists))
+	require.False(t, exists, "no schema was created")
+
+	_, err = NewClient(ctx, e.pool, &ClientConfig{Schema: e.client.Schema(), DisableMigrate: true})
+	require.NoError(t, err, "an up-to-date schema is fine")
+
+	_, err = e.pool.Exec(ctx, "DELETE FROM "+pgx.Identifier{e.client.Schema()}.Sanitize()+".schema_migration WHERE version = (SELECT max(version) FROM "+
+		pgx.Identifier{e.client.Schema()}.Sanitize()+".schema_migration)")
+	require.NoError(t, err)
+	_, err = NewClient(ctx, e.pool, &ClientConfig{Schema: e.client.Schema(), DisableMigrate: true})
+	require.ErrorIs(t, err, ErrNotMigrated)
+	require.ErrorContains(t, err, "this library needs")
 }

@@ -4,32 +4,102 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/backoff"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 )
 
-type sink struct{ msgs []string }
+type sink struct {
+	mu   sync.Mutex
+	msgs []string
+}
 
 func (s *sink) Enabled(context.Context, slog.Level) bool { return true }
 func (s *sink) Handle(_ context.Context, r slog.Record) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.msgs = append(s.msgs, r.Message)
 	return nil
 }
 func (s *sink) WithAttrs([]slog.Attr) slog.Handler { return s }
 func (s *sink) WithGroup(string) slog.Handler      { return s }
 
-func TestReportsOncePerOutage(t *testing.T) {
+func TestReportsOncePerOutageAndBacksOff(t *testing.T) {
 	s := &sink{}
-	r := &Reporter{Logger: slog.New(s), What: "claim", Retry: "every poll"}
+	r := &Reporter{Logger: slog.New(s), What: "claim", Retry: "with backoff",
+		Backoff: backoff.Backoff{Policy: backoff.Policy{Initial: 100 * time.Millisecond, Max: time.Second}}}
 	ctx := context.Background()
-	for range 3 {
-		r.Report(ctx, errors.New("down"))
+	down := &pgconn.PgError{Code: "57P01", Message: "terminating connection due to administrator command"}
+	var waits []time.Duration
+	for range 5 {
+		waits = append(waits, r.Report(ctx, down))
 	}
-	r.Report(ctx, nil)
-	r.Report(ctx, nil)
+	require.Equal(t, []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond,
+		800 * time.Millisecond, time.Second}, waits, "the wait doubles up to Max")
+	require.Zero(t, r.Report(ctx, nil))
+	require.Zero(t, r.Report(ctx, nil))
+	require.Equal(t, 100*time.Millisecond, r.Report(ctx, down), "a success resets the backoff")
 	stopped, cancel := context.WithCancel(ctx)
 	cancel()
-	r.Report(stopped, errors.New("context canceled"))
-	require.Equal(t, []string{"claim failed; retrying every poll", "claim recovered"}, s.msgs)
+	require.Zero(t, r.Report(stopped, errors.New("context canceled")), "the actor's own stop is no outage")
+	require.Equal(t, []string{"claim failed; retrying with backoff", "claim recovered", "claim failed; retrying with backoff"}, s.msgs)
+}
+
+// A permanent error goes to the session's health (which ends the session
+// with it) and is not logged: Consume returns it.
+func TestPermanentErrorsReachTheSessionNotTheLog(t *testing.T) {
+	s := &sink{}
+	h := NewHealth(clock.NewMock(), time.Second)
+	r := &Reporter{Logger: slog.New(s), What: "claim", Health: h}
+	missing := &pgconn.PgError{Code: "42P01", Message: `relation "x.stream_1_range" does not exist`}
+	r.Report(context.Background(), missing)
+	r.Report(context.Background(), missing)
+	select {
+	case err := <-h.Fatal():
+		require.ErrorContains(t, err, "42P01")
+		require.ErrorContains(t, err, "sqlstreams migrate")
+	default:
+		t.Fatal("the permanent error did not reach the session")
+	}
+	require.Empty(t, s.msgs)
+
+	// Without a session to end (the manager), it is logged once per outage.
+	r2 := &Reporter{Logger: slog.New(s), What: "retention", Retry: "with backoff"}
+	r2.Report(context.Background(), missing)
+	r2.Report(context.Background(), missing)
+	require.Equal(t, []string{"retention failed; retrying with backoff"}, s.msgs[:1])
+	require.Len(t, s.msgs, 1)
+}
+
+// Health is ready while consuming and no reporter has failed for its TTL or
+// longer; its watchers hear of each change, the TTL boundary included.
+func TestHealthIsALevel(t *testing.T) {
+	mock := clock.NewMock()
+	h := NewHealth(mock, 10*time.Second)
+	defer h.Close()
+	changes := make(chan struct{}, 16)
+	stop := h.Watch(func() { changes <- struct{}{} })
+	defer stop()
+	require.False(t, h.Ready(), "not consuming yet")
+	h.SetConsuming(true)
+	<-changes
+	require.True(t, h.Ready())
+
+	r := &Reporter{What: "heartbeat", Health: h}
+	r.Report(context.Background(), errors.New("connection refused"))
+	mock.Add(9 * time.Second)
+	require.True(t, h.Ready(), "an outage shorter than the TTL keeps it ready")
+	mock.Add(time.Second)
+	<-changes // the TTL boundary's timer
+	require.False(t, h.Ready(), "failing for the TTL: not ready")
+	r.Report(context.Background(), nil)
+	<-changes
+	require.True(t, h.Ready(), "recovered")
+	h.SetConsuming(false)
+	require.False(t, h.Ready())
 }
