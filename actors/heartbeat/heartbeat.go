@@ -112,6 +112,9 @@ func (a *Actor) Serve(ctx context.Context) error {
 	}()
 	beat := func() {
 		if wait := a.outage.Report(ctx, a.Step(ctx)); wait > 0 && wait < a.Interval() {
+			if stopRetry != nil {
+				stopRetry()
+			}
 			r := a.cfg.Clock.Timer(wait)
 			retry, stopRetry = r.C, r.Stop
 		}

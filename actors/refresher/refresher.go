@@ -81,6 +81,9 @@ func (a *Actor) Serve(ctx context.Context) error {
 		}
 		changed, err := a.Step(ctx)
 		if wait := a.outage.Report(ctx, err); wait > 0 && wait < a.cfg.Interval {
+			if stopRetry != nil {
+				stopRetry()
+			}
 			r := a.cfg.Clock.Timer(wait)
 			retry, stopRetry = r.C, r.Stop
 		}
