@@ -35,7 +35,7 @@ func (c *Consumer[T]) Bindings(ctx context.Context, staleAfter time.Duration) (*
 	if staleAfter <= 0 {
 		staleAfter = 3 * DefaultBindingRetryInterval
 	}
-	inst, waits, err := c.s.c.store.BindingLedger(ctx, c.group.StreamID, c.group.ID)
+	inst, waits, err := c.db().BindingLedger(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("bindings of %q: %w", c.group.Name, err)
 	}

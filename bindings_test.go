@@ -17,6 +17,7 @@ import (
 	"github.com/c1702965/sqlstreams/actors/registrar"
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/c1702965/sqlstreams/internal/store/storetest"
 	"github.com/c1702965/sqlstreams/internal/topic"
 	"github.com/stretchr/testify/require"
 )
@@ -84,7 +85,7 @@ func (e *env) liveInstances(c *Consumer[order], now store.Now) int {
 	e.t.Helper()
 	n := 0
 	for _, w := range []string{store.WorkerMessageConsumer, store.WorkerExceptionConsumer} {
-		k, err := e.client.store.LiveInstances(context.Background(), c.group.Workers[w], now)
+		k, err := storetest.LiveInstances(context.Background(), e.client.store, c.group.Workers[w], now)
 		require.NoError(e.t, err)
 		n += k
 	}
@@ -106,7 +107,7 @@ func TestFirstInstallAndSameSetJoin(t *testing.T) {
 	rows := 0
 	require.NoError(t, e.pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s.stream_%d_binding_declaration", e.client.Schema(), c.group.StreamID)).Scan(&rows))
 	require.Equal(t, 1, rows)
-	set, err := e.client.store.BindingSet(ctx, c.group.StreamID, c.group.ID)
+	set, err := storetest.BindingSet(ctx, e.client.store, c.group.StreamID, c.group.ID)
 	require.NoError(t, err)
 	require.Equal(t, []string{"orders.eu.#", "orders.us.*"}, set)
 
@@ -261,7 +262,7 @@ func TestConcurrentInstallersEndWithExactlyOneSet(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			set, rx := compileBindings([]string{fmt.Sprintf("set%d.#", i)})
-			r, err := e.client.store.DeclareBindings(ctx, store.BindingRequest{StreamID: g2.group.StreamID, GroupID: g2.group.ID,
+			r, err := g2.db().DeclareBindings(ctx, store.BindingRequest{
 				Patterns: set, Regexes: rx, DeclaredBy: fmt.Sprint("installer-", i),
 				Instances: []store.InstanceInsert{{ID: engine.NewID(), WorkerConfigID: g2.group.Workers[store.WorkerMessageConsumer], TTL: time.Minute}}})
 			require.NoError(t, err)
@@ -280,7 +281,7 @@ func TestConcurrentInstallersEndWithExactlyOneSet(t *testing.T) {
 		}
 	}
 	require.Equal(t, 1, installedCount)
-	set, err := e.client.store.BindingSet(ctx, g2.group.StreamID, g2.group.ID)
+	set, err := storetest.BindingSet(ctx, e.client.store, g2.group.StreamID, g2.group.ID)
 	require.NoError(t, err)
 	require.Equal(t, winner, set)
 }
@@ -369,7 +370,7 @@ func TestEveryClaimUsesExactlyOneDeclaredSet(t *testing.T) {
 			_, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: set}) // no live instance: swaps
 			require.NoError(t, err)
 		}
-		inst, _, err := e.client.store.BindingLedger(ctx, c.group.StreamID, c.group.ID)
+		inst, _, err := c.db().BindingLedger(ctx)
 		require.NoError(t, err)
 		if len(inst.Patterns) == 0 {
 			sets[0] = nil // the whole stream: no binding rows

@@ -14,6 +14,7 @@ import (
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/c1702965/sqlstreams/internal/wakeup"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -141,6 +142,7 @@ type Client struct {
 	cfg   ClientConfig
 	store *store.Store
 	hub   *engine.Hub
+	wakes wakeup.Combiner // pool produces' wake-ups, merged
 }
 
 // NewClient validates cfg and returns a client on pool. Unless

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 
 	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/c1702965/sqlstreams/internal/store/storetest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -98,14 +99,14 @@ func (e *env) produceN(s *StreamHandle[order], prefix string, n int) {
 
 func (e *env) leases(c *Consumer[order]) []store.Lease {
 	e.t.Helper()
-	l, err := e.client.store.RangeLeases(context.Background(), c.group.StreamID, c.group.ID)
+	l, err := c.db().RangeLeases(context.Background())
 	require.NoError(e.t, err)
 	return l
 }
 
 func (e *env) exceptions(c *Consumer[order]) int64 {
 	e.t.Helper()
-	n, err := e.client.store.CountExceptions(context.Background(), c.group.StreamID, c.group.ID)
+	n, err := storetest.CountExceptions(context.Background(), e.client.store, c.group.StreamID, c.group.ID)
 	require.NoError(e.t, err)
 	return n
 }

@@ -359,7 +359,7 @@ func (h *ConsumerHandle[T]) Register(ctx context.Context, cfg *ConsumerConfig) (
 	con.patterns, con.regexes = compileBindings(c.Bindings)
 	// One attempt at the binding declaration; the wait, if any, lives in
 	// Consume.
-	res, err := h.s.c.store.DeclareBindings(ctx, store.BindingRequest{StreamID: g.StreamID, GroupID: g.ID,
+	res, err := h.s.c.store.Group(g.StreamID, g.ID).DeclareBindings(ctx, store.BindingRequest{
 		Patterns: con.patterns, Regexes: con.regexes, DeclaredBy: declaredBy(), Now: h.s.c.dbNow()})
 	if err != nil {
 		return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
@@ -374,6 +374,9 @@ func (h *ConsumerHandle[T]) Register(ctx context.Context, cfg *ConsumerConfig) (
 
 // Name returns the group's name.
 func (c *Consumer[T]) Name() string { return c.group.Name }
+
+// db is the group's handle on the store.
+func (c *Consumer[T]) db() store.Group { return c.s.c.store.Group(c.group.StreamID, c.group.ID) }
 
 // Stats is a snapshot of a Consumer's counters over all its sessions in
 // this process.

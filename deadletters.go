@@ -25,7 +25,7 @@ func (c *Consumer[T]) DeadLetters(ctx context.Context, afterID int64, limit int)
 	if limit < 1 || limit > 1000 {
 		return nil, fmt.Errorf("%w: DeadLetters limit %d outside 1..1000", ErrInvalidConfig, limit)
 	}
-	rows, err := c.s.c.store.ListDead(ctx, c.group.StreamID, c.group.ID, afterID, limit)
+	rows, err := c.db().ListDead(ctx, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("dead letters of %q: %w", c.group.Name, err)
 	}
@@ -39,7 +39,7 @@ func (c *Consumer[T]) DeadLetters(ctx context.Context, afterID int64, limit int)
 // Redrive puts one dead letter back on the retry curve from attempt zero,
 // due now. It reports whether the message was dead.
 func (c *Consumer[T]) Redrive(ctx context.Context, messageID int64) (bool, error) {
-	n, err := c.s.c.store.Redrive(ctx, c.group.StreamID, c.group.ID, &messageID, c.s.c.dbNow())
+	n, err := c.db().Redrive(ctx, &messageID, c.s.c.dbNow())
 	if err != nil {
 		return false, fmt.Errorf("redrive message %d of %q: %w", messageID, c.group.Name, err)
 	}
@@ -49,7 +49,7 @@ func (c *Consumer[T]) Redrive(ctx context.Context, messageID int64) (bool, error
 // RedriveAll puts every dead letter of the group back on the curve and
 // returns how many.
 func (c *Consumer[T]) RedriveAll(ctx context.Context) (int64, error) {
-	n, err := c.s.c.store.Redrive(ctx, c.group.StreamID, c.group.ID, nil, c.s.c.dbNow())
+	n, err := c.db().Redrive(ctx, nil, c.s.c.dbNow())
 	if err != nil {
 		return 0, fmt.Errorf("redrive dead letters of %q: %w", c.group.Name, err)
 	}

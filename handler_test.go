@@ -35,7 +35,7 @@ func TestPanicDoesNotKillTheInstance(t *testing.T) {
 	require.NoError(t, sess.stop(t))
 
 	require.EqualValues(t, 1, c.Stats().Panics)
-	xs, err := e.client.store.ExceptionStates(context.Background(), c.group.StreamID, c.group.ID)
+	xs, err := c.db().ExceptionStates(context.Background())
 	require.NoError(t, err)
 	require.Len(t, xs, 1)
 	require.Contains(t, xs[0].LastError, "handler panic: nil map somewhere")
@@ -72,7 +72,7 @@ func TestHungHandlerPastTimeoutIsAbandonedAndTheInstanceKeepsConsuming(t *testin
 
 	st := c.Stats()
 	require.EqualValues(t, 1, st.Abandoned)
-	xs, err := e.client.store.ExceptionStates(context.Background(), c.group.StreamID, c.group.ID)
+	xs, err := c.db().ExceptionStates(context.Background())
 	require.NoError(t, err)
 	require.Len(t, xs, 1)
 	require.Equal(t, "dead", xs[0].Status)
@@ -82,7 +82,7 @@ func TestHungHandlerPastTimeoutIsAbandonedAndTheInstanceKeepsConsuming(t *testin
 }
 
 func TestTimeoutCancelsTheHandlerContext(t *testing.T) {
-	e, s, c := setup(t, nil, "g", 0)
+	_, s, c := setup(t, nil, "g", 0)
 	sawDeadline := make(chan time.Duration, 1)
 	sess := consume(t, c, func(ctx context.Context, o *order) error {
 		meta, _ := MetaFromContext(ctx)
@@ -95,7 +95,7 @@ func TestTimeoutCancelsTheHandlerContext(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 30*time.Millisecond, within(t, sawDeadline, "the handler"))
 	require.NoError(t, sess.stop(t))
-	xs, err := e.client.store.ExceptionStates(context.Background(), c.group.StreamID, c.group.ID)
+	xs, err := c.db().ExceptionStates(context.Background())
 	require.NoError(t, err)
 	require.Len(t, xs, 1)
 	require.Contains(t, xs[0].LastError, "handler timed out after 30ms")

@@ -10,6 +10,7 @@ import (
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/c1702965/sqlstreams/internal/store/storetest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -31,14 +32,14 @@ func TestHeartbeatStepRenewsLeasesAndReportsLoss(t *testing.T) {
 	require.Equal(t, 10*time.Second, hb.Interval())
 	require.NoError(t, hb.Step(ctx))
 	live := func() int {
-		n, err := e.client.store.LiveInstances(ctx, c.group.Workers[store.WorkerMessageConsumer], engine.DBNow(mock)())
+		n, err := storetest.LiveInstances(ctx, e.client.store, c.group.Workers[store.WorkerMessageConsumer], engine.DBNow(mock)())
 		require.NoError(t, err)
 		return n
 	}
 	require.Equal(t, 1, live())
 
-	args := store.ClaimArgs{StreamID: c.group.StreamID, GroupID: c.group.ID, Owner: id, Limit: 10, Lease: 30 * time.Second, Now: engine.DBNow(mock)()}
-	_, ok, err := e.client.store.ClaimRange(ctx, args)
+	args := store.ClaimParams{Owner: id, Limit: 10, Lease: 30 * time.Second, Now: engine.DBNow(mock)()}
+	_, ok, err := c.db().ClaimRange(ctx, args)
 	require.NoError(t, err)
 	require.True(t, ok)
 
@@ -49,7 +50,7 @@ func TestHeartbeatStepRenewsLeasesAndReportsLoss(t *testing.T) {
 	require.Equal(t, 1, live())
 	other := args
 	other.Owner, other.Now = engine.NewID(), engine.DBNow(mock)()
-	_, ok, err = e.client.store.ReclaimRange(ctx, other)
+	_, ok, err = c.db().ReclaimRange(ctx, other)
 	require.NoError(t, err)
 	require.False(t, ok, "a renewed lease is not reclaimable")
 
@@ -57,7 +58,7 @@ func TestHeartbeatStepRenewsLeasesAndReportsLoss(t *testing.T) {
 	mock.Add(31 * time.Second)
 	require.Zero(t, live())
 	other.Now = engine.DBNow(mock)()
-	_, ok, err = e.client.store.ReclaimRange(ctx, other)
+	_, ok, err = c.db().ReclaimRange(ctx, other)
 	require.NoError(t, err)
 	require.True(t, ok, "a lapsed instance's range is reclaimed")
 

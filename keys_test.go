@@ -25,19 +25,19 @@ func TestPoisonRangeIsQuarantinedAndHealthyMessagesAreDelivered(t *testing.T) {
 		func(*order, int) error { return nil })
 	ctx := context.Background()
 	st.e.produceN(s, "m", 5)
-	stream, group := st.c.group.StreamID, st.c.group.ID
-	db := st.e.client.store
+	stream := st.c.group.StreamID
+	db, g := st.e.client.store, st.c.db()
 
 	// Two holders claim the range and die on it (their leases lapse).
 	for i := range 2 {
 		owner := engine.NewID()
-		args := store.ClaimArgs{StreamID: stream, GroupID: group, Owner: owner, Limit: 10, Lease: time.Minute, Now: st.now()}
+		args := store.ClaimParams{Owner: owner, Limit: 10, Lease: time.Minute, Now: st.now()}
 		if i == 0 {
-			_, ok, err := db.ClaimRange(ctx, args)
+			_, ok, err := g.ClaimRange(ctx, args)
 			require.NoError(t, err)
 			require.True(t, ok)
 		} else {
-			_, ok, err := db.ReclaimRange(ctx, args)
+			_, ok, err := g.ReclaimRange(ctx, args)
 			require.NoError(t, err)
 			require.True(t, ok)
 		}
@@ -46,7 +46,7 @@ func TestPoisonRangeIsQuarantinedAndHealthyMessagesAreDelivered(t *testing.T) {
 	// The next reclaim is past MaxRangeReclaims: quarantine, nothing runs.
 	require.Zero(t, st.claimRange())
 	require.EqualValues(t, 1, st.stats.Quarantined.Load())
-	leases, err := db.RangeLeases(ctx, stream, group)
+	leases, err := g.RangeLeases(ctx)
 	require.NoError(t, err)
 	require.Empty(t, leases)
 	require.Len(t, st.states(), 5)

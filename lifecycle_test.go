@@ -21,6 +21,7 @@ import (
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/c1702965/sqlstreams/internal/store/storetest"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
@@ -31,7 +32,8 @@ import (
 func TestLateCommitIsNotSkipped(t *testing.T) {
 	e, s, c := setup(t, nil, "g", 0)
 	ctx := context.Background()
-	args := store.ClaimArgs{StreamID: c.group.StreamID, GroupID: c.group.ID, Owner: engine.NewID(), Limit: 100, Lease: time.Minute}
+	args := store.ClaimParams{Owner: engine.NewID(), Limit: 100, Lease: time.Minute}
+	db := c.db()
 
 	tx1, err := e.pool.Begin(ctx)
 	require.NoError(t, err)
@@ -47,15 +49,15 @@ func TestLateCommitIsNotSkipped(t *testing.T) {
 	require.NoError(t, tx2.Commit(ctx))
 
 	// B is committed but sits behind A's open transaction: nothing is handed out.
-	_, ok, err := e.client.store.ClaimRange(ctx, args)
+	_, ok, err := db.ClaimRange(ctx, args)
 	require.NoError(t, err)
 	require.False(t, ok, "a claim must not pass an open transaction's position")
-	g, err := e.client.store.GateProbe(ctx, c.group.StreamID, c.group.ID)
+	g, err := db.GateProbe(ctx)
 	require.NoError(t, err)
 	require.True(t, g.Pending, "the probe sees committed rows waiting behind the gate")
 
 	require.NoError(t, tx1.Commit(ctx))
-	r, ok, err := e.client.store.ClaimRange(ctx, args)
+	r, ok, err := db.ClaimRange(ctx, args)
 	require.NoError(t, err)
 	require.True(t, ok)
 	var ids []int64
@@ -63,8 +65,8 @@ func TestLateCommitIsNotSkipped(t *testing.T) {
 		ids = append(ids, m.ID)
 	}
 	require.Equal(t, []int64{a.ID, b.ID}, ids, "both arrive, in commit-safe order")
-	require.NoError(t, e.client.store.CommitRange(ctx, c.group.StreamID, store.RangeCommit{GroupID: c.group.ID, RangeID: r.ID, Token: r.Token}, nil))
-	_, ok, err = e.client.store.ClaimRange(ctx, args)
+	require.NoError(t, db.CommitRange(ctx, store.RangeCommit{RangeID: r.ID, Token: r.Token}))
+	_, ok, err = db.ClaimRange(ctx, args)
 	require.NoError(t, err)
 	require.False(t, ok)
 }
@@ -120,21 +122,21 @@ func TestOpenTransactionStallIsVisible(t *testing.T) {
 func TestLeaseFenceRejectsTheOldOwner(t *testing.T) {
 	e, _, c := setup(t, nil, "g", 5)
 	ctx := context.Background()
-	st := e.client.store
+	st, db := e.client.store, c.db()
 	ownerA, ownerB := engine.NewID(), engine.NewID()
-	argsA := store.ClaimArgs{StreamID: c.group.StreamID, GroupID: c.group.ID, Owner: ownerA, Limit: 10, Lease: time.Minute}
+	argsA := store.ClaimParams{Owner: ownerA, Limit: 10, Lease: time.Minute}
 	argsB := argsA
 	argsB.Owner = ownerB
 
-	ra, ok, err := st.ClaimRange(ctx, argsA)
+	ra, ok, err := db.ClaimRange(ctx, argsA)
 	require.NoError(t, err)
 	require.True(t, ok)
-	_, ok, err = st.ReclaimRange(ctx, argsB)
+	_, ok, err = db.ReclaimRange(ctx, argsB)
 	require.NoError(t, err)
 	require.False(t, ok, "a live lease is not reclaimed")
 
 	require.NoError(t, st.ExpireOwnedRanges(ctx, ownerA, c.group.StreamID, nil))
-	rb, ok, err := st.ReclaimRange(ctx, argsB)
+	rb, ok, err := db.ReclaimRange(ctx, argsB)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, ra.ID, rb.ID)
@@ -143,13 +145,13 @@ func TestLeaseFenceRejectsTheOldOwner(t *testing.T) {
 	require.Len(t, rb.Messages, 5)
 
 	fail := []store.ExceptionWrite{{Position: ra.Messages[0].Position, Concurrency: "parallel", Status: "pending", Attempts: 1, Error: "late"}}
-	err = st.CommitRange(ctx, c.group.StreamID, store.RangeCommit{GroupID: c.group.ID, RangeID: ra.ID, Token: ra.Token, Exceptions: fail}, nil)
+	err = db.CommitRange(ctx, store.RangeCommit{RangeID: ra.ID, Token: ra.Token, Exceptions: fail})
 	require.ErrorIs(t, err, store.ErrLeaseLost)
-	require.ErrorIs(t, st.ReleaseRange(ctx, c.group.StreamID, store.Release{GroupID: c.group.ID, RangeID: ra.ID, Token: ra.Token}, nil), store.ErrLeaseLost)
+	require.ErrorIs(t, db.ReleaseRange(ctx, store.Release{RangeID: ra.ID, Token: ra.Token}), store.ErrLeaseLost)
 	require.Zero(t, e.exceptions(c), "a fenced commit writes nothing")
 	require.Len(t, e.leases(c), 1)
 
-	require.NoError(t, st.CommitRange(ctx, c.group.StreamID, store.RangeCommit{GroupID: c.group.ID, RangeID: rb.ID, Token: rb.Token}, nil))
+	require.NoError(t, db.CommitRange(ctx, store.RangeCommit{RangeID: rb.ID, Token: rb.Token}))
 	require.Empty(t, e.leases(c))
 }
 
@@ -176,7 +178,7 @@ func TestKilledInstanceRangeIsReclaimed(t *testing.T) {
 	require.Equal(t, aID, leases[0].Owner)
 	require.Zero(t, e.exceptions(c), "nothing was committed")
 
-	require.NoError(t, e.client.store.ExpireInstanceLeases(ctx, aID, c.group.StreamID))
+	require.NoError(t, storetest.ExpireInstanceLeases(ctx, e.client.store, aID, c.group.StreamID))
 	col := newCollector(10)
 	b := consume(t, c, func(_ context.Context, o *order) error { col.add(o.OrderID); return nil }, fast())
 	within(t, col.done, "the reclaimed range")
@@ -308,7 +310,7 @@ func TestKilledProcessRangeIsReclaimed(t *testing.T) {
 	leases := e.leases(c)
 	require.Len(t, leases, 1)
 	require.Equal(t, childID, leases[0].Owner)
-	require.NoError(t, e.client.store.ExpireInstanceLeases(ctx, childID, c.group.StreamID))
+	require.NoError(t, storetest.ExpireInstanceLeases(ctx, e.client.store, childID, c.group.StreamID))
 
 	col := newCollector(20)
 	b := consume(t, c, func(_ context.Context, o *order) error { col.add(o.OrderID); return nil }, fast())
@@ -435,13 +437,14 @@ func TestALostClaimReplyIsLetGo(t *testing.T) {
 	ctx := context.Background()
 	_, err := s.ProduceBatch(ctx, keyedBatch(4, 2), &ProduceOptions{Message: &MessageOptions{Concurrency: Exclusive}})
 	require.NoError(t, err)
-	db := st.e.client.store
+	db := st.c.db()
 	me := st.common.InstanceID
-	args := store.ClaimArgs{StreamID: st.c.group.StreamID, GroupID: st.c.group.ID, Owner: me, Limit: 10, Lease: time.Minute, Now: st.now()}
+	args := store.ClaimParams{Owner: me, Limit: 10, Lease: time.Minute, Now: st.now()}
 	lost, ok, err := db.ClaimRange(ctx, args) // the claimer never sees this reply
 	require.NoError(t, err)
 	require.True(t, ok)
-	_, _, err = db.AcquireKeys(ctx, args.StreamID, args.GroupID, lost.ID, []store.KeyClaim{{Key: "k0"}, {Key: "k1"}}, lost.Token, me, time.Minute, st.now())
+	_, _, err = db.AcquireKeys(ctx, store.AcquireKeys{RangeID: lost.ID, Want: []store.KeyClaim{{Key: "k0"}, {Key: "k1"}},
+		Token: lost.Token, Owner: me, TTL: time.Minute, Now: st.now()})
 	require.NoError(t, err)
 
 	require.Zero(t, st.claimRange(), "nothing new to claim, and the lost range is live")
@@ -456,7 +459,7 @@ func TestALostClaimReplyIsLetGo(t *testing.T) {
 	require.Equal(t, 1, st.claimRange())
 	st.mock.Add(time.Second)
 	ex, exID := st.newExc()
-	runs, err := db.ClaimExceptions(ctx, args.StreamID, args.GroupID, exID, 10, 0, time.Minute, st.now())
+	runs, err := db.ClaimExceptions(ctx, store.ClaimExceptions{Owner: exID, Limit: 10, Lease: time.Minute, Now: st.now()})
 	require.NoError(t, err)
 	require.Len(t, runs, 1)
 	require.Equal(t, "running", st.states()[0].Status)
@@ -556,8 +559,8 @@ func TestACommitWhoseReplyWasLostIsNotReportedAsALostLease(t *testing.T) {
 	require.Len(t, st.e.leases(st.c), 1, "the attempt failed")
 	// What the lost attempt would have done on the server: the range,
 	// committed under its own token.
-	require.NoError(t, st.e.client.store.CommitRange(ctx, st.c.group.StreamID,
-		store.RangeCommit{GroupID: st.c.group.ID, RangeID: leases[0].ID, Token: leases[0].Token}, st.now()))
+	require.NoError(t, st.c.db().CommitRange(ctx,
+		store.RangeCommit{RangeID: leases[0].ID, Token: leases[0].Token, Now: st.now()}))
 
 	require.NoError(t, st.ranges.Flush(ctx)) // the retry finds the range gone
 	require.Zero(t, st.stats.LeasesLost.Load(), "no lease was lost")

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/c1702965/sqlstreams/internal/store/storetest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -35,7 +36,7 @@ func (e *env) count(s *StreamHandle[order]) int64 {
 	e.t.Helper()
 	row, _, err := s.resolve(context.Background(), nil)
 	require.NoError(e.t, err)
-	n, err := e.client.store.CountLog(context.Background(), row.ID)
+	n, err := storetest.CountLog(context.Background(), e.client.store, row.ID)
 	require.NoError(e.t, err)
 	return n
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/c1702965/sqlstreams/internal/store/storetest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -109,7 +110,7 @@ func (st *stepper) retry() int {
 
 func (st *stepper) states() []store.ExceptionState {
 	st.t.Helper()
-	xs, err := st.e.client.store.ExceptionStates(context.Background(), st.c.group.StreamID, st.c.group.ID)
+	xs, err := st.c.db().ExceptionStates(context.Background())
 	require.NoError(st.t, err)
 	return xs
 }
@@ -261,7 +262,7 @@ func TestDeliveryLogModes(t *testing.T) {
 			st.claimRange()
 			st.mock.Add(time.Minute)
 			require.Equal(t, 1, st.retry())
-			log, err := st.e.client.store.Deliveries(context.Background(), st.c.group.StreamID, st.c.group.ID, nil)
+			log, err := storetest.Deliveries(context.Background(), st.e.client.store, st.c.group.StreamID, st.c.group.ID, nil)
 			require.NoError(t, err)
 			var got []string
 			for _, d := range log {
@@ -290,7 +291,7 @@ func TestDeadLettersNeverPinTheCommittedPosition(t *testing.T) {
 	ctx := context.Background()
 	st.e.produceN(s, "m", 3) // m-0..m-2
 	st.claimRange()
-	committed, err := st.e.client.store.Committed(ctx, st.c.group.StreamID, st.c.group.ID)
+	committed, err := st.c.db().Committed(ctx)
 	require.NoError(t, err)
 	xs := st.states()
 	require.Len(t, xs, 1)
@@ -300,7 +301,7 @@ func TestDeadLettersNeverPinTheCommittedPosition(t *testing.T) {
 	_, err = s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "m-3"}}, {Msg: order{OrderID: "m-4"}}}, nil)
 	require.NoError(t, err)
 	st.claimRange()
-	pinned, err := st.e.client.store.Committed(ctx, st.c.group.StreamID, st.c.group.ID)
+	pinned, err := st.c.db().Committed(ctx)
 	require.NoError(t, err)
 	xs = st.states()
 	require.Len(t, xs, 2)

@@ -121,10 +121,11 @@ func (s *Scheduler) RunNow(ctx context.Context) error {
 		return err
 	}
 	key := "schedule:" + s.name + ":now:" + s.c.cfg.Clock.Now().UTC().Format(time.RFC3339Nano)
-	_, err = s.c.store.Produce(ctx, nil, store.StreamRef{ID: row.StreamID}, []store.NewMessage{{Version: row.Version, Payload: row.Payload, IdempotencyKey: key}}, s.c.dbNow())
-	if err = s.c.committed(ctx, "schedule "+s.name, err); err != nil {
+	msgs := []store.NewMessage{{Version: row.Version, Payload: row.Payload, IdempotencyKey: key}}
+	if _, err = s.c.store.Produce(ctx, nil, store.StreamRef{ID: row.StreamID}, msgs, s.c.dbNow()); err != nil {
 		return fmt.Errorf("schedule %q: run now: %w", s.name, err)
 	}
+	s.c.wake(ctx, "schedule "+s.name, row.StreamID, msgs)
 	return nil
 }
 

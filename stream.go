@@ -358,8 +358,11 @@ func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *
 	if errors.Is(err, store.ErrStreamChanged) {
 		s.forget()
 	}
-	if err = s.c.committed(ctx, s.name, err); err != nil {
+	if err != nil {
 		return nil, fmt.Errorf("produce to %q: %w", s.name, err)
+	}
+	if q == nil { // on a caller's transaction the wake-up rode it
+		s.c.wake(ctx, s.name, row.ID, msgs)
 	}
 	out := make([]Produced, len(res))
 	for i, r := range res {
@@ -368,14 +371,17 @@ func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *
 	return out, nil
 }
 
-// committed logs and clears a failed wake-up after a produce that committed:
-// the messages are written, and consumers find them at their next poll.
-func (c *Client) committed(ctx context.Context, stream string, err error) error {
-	var wake *store.WakeError
-	if !errors.As(err, &wake) {
-		return err
+// wake sends the wake-up of a produce that committed on the pool, merged
+// with those of produces committing meanwhile (internal/wakeup). A failed
+// wake-up is logged, not returned: the messages are written, and consumers
+// find them at their next poll.
+func (c *Client) wake(ctx context.Context, stream string, streamID int64, msgs []store.NewMessage) {
+	keys := make([]string, len(msgs))
+	for i := range msgs {
+		keys[i] = msgs[i].RoutingKey
 	}
-	codes.WakeFailed.Log(ctx, c.cfg.Logger, "sqlstreams: produced, but the wake-up notification failed; consumers will see the messages at their next poll",
-		"stream", stream, "err", wake.Err)
-	return nil
+	if err := c.wakes.Wake(ctx, streamID, keys, c.store.SendWakes); err != nil {
+		codes.WakeFailed.Log(ctx, c.cfg.Logger, "sqlstreams: produced, but the wake-up notification failed; consumers will see the messages at their next poll",
+			"stream", stream, "err", err)
+	}
 }

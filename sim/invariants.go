@@ -49,7 +49,7 @@ func (w *World) checks(name string) bool { return w.opts.Only == "" || w.opts.On
 
 // status maps message id to its exception row's status ("" for none).
 func (w *World) status(ctx context.Context) (map[int64]string, error) {
-	xs, err := w.st.ExceptionStates(ctx, w.streamID, w.groupID)
+	xs, err := w.db.ExceptionStates(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +74,7 @@ func (w *World) NoMessageLost(ctx context.Context) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	lost, err := w.st.Unaccounted(ctx, w.streamID, w.groupID, ids)
+	lost, err := w.db.Unaccounted(ctx, ids)
 	if err != nil {
 		return err
 	}
@@ -103,7 +103,7 @@ func (w *World) names(ids []int64) string {
 // message that is neither handled nor dead. (The simulator produces one
 // transaction at a time, so id order is log order.)
 func (w *World) CursorNeverPassesUnsettled(ctx context.Context) error {
-	committed, err := w.st.Committed(ctx, w.streamID, w.groupID)
+	committed, err := w.db.Committed(ctx)
 	if err != nil {
 		return err
 	}
@@ -126,7 +126,7 @@ func (w *World) CursorNeverPassesUnsettled(ctx context.Context) error {
 // WaitingInstanceNeverClaims: an instance whose binding set is waiting
 // holds no range lease and has handed out nothing.
 func (w *World) WaitingInstanceNeverClaims(ctx context.Context) error {
-	leases, err := w.st.RangeLeases(ctx, w.streamID, w.groupID)
+	leases, err := w.db.RangeLeases(ctx)
 	if err != nil {
 		return err
 	}
@@ -178,7 +178,7 @@ func (w *World) ConfigConvergesWithinOneRefresh(context.Context) error {
 // LedgerIsAppendOnly: every binding declaration row once seen is still
 // there, unchanged.
 func (w *World) LedgerIsAppendOnly(ctx context.Context) error {
-	rows, err := w.st.LedgerRows(ctx, w.streamID, w.groupID)
+	rows, err := w.db.LedgerRows(ctx)
 	if err != nil {
 		return err
 	}

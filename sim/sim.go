@@ -94,6 +94,7 @@ type World struct {
 	logger   *slog.Logger
 	streamID int64
 	groupID  int64
+	db       store.Group // the group's handle on the store
 	workers  map[string]int64
 
 	msgs     []*message // committed, in produce order
@@ -162,6 +163,7 @@ func New(ctx context.Context, st *store.Store, seed uint64, opts Options, cfg gr
 		return nil, err
 	}
 	w.streamID, w.groupID, w.workers = row.ID, g.ID, g.Workers
+	w.db = w.st.Group(row.ID, g.ID)
 	if err := w.declare(ctx, cfg); err != nil {
 		return nil, err
 	}
@@ -358,10 +360,7 @@ func (w *World) produce(ctx context.Context, q store.Querier, n int, key string,
 		msgs[i] = store.NewMessage{Version: 1, RoutingKey: routingKey, Key: key, Payload: payload, Options: optDoc}
 	}
 	out, err := w.st.Produce(ctx, q, store.StreamRef{ID: w.streamID}, msgs, w.now())
-	if wake := (*store.WakeError)(nil); errors.As(err, &wake) {
-		err = nil // committed; consumers find the messages at their next poll
-	}
-	if err != nil {
+	if err != nil { // simulated consumers poll: no wake-ups are sent
 		return nil, err
 	}
 	w.nextMsg += n
@@ -444,7 +443,7 @@ func (w *World) finish(j claimer.Job) {
 
 // Claim makes one range claim for the instance.
 func (w *World) Claim(ctx context.Context, in *instance) error {
-	decl, set, err := w.st.BindingsInForce(ctx, w.streamID, w.groupID)
+	decl, set, err := w.db.BindingsInForce(ctx)
 	if err != nil {
 		return err
 	}

@@ -183,6 +183,7 @@ type keyState struct {
 // Actor is the range claimer.
 type Actor struct {
 	cfg      Config
+	db       store.Group
 	runner   *runner
 	ranges   map[int64]*inflight
 	keys     map[string]*keyState // key leases held, across ranges
@@ -197,7 +198,7 @@ type Actor struct {
 
 // New returns a range claimer.
 func New(cfg Config) *Actor {
-	a := &Actor{cfg: cfg, runner: &runner{handler: cfg.Handler, clock: cfg.Clock, grace: cfg.TimeoutGrace, stats: cfg.Stats},
+	a := &Actor{cfg: cfg, db: cfg.Store.Group(cfg.StreamID, cfg.GroupID), runner: &runner{handler: cfg.Handler, clock: cfg.Clock, grace: cfg.TimeoutGrace, stats: cfg.Stats},
 		outage: cfg.reporter("claimer store call")}
 	a.reset()
 	return a
@@ -228,11 +229,8 @@ func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
 		}
 	}
 	group := a.cfg.Group()
-	args := store.ClaimArgs{
-		StreamID: a.cfg.StreamID, GroupID: a.cfg.GroupID, Owner: a.cfg.InstanceID,
-		Limit: a.cfg.BatchLimit, Lease: a.cfg.Lease, Now: a.cfg.DBNow(),
-	}
-	r, ok, err := a.cfg.Store.ReclaimRange(ctx, args)
+	args := store.ClaimParams{Owner: a.cfg.InstanceID, Limit: a.cfg.BatchLimit, Lease: a.cfg.Lease, Now: a.cfg.DBNow()}
+	r, ok, err := a.db.ReclaimRange(ctx, args)
 	if err != nil {
 		return nil, err
 	}
@@ -244,7 +242,7 @@ func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
 		a.cfg.Logger.Info("reclaimed an expired range", "range", r.ID, "reclaims", r.Reclaims, "messages", len(r.Messages))
 		return a.dispatch(ctx, r, group)
 	}
-	r, ok, err = a.cfg.Store.ClaimRange(ctx, args)
+	r, ok, err = a.db.ClaimRange(ctx, args)
 	if err != nil {
 		return nil, err
 	}
@@ -269,8 +267,8 @@ func (a *Actor) quarantine(ctx context.Context, r store.Range, group policy.Grou
 		writes = append(writes, store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(e.Concurrency),
 			Status: policy.StatusPending, Error: fmt.Sprintf("quarantined: its range was reclaimed %d times (MaxRangeReclaims %d)", r.Reclaims, max)})
 	}
-	s := store.RangeCommit{GroupID: a.cfg.GroupID, RangeID: r.ID, Token: r.Token, Exceptions: writes}
-	if err := a.cfg.Store.CommitRange(ctx, a.cfg.StreamID, s, a.cfg.DBNow()); err != nil {
+	s := store.RangeCommit{RangeID: r.ID, Token: r.Token, Exceptions: writes, Now: a.cfg.DBNow()}
+	if err := a.db.CommitRange(ctx, s); err != nil {
 		if errors.Is(err, store.ErrLeaseLost) {
 			return nil
 		}
@@ -353,7 +351,8 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 	var held, blocked map[string]bool
 	if len(want) > 0 {
 		var err error
-		held, blocked, err = a.cfg.Store.AcquireKeys(ctx, a.cfg.StreamID, a.cfg.GroupID, r.ID, want, r.Token, a.cfg.InstanceID, a.cfg.Lease, a.cfg.DBNow())
+		held, blocked, err = a.db.AcquireKeys(ctx, store.AcquireKeys{RangeID: r.ID, Want: want, Token: r.Token,
+			Owner: a.cfg.InstanceID, TTL: a.cfg.Lease, Now: a.cfg.DBNow()})
 		if err != nil {
 			// Keys unknown: hand the range back rather than run keyed
 			// messages unguarded.
@@ -366,8 +365,8 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 			for i, k := range want {
 				taken[i] = store.KeyLease{Key: k.Key, Token: r.Token}
 			}
-			rel := store.Release{GroupID: a.cfg.GroupID, RangeID: r.ID, Token: r.Token, Keys: taken}
-			if rerr := a.cfg.Store.ReleaseRange(ctx, a.cfg.StreamID, rel, a.cfg.DBNow()); rerr != nil {
+			rel := store.Release{RangeID: r.ID, Token: r.Token, Keys: taken, Now: a.cfg.DBNow()}
+			if rerr := a.db.ReleaseRange(ctx, rel); rerr != nil {
 				return stale, errors.Join(err, rerr)
 			}
 			return stale, err
@@ -437,7 +436,7 @@ func (a *Actor) defer_(in *inflight, i int, after time.Duration, why string) {
 // transaction for longer than StallAfter, the stall is logged once and
 // counted. Nothing is skipped; delivery resumes when the transaction ends.
 func (a *Actor) checkGate(ctx context.Context) error {
-	g, err := a.cfg.Store.GateProbe(ctx, a.cfg.StreamID, a.cfg.GroupID)
+	g, err := a.db.GateProbe(ctx)
 	if err != nil {
 		return err
 	}
@@ -594,8 +593,8 @@ func (a *Actor) commit(ctx context.Context, id int64) error {
 			writes = append(writes, *w)
 		}
 	}
-	s := store.RangeCommit{GroupID: a.cfg.GroupID, RangeID: id, Token: in.r.Token, Exceptions: writes, Deliveries: in.log, Keys: a.releaseKeys(in)}
-	err := a.cfg.Store.CommitRange(ctx, a.cfg.StreamID, s, a.cfg.DBNow())
+	s := store.RangeCommit{RangeID: id, Token: in.r.Token, Exceptions: writes, Deliveries: in.log, Keys: a.releaseKeys(in), Now: a.cfg.DBNow()}
+	err := a.db.CommitRange(ctx, s)
 	switch {
 	case errors.Is(err, store.ErrRangeGone) && in.uncertain:
 		// No one holds the range and its row is gone: the earlier attempt
@@ -675,7 +674,7 @@ func (a *Actor) Reconcile(ctx context.Context) error {
 	for k, ks := range a.keys {
 		keys = append(keys, store.KeyLease{Key: k, Token: ks.token})
 	}
-	ranges, leases, err := a.cfg.Store.ForgetUnknownRanges(ctx, a.cfg.StreamID, a.cfg.GroupID, a.cfg.InstanceID, known, keys, a.cfg.DBNow())
+	ranges, leases, err := a.db.ForgetUnknownRanges(ctx, store.ForgetRanges{Owner: a.cfg.InstanceID, Ranges: known, Keys: keys, Now: a.cfg.DBNow()})
 	if err != nil {
 		return err
 	}
@@ -726,8 +725,8 @@ func (a *Actor) HandBack(ctx context.Context) error {
 			}
 			lo = &in.r.Messages[i].Position
 		}
-		rel := store.Release{GroupID: a.cfg.GroupID, RangeID: in.r.ID, Token: in.r.Token, Lo: lo, Keys: a.releaseKeys(in)}
-		err := a.cfg.Store.ReleaseRange(ctx, a.cfg.StreamID, rel, a.cfg.DBNow())
+		rel := store.Release{RangeID: in.r.ID, Token: in.r.Token, Lo: lo, Keys: a.releaseKeys(in), Now: a.cfg.DBNow()}
+		err := a.db.ReleaseRange(ctx, rel)
 		if err != nil && !errors.Is(err, store.ErrLeaseLost) {
 			errs = append(errs, err) // kept: a later HandBack tries again
 			continue

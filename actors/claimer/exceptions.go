@@ -45,6 +45,7 @@ type excRun struct {
 // the rest of the chain goes back to pending, spending nothing.
 type ExceptionActor struct {
 	cfg     ExceptionConfig
+	db      store.Group
 	runner  *runner
 	running map[store.Position]*excRun
 	outage  *outage.Reporter
@@ -60,7 +61,7 @@ func NewExceptionActor(cfg ExceptionConfig) *ExceptionActor {
 	if cfg.Chain < 0 {
 		cfg.Chain = 0
 	}
-	return &ExceptionActor{cfg: cfg, running: map[store.Position]*excRun{},
+	return &ExceptionActor{cfg: cfg, db: cfg.Store.Group(cfg.StreamID, cfg.GroupID), running: map[store.Position]*excRun{},
 		runner: &runner{handler: cfg.Handler, clock: cfg.Clock, grace: cfg.TimeoutGrace, stats: cfg.Stats},
 		outage: cfg.reporter("exception claimer store call")}
 }
@@ -82,7 +83,8 @@ func (a *ExceptionActor) Claim(ctx context.Context) ([]Job, error) {
 			return nil, err
 		}
 	}
-	rows, err := a.cfg.Store.ClaimExceptions(ctx, a.cfg.StreamID, a.cfg.GroupID, a.cfg.InstanceID, free, a.cfg.Chain, a.cfg.Lease, a.cfg.DBNow())
+	rows, err := a.db.ClaimExceptions(ctx, store.ClaimExceptions{Owner: a.cfg.InstanceID, Limit: free, Chain: a.cfg.Chain,
+		Lease: a.cfg.Lease, Now: a.cfg.DBNow()})
 	if err != nil {
 		return nil, err
 	}
@@ -129,8 +131,8 @@ func (a *ExceptionActor) startRow(ctx context.Context, r *excRun, haveKey bool) 
 			Delays: r.run.Delays, Error: "lease expired on its last attempt: the instance running it died or stopped renewing"})
 	}
 	if !haveKey && r.eff.Concurrency.Keyed() && m.Key != "" {
-		held, _, err := a.cfg.Store.AcquireKeys(ctx, a.cfg.StreamID, a.cfg.GroupID, 0,
-			[]store.KeyClaim{{Key: m.Key, Position: m.Position}}, r.run.Token, a.cfg.InstanceID, a.cfg.Lease, a.cfg.DBNow())
+		held, _, err := a.db.AcquireKeys(ctx, store.AcquireKeys{Want: []store.KeyClaim{{Key: m.Key, Position: m.Position}},
+			Token: r.run.Token, Owner: a.cfg.InstanceID, TTL: a.cfg.Lease, Now: a.cfg.DBNow()})
 		if err != nil || !held[m.Key] {
 			a.cfg.Stats.Deferred.Add(1)
 			jobs, serr := a.settle(ctx, r, store.Settlement{Status: policy.StatusPending, Attempts: r.run.Attempts,
@@ -152,7 +154,8 @@ func (a *ExceptionActor) settle(ctx context.Context, r *excRun, s store.Settleme
 	if (s.Delete || s.Status == policy.StatusDead) && len(r.queued) > 0 && !a.draining_ {
 		s.Next = &r.queued[0]
 	}
-	started, err := a.cfg.Store.SettleException(ctx, a.cfg.StreamID, a.cfg.GroupID, r.run.Position, r.run.Token, s, a.cfg.DBNow())
+	s.Position, s.Token, s.Now = r.run.Position, r.run.Token, a.cfg.DBNow()
+	started, err := a.db.SettleException(ctx, s)
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		a.cfg.Stats.LeasesLost.Add(1)
@@ -176,7 +179,7 @@ func (a *ExceptionActor) giveBack(ctx context.Context, runs []store.ExceptionRun
 	if len(runs) == 0 {
 		return nil
 	}
-	return a.cfg.Store.ReturnRuns(ctx, a.cfg.StreamID, a.cfg.GroupID, runs, a.cfg.DBNow())
+	return a.db.ReturnRuns(ctx, runs, a.cfg.DBNow())
 }
 
 // Outcome writes one attempt's result under the row's lease token and
@@ -226,7 +229,8 @@ func (a *ExceptionActor) HandBack(ctx context.Context) error {
 			s = *r.unwritten
 		}
 		s.Next = nil // nothing more starts
-		_, err := a.cfg.Store.SettleException(ctx, a.cfg.StreamID, a.cfg.GroupID, r.run.Position, r.run.Token, s, a.cfg.DBNow())
+		s.Position, s.Token, s.Now = r.run.Position, r.run.Token, a.cfg.DBNow()
+		_, err := a.db.SettleException(ctx, s)
 		if errors.Is(err, store.ErrLeaseLost) {
 			a.cfg.Stats.LeasesLost.Add(1)
 			err = nil
@@ -291,7 +295,7 @@ func (a *ExceptionActor) Reconcile(ctx context.Context) error {
 			tokens = append(tokens, q.Token)
 		}
 	}
-	runs, leases, err := a.cfg.Store.ForgetUnknownRuns(ctx, a.cfg.StreamID, a.cfg.GroupID, a.cfg.InstanceID, tokens, a.cfg.DBNow())
+	runs, leases, err := a.db.ForgetUnknownRuns(ctx, a.cfg.InstanceID, tokens, a.cfg.DBNow())
 	if err != nil {
 		return err
 	}

@@ -56,8 +56,8 @@ func New(cfg Config) *Actor { return &Actor{cfg: cfg} }
 // Step makes one attempt. declared_at stays the first attempt's across
 // retries; attempt_at is each attempt's own.
 func (a *Actor) Step(ctx context.Context) (store.BindingResult, error) {
-	res, err := a.cfg.Store.DeclareBindings(ctx, store.BindingRequest{
-		StreamID: a.cfg.StreamID, GroupID: a.cfg.GroupID, Patterns: a.cfg.Patterns, Regexes: a.cfg.Regexes,
+	res, err := a.cfg.Store.Group(a.cfg.StreamID, a.cfg.GroupID).DeclareBindings(ctx, store.BindingRequest{
+		Patterns: a.cfg.Patterns, Regexes: a.cfg.Regexes,
 		DeclaredBy: a.cfg.DeclaredBy, DeclaredAt: a.declaredAt, Instances: a.cfg.Instances, Now: a.cfg.DBNow(),
 	})
 	if err != nil {

@@ -19,8 +19,6 @@ const (
 
 // BindingRequest is one Register attempt's declaration of a group's set.
 type BindingRequest struct {
-	StreamID   int64
-	GroupID    int64
 	Patterns   []string // normalized: sorted, distinct
 	Regexes    []string // Patterns translated for the database, same order
 	DeclaredBy string
@@ -57,18 +55,18 @@ type BindingResult struct {
 // none stored → join or install; a different set while any live worker
 // instance of the group exists → append a waiting row; a different set with
 // none → swap the binding rows and append an installed row.
-func (st *Store) DeclareBindings(ctx context.Context, req BindingRequest) (BindingResult, error) {
-	t := st.streamTables(req.StreamID)
+func (g Group) DeclareBindings(ctx context.Context, req BindingRequest) (BindingResult, error) {
+	st := g.st
 	var res BindingResult
 	err := pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
 		res = BindingResult{}
 		if err := tx.QueryRow(ctx, st.sql(`-- store.DeclareBindings
 SELECT coalesce($2, coalesce($3, now())) FROM %[1]s.consumer_group_config WHERE id = $1 FOR UPDATE`),
-			req.GroupID, req.DeclaredAt, req.Now).Scan(&res.DeclaredAt); err != nil {
+			g.GroupID, req.DeclaredAt, req.Now).Scan(&res.DeclaredAt); err != nil {
 			return fmt.Errorf("lock group row: %w", err)
 		}
 		var current []string
-		err := tx.QueryRow(ctx, t.currentBindings, req.GroupID).Scan(&res.DeclarationID, &current)
+		err := tx.QueryRow(ctx, g.sql(currentBindingsSQL), g.GroupID).Scan(&res.DeclarationID, &current)
 		stored := err == nil
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("read installed set: %w", err)
@@ -79,12 +77,12 @@ SELECT coalesce($2, coalesce($3, now())) FROM %[1]s.consumer_group_config WHERE 
 		case stored:
 			if err := tx.QueryRow(ctx, st.sql(`-- store.DeclareBindings
 SELECT count(*) FROM %[1]s.worker_instance i JOIN %[1]s.worker_config w ON w.id = i.worker_config_id
-WHERE w.consumer_group_id = $1 AND i.expires_at > coalesce($2, now())`), req.GroupID, req.Now).Scan(&res.Live); err != nil {
+WHERE w.consumer_group_id = $1 AND i.expires_at > coalesce($2, now())`), g.GroupID, req.Now).Scan(&res.Live); err != nil {
 				return fmt.Errorf("count live instances: %w", err)
 			}
 			if res.Live > 0 {
 				res.Outcome, res.Installed = BindingWaiting, current
-				if _, err := tx.Exec(ctx, t.appendDeclaration, req.GroupID, BindingWaiting, req.Patterns,
+				if _, err := tx.Exec(ctx, g.sql(appendDeclarationSQL), g.GroupID, BindingWaiting, req.Patterns,
 					req.DeclaredBy, res.DeclaredAt, req.Now); err != nil {
 					return fmt.Errorf("append waiting row: %w", err)
 				}
@@ -93,11 +91,11 @@ WHERE w.consumer_group_id = $1 AND i.expires_at > coalesce($2, now())`), req.Gro
 			fallthrough
 		default:
 			res.Outcome, res.Installed = BindingInstalled, req.Patterns
-			if err := tx.QueryRow(ctx, t.installBindings, req.GroupID, req.Patterns,
+			if err := tx.QueryRow(ctx, g.sql(installBindingsSQL), g.GroupID, req.Patterns,
 				req.DeclaredBy, res.DeclaredAt, req.Now).Scan(&res.DeclarationID); err != nil {
 				return fmt.Errorf("install set: %w", err)
 			}
-			if _, err := tx.Exec(ctx, t.swapBindings, req.GroupID, req.Patterns, req.Regexes, res.DeclarationID); err != nil {
+			if _, err := tx.Exec(ctx, g.sql(swapBindingsSQL), g.GroupID, req.Patterns, req.Regexes, res.DeclarationID); err != nil {
 				return fmt.Errorf("install set: swap binding rows: %w", err)
 			}
 		}
@@ -129,8 +127,8 @@ type LedgerRow struct {
 
 // BindingLedger returns the group's newest installed row (if any) and each
 // declarer's newest waiting row after it.
-func (st *Store) BindingLedger(ctx context.Context, streamID, groupID int64) (installed *LedgerRow, waiting []LedgerRow, err error) {
-	rows, err := st.pool.Query(ctx, st.streamTables(streamID).ledger, groupID)
+func (g Group) BindingLedger(ctx context.Context) (installed *LedgerRow, waiting []LedgerRow, err error) {
+	rows, err := g.st.pool.Query(ctx, g.sql(ledgerSQL), g.GroupID)
 	if err != nil {
 		return nil, nil, fmt.Errorf("binding ledger: %w", err)
 	}
@@ -152,21 +150,12 @@ func (st *Store) BindingLedger(ctx context.Context, streamID, groupID int64) (in
 	return installed, waiting, nil
 }
 
-// BindingSet reads the group's effective set from its binding rows.
-func (st *Store) BindingSet(ctx context.Context, streamID, groupID int64) ([]string, error) {
-	var set []string
-	if err := st.pool.QueryRow(ctx, st.streamTables(streamID).bindingSet, groupID).Scan(&set); err != nil {
-		return nil, fmt.Errorf("binding set: %w", err)
-	}
-	return set, nil
-}
-
 // BindingsInForce returns the declaration a claim made now would filter by
 // (0: no bindings, the whole stream) and its patterns.
-func (st *Store) BindingsInForce(ctx context.Context, streamID, groupID int64) (int64, []string, error) {
+func (g Group) BindingsInForce(ctx context.Context) (int64, []string, error) {
 	var id int64
 	var set []string
-	if err := st.pool.QueryRow(ctx, st.streamTables(streamID).bindingsInForce, groupID).Scan(&id, &set); err != nil {
+	if err := g.st.pool.QueryRow(ctx, g.sql(bindingsInForceSQL), g.GroupID).Scan(&id, &set); err != nil {
 		return 0, nil, fmt.Errorf("bindings in force: %w", err)
 	}
 	return id, set, nil
@@ -174,8 +163,8 @@ func (st *Store) BindingsInForce(ctx context.Context, streamID, groupID int64) (
 
 // LedgerRows returns every row of the group's binding declaration ledger,
 // oldest first.
-func (st *Store) LedgerRows(ctx context.Context, streamID, groupID int64) ([]LedgerRow, error) {
-	rows, err := st.pool.Query(ctx, st.streamTables(streamID).ledgerAll, groupID)
+func (g Group) LedgerRows(ctx context.Context) ([]LedgerRow, error) {
+	rows, err := g.st.pool.Query(ctx, g.sql(ledgerAllSQL), g.GroupID)
 	if err != nil {
 		return nil, fmt.Errorf("ledger rows: %w", err)
 	}
@@ -185,3 +174,61 @@ func (st *Store) LedgerRows(ctx context.Context, streamID, groupID int64) ([]Led
 		return l, err
 	})
 }
+
+// The binding statements.
+
+var currentBindingsSQL = perStream(`-- store.DeclareBindings
+SELECT id, patterns FROM {s}.{t}_binding_declaration
+WHERE group_id = $1 AND status = 'installed'
+ORDER BY id DESC LIMIT 1`)
+
+// The ledger is append-only: these two statements are the only ones
+// that write it, and both only insert.
+var appendDeclarationSQL = perStream(`-- store.DeclareBindings
+INSERT INTO {s}.{t}_binding_declaration (group_id, status, patterns, declared_by, declared_at, attempt_at)
+VALUES ($1, $2, $3, $4, $5, coalesce($6, now()))`)
+
+var installBindingsSQL = perStream(`-- store.DeclareBindings
+INSERT INTO {s}.{t}_binding_declaration (group_id, status, patterns, declared_by, declared_at, attempt_at)
+VALUES ($1, 'installed', $2, $3, $4, coalesce($5, now()))
+RETURNING id`)
+
+// Swap the binding rows to the installed declaration $4, in the
+// transaction that appended it. Sibling CTEs do not see each other's
+// deletes, so the rows of patterns both sets share are updated in
+// place, never deleted and inserted again (which collided on the
+// primary key: the simulator's rolling-deploy scenario found it).
+var swapBindingsSQL = perStream(`-- store.DeclareBindings
+WITH gone AS (
+    DELETE FROM {s}.{t}_binding WHERE group_id = $1 AND pattern <> ALL ($2::text[])
+)
+INSERT INTO {s}.{t}_binding AS b (group_id, pattern, regex, declaration_id)
+SELECT $1, p.pattern, p.regex, $4 FROM unnest($2::text[], $3::text[]) AS p(pattern, regex)
+ON CONFLICT (group_id, pattern) DO UPDATE SET regex = EXCLUDED.regex, declaration_id = EXCLUDED.declaration_id`)
+
+// The newest installed row, and each declarer's newest waiting row
+// after it.
+var ledgerSQL = perStream(`-- store.BindingLedger
+WITH inst AS (
+    SELECT id, status, patterns, declared_by, declared_at, attempt_at
+    FROM {s}.{t}_binding_declaration
+    WHERE group_id = $1 AND status = 'installed'
+    ORDER BY id DESC LIMIT 1
+), waits AS (
+    SELECT DISTINCT ON (declared_by) id, status, patterns, declared_by, declared_at, attempt_at
+    FROM {s}.{t}_binding_declaration
+    WHERE group_id = $1 AND status = 'waiting' AND id > coalesce((SELECT id FROM inst), 0)
+    ORDER BY declared_by, id DESC
+)
+SELECT id, status, patterns, declared_by, declared_at, attempt_at FROM inst
+UNION ALL
+SELECT id, status, patterns, declared_by, declared_at, attempt_at FROM waits
+ORDER BY id`)
+
+var bindingsInForceSQL = perStream(`-- store.BindingsInForce
+SELECT coalesce(max(declaration_id), 0), coalesce(array_agg(pattern ORDER BY pattern), '{}')
+FROM {s}.{t}_binding WHERE group_id = $1`)
+
+var ledgerAllSQL = perStream(`-- store.LedgerRows
+SELECT id, status, patterns, declared_by, declared_at, attempt_at
+FROM {s}.{t}_binding_declaration WHERE group_id = $1 ORDER BY id`)

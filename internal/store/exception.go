@@ -4,68 +4,7 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
-
-// KeyClaim is one key a claimer wants for a keyed message. An Ordered key
-// is checked for an unresolved message before Position.
-type KeyClaim struct {
-	Key     string
-	Ordered bool
-	Position
-}
-
-// AcquireKeys leases the keys that are free (or whose holder lapsed) under
-// token for owner, then gives back the ordered ones that must wait for an
-// earlier message, in one round trip (two statements, two snapshots: see the
-// SQL). rangeID is the caller's own range (0 on the exception path). It
-// returns the keys held and the ordered keys blocked; any other key is busy
-// elsewhere.
-func (st *Store) AcquireKeys(ctx context.Context, streamID, groupID, rangeID int64, want []KeyClaim, token, owner string, ttl time.Duration, now Now) (held, blocked map[string]bool, err error) {
-	t := st.streamTables(streamID)
-	keys := make([]string, len(want))
-	var okeys []string
-	var oxids, oids []int64
-	for i, k := range want {
-		keys[i] = k.Key
-		if k.Ordered {
-			okeys, oxids, oids = append(okeys, k.Key), append(oxids, k.Xid), append(oids, k.ID)
-		}
-	}
-	var b pgx.Batch
-	b.Queue(t.acquireKeys, groupID, keys, token, owner, now, ttl)
-	if len(okeys) > 0 {
-		b.Queue(t.blockOrdered, groupID, okeys, oxids, oids, rangeID, token)
-	}
-	br := st.pool.SendBatch(ctx, &b)
-	defer br.Close()
-	held, blocked = map[string]bool{}, map[string]bool{}
-	for q := range b.Len() {
-		rows, err := br.Query()
-		if err != nil {
-			return nil, nil, fmt.Errorf("acquire keys: %w", err)
-		}
-		for rows.Next() {
-			var key string
-			if err := rows.Scan(&key); err != nil {
-				rows.Close()
-				return nil, nil, fmt.Errorf("acquire keys: scan: %w", err)
-			}
-			if q == 0 {
-				held[key] = true
-			} else {
-				delete(held, key)
-				blocked[key] = true
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, nil, fmt.Errorf("acquire keys: %w", err)
-		}
-	}
-	return held, blocked, nil
-}
 
 // ExceptionRun is an exception row leased for one attempt.
 type ExceptionRun struct {
@@ -81,12 +20,20 @@ type ExceptionRun struct {
 	Queued bool
 }
 
-// ClaimExceptions leases up to limit due exception rows of the group, and
-// behind each ordered head up to chain more rows of its key, queued, in log
+// ClaimExceptions is an exception claim's inputs.
+type ClaimExceptions struct {
+	Owner string // the exception consumer's worker instance
+	Limit int    // rows to start
+	Chain int    // rows of an ordered key to lease behind its head
+	Lease time.Duration
+	Now   Now
+}
+
+// ClaimExceptions leases up to Limit due exception rows of the group, and
+// behind each ordered head up to Chain more rows of its key, queued, in log
 // order (rows come back in log order: a key's queued rows follow its head).
-func (st *Store) ClaimExceptions(ctx context.Context, streamID, groupID int64, owner string, limit, chain int, lease time.Duration, now Now) ([]ExceptionRun, error) {
-	t := st.streamTables(streamID)
-	rows, err := st.pool.Query(ctx, t.claimExceptions, groupID, now, limit, owner, lease, chain)
+func (g Group) ClaimExceptions(ctx context.Context, c ClaimExceptions) ([]ExceptionRun, error) {
+	rows, err := g.st.pool.Query(ctx, g.sql(claimExceptionsSQL), g.GroupID, c.Now, c.Limit, c.Owner, c.Lease, c.Chain)
 	if err != nil {
 		return nil, fmt.Errorf("claim exceptions: %w", err)
 	}
@@ -108,8 +55,13 @@ func (st *Store) ClaimExceptions(ctx context.Context, streamID, groupID int64, o
 	return out, nil
 }
 
-// Settlement is an exception row's next state after an attempt.
+// Settlement is an exception row's next state after an attempt, written
+// under the row's lease token.
 type Settlement struct {
+	Position // the row's message
+	Token    string
+	Now      Now
+
 	Delete   bool
 	Status   string
 	Attempts int
@@ -127,15 +79,15 @@ type Settlement struct {
 
 // SettleException writes an attempt's result under the row's lease token
 // and reports whether s.Next started (false: its lease was lost meanwhile).
-func (st *Store) SettleException(ctx context.Context, streamID, groupID int64, pos Position, token string, s Settlement, now Now) (nextStarted bool, err error) {
-	t := st.streamTables(streamID)
+func (g Group) SettleException(ctx context.Context, s Settlement) (nextStarted bool, err error) {
+	pos := s.Position
 	var n, started int
 	next, nxid, nid := "", int64(0), int64(0)
 	if s.Next != nil {
 		next, nxid, nid = s.Next.Token, s.Next.Xid, s.Next.ID
 	}
-	if err := st.pool.QueryRow(ctx, t.settleException, groupID, pos.Xid, pos.ID, token, s.Delete,
-		s.Status, s.Attempts, s.Delays, s.Error, now, s.After.Microseconds(), s.Outcome, s.Attempt,
+	if err := g.st.pool.QueryRow(ctx, g.sql(settleExceptionSQL), g.GroupID, pos.Xid, pos.ID, s.Token, s.Delete,
+		s.Status, s.Attempts, s.Delays, s.Error, s.Now, s.After.Microseconds(), s.Outcome, s.Attempt,
 		next, nxid, nid).Scan(&n, &started); err != nil {
 		return false, fmt.Errorf("settle exception %d: %w", pos.ID, err)
 	}
@@ -147,95 +99,220 @@ func (st *Store) SettleException(ctx context.Context, streamID, groupID int64, p
 
 // ReturnRuns gives the rows leased under tokens back to pending without
 // spending an attempt, and releases their key leases.
-func (st *Store) ReturnRuns(ctx context.Context, streamID, groupID int64, runs []ExceptionRun, now Now) error {
+func (g Group) ReturnRuns(ctx context.Context, runs []ExceptionRun, now Now) error {
 	tokens := make([]string, len(runs))
 	xids, ids := make([]int64, len(runs)), make([]int64, len(runs))
 	for i, r := range runs {
 		tokens[i], xids[i], ids[i] = r.Token, r.Xid, r.ID
 	}
-	if _, err := st.pool.Exec(ctx, st.streamTables(streamID).returnRuns, groupID, tokens, now, xids, ids); err != nil {
+	if _, err := g.st.pool.Exec(ctx, g.sql(returnRunsSQL), g.GroupID, tokens, now, xids, ids); err != nil {
 		return fmt.Errorf("return queued exception rows: %w", err)
 	}
 	return nil
 }
 
-// DeadLetter is a dead exception row.
-type DeadLetter struct {
-	MessageID  int64
-	Attempts   int
-	LastError  string
-	DiedAt     time.Time
-	Key        string
-	RoutingKey string
-	Version    int
-	ProducedAt time.Time
-}
-
-// ListDead pages through a group's dead letters in message id order.
-func (st *Store) ListDead(ctx context.Context, streamID, groupID, afterID int64, limit int) ([]DeadLetter, error) {
-	rows, err := st.pool.Query(ctx, st.streamTables(streamID).listDead, groupID, afterID, limit)
-	if err != nil {
-		return nil, fmt.Errorf("list dead letters: %w", err)
+// ForgetUnknownRuns returns the owner's running exception rows other than
+// those leased under tokens to pending (no attempt spent: they never ran)
+// and releases its key leases under other tokens.
+func (g Group) ForgetUnknownRuns(ctx context.Context, owner string, tokens []string, now Now) (runs, leases int64, err error) {
+	if tokens == nil {
+		tokens = []string{}
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
-		var d DeadLetter
-		err := r.Scan(&d.MessageID, &d.Attempts, &d.LastError, &d.DiedAt, &d.Key, &d.RoutingKey, &d.Version, &d.ProducedAt)
-		return d, err
-	})
-}
-
-// Redrive puts one dead letter (messageID) or all of them (nil) back on the
-// curve from attempt zero, due now. It returns how many were redriven.
-func (st *Store) Redrive(ctx context.Context, streamID, groupID int64, messageID *int64, now Now) (int64, error) {
-	tag, err := st.pool.Exec(ctx, st.streamTables(streamID).redrive, groupID, messageID, now)
+	err = g.st.pool.QueryRow(ctx, g.sql(forgetRunsSQL), g.GroupID, owner, tokens, now).Scan(&runs, &leases)
 	if err != nil {
-		return 0, fmt.Errorf("redrive: %w", err)
+		return 0, 0, fmt.Errorf("forget unknown runs: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	return runs, leases, nil
 }
 
-// ExceptionState is an exception row as tests and inspection see it.
-type ExceptionState struct {
-	MessageID   int64
-	Status      string
-	Attempts    int
-	Delays      int
-	LastError   string
-	CanRunAfter time.Time
-	Concurrency string
-}
+// The exception statements.
 
-// ExceptionStates lists a group's exception rows in log order.
-func (st *Store) ExceptionStates(ctx context.Context, streamID, groupID int64) ([]ExceptionState, error) {
-	rows, err := st.pool.Query(ctx, st.streamTables(streamID).exceptionState, groupID)
-	if err != nil {
-		return nil, fmt.Errorf("exception states: %w", err)
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ExceptionState, error) {
-		var e ExceptionState
-		err := r.Scan(&e.MessageID, &e.Status, &e.Attempts, &e.Delays, &e.LastError, &e.CanRunAfter, &e.Concurrency)
-		return e, err
-	})
-}
+// Due rows, and running rows whose lease lapsed (their holder died
+// or hung: that counts as a failed attempt). An ordered row runs only
+// when no earlier row of its key is unresolved.
+// Rows whose key a live holder leases are passed over: they would
+// only be parked again (the claimer still asks for the key: the
+// holder may have been a moment ago).
+// Each claimed ordered head brings the key's next rows with it, up
+// to $6, as a chain the claimer runs in order within one claim: the
+// head 'running', the rest 'queued' (leased, not started, so a lapse
+// spends no attempt on them). A chain is cut before its first row
+// that is not due, not locked by this claim, or behind a message of
+// the key that an outstanding range still holds.
+var claimExceptionsSQL = perStream(`-- store.ClaimExceptions
+WITH RECURSIVE keys AS (
+    -- The group's keys with unresolved rows, one index probe each (a loose
+    -- index scan): the cost follows the number of keys, not of rows.
+    (SELECT e.message_key FROM {s}.{t}_exception e
+     WHERE e.group_id = $1 AND e.message_key IS NOT NULL AND e.status <> 'dead'
+     ORDER BY e.message_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT e.message_key FROM {s}.{t}_exception e
+            WHERE e.group_id = $1 AND e.message_key IS NOT NULL AND e.status <> 'dead' AND e.message_key > k.message_key
+            ORDER BY e.message_key LIMIT 1)
+    FROM keys k WHERE k.message_key IS NOT NULL
+), heads AS (
+    -- The earliest unresolved row of each key: of an ordered key's rows only
+    -- this one may run, so a long blocked chain is never scanned.
+    SELECT h.* FROM keys k
+    CROSS JOIN LATERAL (
+        SELECT e.message_xid, e.message_id, e.message_key, e.concurrency, e.status, e.can_run_after, e.expires_at
+        FROM {s}.{t}_exception e
+        WHERE e.group_id = $1 AND e.message_key = k.message_key AND e.status <> 'dead'
+        ORDER BY e.message_xid, e.message_id LIMIT 1) h
+    WHERE k.message_key IS NOT NULL
+), candidates AS (
+    SELECT h.message_xid, h.message_id, h.can_run_after FROM heads h
+    WHERE h.concurrency = 'ordered'
+      AND ((h.status = 'pending' AND h.can_run_after <= coalesce($2, now()))
+        OR (h.status IN ('running', 'queued') AND h.expires_at < coalesce($2, now())))
+      AND NOT EXISTS (` + keyHeldLive("h.message_key") + `)
+      AND NOT EXISTS (` + rangeHoldsEarlier("h.message_key", "h.message_xid", "h.message_id", "") + `)
+    UNION ALL
+    (SELECT x.message_xid, x.message_id, x.can_run_after FROM {s}.{t}_exception x
+     WHERE x.group_id = $1 AND x.status <> 'dead' AND x.concurrency <> 'ordered'
+       AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
+         OR (x.status IN ('running', 'queued') AND x.expires_at < coalesce($2, now())))
+       -- A row whose key a live holder has would only be parked again.
+       AND (x.concurrency = 'parallel' OR x.message_key IS NULL OR NOT EXISTS (` + keyHeldLive("x.message_key") + `))
+     ORDER BY x.can_run_after
+     LIMIT $3 * 4)
+), due AS (
+    -- Locked rows are checked again on their newest version: one another
+    -- claimer took meanwhile is no longer due and is skipped.
+    SELECT x.message_xid, x.message_id, x.message_key, x.concurrency, x.status AS was
+    FROM candidates c
+    JOIN {s}.{t}_exception x ON x.group_id = $1 AND x.message_xid = c.message_xid AND x.message_id = c.message_id
+    WHERE x.status <> 'dead'
+      AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
+        OR (x.status IN ('running', 'queued') AND x.expires_at < coalesce($2, now())))
+    ORDER BY c.can_run_after
+    LIMIT $3
+    FOR UPDATE OF x SKIP LOCKED
+), bounds AS (
+    -- Per ordered head, the key's earliest message after it that an
+    -- outstanding range holds: each range is scanned within its own bounds.
+    SELECT d.message_xid, d.message_id, d.message_key, b.xid AS bound_xid, b.id AS bound_id
+    FROM due d
+    LEFT JOIN LATERAL (
+        SELECT r.xid, r.id FROM {s}.{t}_range g
+        CROSS JOIN LATERAL (
+            SELECT m.xid, m.id FROM {s}.{t}_log m
+            WHERE m.xid >= g.lo_xid AND m.xid <= g.hi_xid
+              AND (m.xid, m.id) > (g.lo_xid, g.lo_id) AND (m.xid, m.id) <= (g.hi_xid, g.hi_id)
+              AND (m.xid, m.id) > (d.message_xid, d.message_id) AND m.message_key = d.message_key
+            ORDER BY m.xid, m.id LIMIT 1) r
+        WHERE g.group_id = $1 AND (g.hi_xid, g.hi_id) > (d.message_xid, d.message_id)
+        ORDER BY r.xid, r.id LIMIT 1) b ON true
+    WHERE d.concurrency = 'ordered' AND d.message_key IS NOT NULL AND $6 > 0
+), chain AS (
+    SELECT d.message_key, f.message_xid, f.message_id, f.n,
+           bool_and(((f.status = 'pending' AND f.can_run_after <= coalesce($2, now()))
+                     OR (f.status = 'queued' AND f.expires_at < coalesce($2, now())))
+                    AND (d.bound_xid IS NULL OR (f.message_xid, f.message_id) < (d.bound_xid, d.bound_id)))
+               OVER (PARTITION BY d.message_key ORDER BY f.n) AS ok
+    FROM bounds d
+    CROSS JOIN LATERAL (
+        SELECT e.message_xid, e.message_id, e.status, e.can_run_after, e.expires_at,
+               row_number() OVER (ORDER BY e.message_xid, e.message_id) AS n
+        FROM {s}.{t}_exception e
+        WHERE e.group_id = $1 AND e.message_key = d.message_key AND e.status <> 'dead'
+          AND (e.message_xid, e.message_id) > (d.message_xid, d.message_id)
+        ORDER BY e.message_xid, e.message_id
+        LIMIT $6) f
+), locked AS (
+    SELECT x.message_xid, x.message_id
+    FROM chain c
+    JOIN {s}.{t}_exception x ON x.group_id = $1 AND x.message_xid = c.message_xid AND x.message_id = c.message_id
+    WHERE c.ok AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
+                    OR (x.status = 'queued' AND x.expires_at < coalesce($2, now())))
+    FOR UPDATE OF x SKIP LOCKED
+), followers AS (
+    SELECT c.message_xid, c.message_id FROM (
+        SELECT c.message_xid, c.message_id,
+               bool_and(l.message_id IS NOT NULL) OVER (PARTITION BY c.message_key ORDER BY c.n) AS kept
+        FROM chain c LEFT JOIN locked l ON l.message_xid = c.message_xid AND l.message_id = c.message_id
+        WHERE c.ok) c
+    WHERE c.kept
+), picked AS (
+    SELECT due.message_xid, due.message_id, due.was, 'running' AS status FROM due
+    UNION ALL
+    SELECT f.message_xid, f.message_id, 'pending', 'queued' FROM followers f
+), upd AS (
+    UPDATE {s}.{t}_exception x
+    SET status = p.status, token = gen_random_uuid(), owner = $4::uuid,
+        expires_at = coalesce($2, now()) + $5::interval, updated_at = coalesce($2, now()),
+        attempts = x.attempts + CASE WHEN p.was = 'running' THEN 1 ELSE 0 END,
+        last_error = CASE WHEN p.was = 'running'
+                          THEN 'lease expired: the instance running it died or stopped renewing'
+                          ELSE x.last_error END
+    FROM picked p
+    WHERE x.group_id = $1 AND x.message_xid = p.message_xid AND x.message_id = p.message_id
+    RETURNING x.message_xid, x.message_id, x.token, x.concurrency, x.attempts, x.delays, p.was = 'running' AS expired, x.status
+)
+SELECT upd.token::text, upd.concurrency, upd.attempts, upd.delays, upd.expired, upd.status = 'queued',
+       m.xid, m.id, m.produced_at, m.version, coalesce(m.routing_key, ''), coalesce(m.message_key, ''),
+       m.payload::text, coalesce(m.options::text, '')
+FROM upd JOIN {s}.{t}_log m ON m.xid = upd.message_xid AND m.id = upd.message_id
+ORDER BY m.xid, m.id`)
 
-// Delivery is a delivery-log row.
-type Delivery struct {
-	MessageID int64
-	Attempt   int
-	Outcome   string
-	Error     string
-	At        time.Time
-}
+// Settle one exception attempt under its lease token: delete on
+// success, else write the next state; release the row's key lease.
+// Settle one exception attempt under its lease token: delete on
+// success, else write the next state. The row's key lease is
+// released, or, when $14 names the next row of its ordered chain,
+// handed to that row, which starts running.
+var settleExceptionSQL = perStream(`-- store.SettleException
+WITH k AS (
+    DELETE FROM {s}.{t}_key_lease WHERE group_id = $1 AND token = $4::uuid AND $14 = ''
+), kh AS (
+    UPDATE {s}.{t}_key_lease SET token = nullif($14, '')::uuid
+    WHERE group_id = $1 AND token = $4::uuid AND $14 <> ''
+), del AS (
+    DELETE FROM {s}.{t}_exception
+    WHERE $5 AND group_id = $1 AND message_xid = $2 AND message_id = $3 AND token = $4::uuid
+    RETURNING 1
+), upd AS (
+    UPDATE {s}.{t}_exception
+    SET status = $6, attempts = $7, delays = $8, last_error = $9,
+        can_run_after = coalesce($10, now()) + $11 * interval '1 microsecond',
+        token = NULL, owner = NULL, expires_at = NULL, updated_at = coalesce($10, now())
+    WHERE NOT $5 AND group_id = $1 AND message_xid = $2 AND message_id = $3 AND token = $4::uuid
+    RETURNING 1
+), l AS (
+    INSERT INTO {s}.{t}_delivery (group_id, message_xid, message_id, attempt, outcome, error, at)
+    SELECT $1, $2, $3, $13, $12, $9, coalesce($10, now())
+    WHERE $12 <> '' AND (EXISTS (SELECT 1 FROM del) OR EXISTS (SELECT 1 FROM upd))
+), nxt AS (
+    UPDATE {s}.{t}_exception SET status = 'running', updated_at = coalesce($10, now())
+    WHERE group_id = $1 AND message_xid = $15 AND message_id = $16
+      AND token = nullif($14, '')::uuid AND status = 'queued'
+      AND (EXISTS (SELECT 1 FROM del) OR EXISTS (SELECT 1 FROM upd))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM del) + (SELECT count(*) FROM upd), (SELECT count(*) FROM nxt)`)
 
-// Deliveries lists a group's delivery log, for one message or (nil) all.
-func (st *Store) Deliveries(ctx context.Context, streamID, groupID int64, messageID *int64) ([]Delivery, error) {
-	rows, err := st.pool.Query(ctx, st.streamTables(streamID).deliveries, groupID, messageID)
-	if err != nil {
-		return nil, fmt.Errorf("deliveries: %w", err)
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Delivery, error) {
-		var d Delivery
-		err := r.Scan(&d.MessageID, &d.Attempt, &d.Outcome, &d.Error, &d.At)
-		return d, err
-	})
-}
+// Give queued (and not yet settled) rows back to pending without
+// spending an attempt: the chain they waited in broke.
+var returnRunsSQL = perStream(`-- store.ReturnRuns
+WITH k AS (
+    DELETE FROM {s}.{t}_key_lease WHERE group_id = $1 AND token = ANY ($2::uuid[])
+)
+UPDATE {s}.{t}_exception x
+SET status = 'pending', token = NULL, owner = NULL, expires_at = NULL, updated_at = coalesce($3, now())
+FROM unnest($4::bigint[], $5::bigint[]) AS r(xid, id)
+WHERE x.group_id = $1 AND x.message_xid = r.xid AND x.message_id = r.id
+  AND x.token = ANY ($2::uuid[]) AND x.status IN ('running', 'queued')`)
+
+var forgetRunsSQL = perStream(`-- store.ForgetUnknownRuns
+WITH k AS (
+    DELETE FROM {s}.{t}_key_lease l
+    WHERE l.group_id = $1 AND l.owner = $2::uuid AND l.token <> ALL ($3::uuid[])
+    RETURNING 1
+), x AS (
+    UPDATE {s}.{t}_exception
+    SET status = 'pending', token = NULL, owner = NULL, expires_at = NULL, updated_at = coalesce($4, now())
+    WHERE group_id = $1 AND owner = $2::uuid AND status IN ('running', 'queued') AND token <> ALL ($3::uuid[])
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM x), (SELECT count(*) FROM k)`)

@@ -6,24 +6,31 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/c1702965/sqlstreams/internal/wakeup"
 	"github.com/jackc/pgx/v5"
 )
-
-// maxWakeKeys bounds the routing keys a notification lists (PostgreSQL
-// takes payloads under 8000 bytes); a batch with more says only its stream,
-// which wakes every group of it.
-const maxWakeKeys = 1000
 
 // WakePayload is the notification a produce sends at commit: the stream id,
 // then ";" and the distinct routing keys of its messages separated by
 // spaces (routing keys hold no spaces or semicolons). A group with bindings
 // is woken only when one of them matches; messages without a routing key
-// match no binding, so they are not listed. Without the list (too long) the
-// notification wakes every group of the stream.
-func WakePayload(streamID int64, msgs []NewMessage) string {
-	var p pendingWake
-	p.add(msgs)
-	return p.payload(streamID)
+// match no binding, so they are not listed. Without the list (too long:
+// wakeup.MaxKeysBytes) the notification wakes every group of the stream.
+func WakePayload(streamID int64, k *wakeup.Keys) string {
+	id := strconv.FormatInt(streamID, 10)
+	if k.All {
+		return id
+	}
+	return id + ";" + strings.Join(k.List, " ")
+}
+
+// WakePayloadOf is the wake-up of one produce's messages.
+func WakePayloadOf(streamID int64, msgs []NewMessage) string {
+	var k wakeup.Keys
+	for i := range msgs {
+		k.Add(msgs[i].RoutingKey)
+	}
+	return WakePayload(streamID, &k)
 }
 
 // Wake is one produce notification: the stream, and when Known the

@@ -8,11 +8,11 @@ import (
 )
 
 func TestWakePayloadListsDistinctRoutingKeys(t *testing.T) {
-	w, err := ParseWake(WakePayload(7, []NewMessage{{RoutingKey: "a.b"}, {}, {RoutingKey: "a.b"}, {RoutingKey: "c"}}))
+	w, err := ParseWake(WakePayloadOf(7, []NewMessage{{RoutingKey: "a.b"}, {}, {RoutingKey: "a.b"}, {RoutingKey: "c"}}))
 	require.NoError(t, err)
 	require.Equal(t, Wake{StreamID: 7, Known: true, Keys: []string{"a.b", "c"}}, w)
 
-	w, err = ParseWake(WakePayload(7, []NewMessage{{}}))
+	w, err = ParseWake(WakePayloadOf(7, []NewMessage{{}}))
 	require.NoError(t, err)
 	require.Equal(t, Wake{StreamID: 7, Known: true}, w, "no routing keys at all: known, none listed")
 
@@ -20,7 +20,7 @@ func TestWakePayloadListsDistinctRoutingKeys(t *testing.T) {
 	for i := range many {
 		many[i].RoutingKey = fmt.Sprintf("key.number.%d.of.a.long.batch", i)
 	}
-	w, err = ParseWake(WakePayload(7, many))
+	w, err = ParseWake(WakePayloadOf(7, many))
 	require.NoError(t, err)
 	require.Equal(t, Wake{StreamID: 7}, w, "too many keys to list: the stream only, which wakes every group")
 

@@ -146,7 +146,7 @@ SELECT id, name, config FROM %[1]s.stream_config ORDER BY id`))
 // stays listable and redrivable). It returns how many it dropped; callers
 // loop in bounded batches, so no statement runs long.
 func (st *Store) DeleteExpired(ctx context.Context, streamID int64, ttl time.Duration, limit int, now Now) (int64, error) {
-	tag, err := st.pool.Exec(ctx, st.streamTables(streamID).deleteExpired, now, ttl, limit)
+	tag, err := st.pool.Exec(ctx, st.stream(streamID).sql(deleteExpiredSQL), now, ttl, limit)
 	if err != nil {
 		return 0, fmt.Errorf("retention: delete expired: %w", err)
 	}
@@ -156,7 +156,7 @@ func (st *Store) DeleteExpired(ctx context.Context, streamID int64, ttl time.Dur
 // PruneBindingLedger drops up to limit superseded waiting rows of a
 // stream's binding declaration ledger (see the statement).
 func (st *Store) PruneBindingLedger(ctx context.Context, streamID int64, limit int) (int64, error) {
-	tag, err := st.pool.Exec(ctx, st.streamTables(streamID).pruneLedger, limit)
+	tag, err := st.pool.Exec(ctx, st.stream(streamID).sql(pruneLedgerSQL), limit)
 	if err != nil {
 		return 0, fmt.Errorf("prune binding ledger: %w", err)
 	}
@@ -165,7 +165,7 @@ func (st *Store) PruneBindingLedger(ctx context.Context, streamID int64, limit i
 
 // PruneDeliveries drops up to limit delivery-log rows older than age.
 func (st *Store) PruneDeliveries(ctx context.Context, streamID int64, age time.Duration, limit int, now Now) (int64, error) {
-	tag, err := st.pool.Exec(ctx, st.streamTables(streamID).pruneDeliveries, now, age, limit)
+	tag, err := st.pool.Exec(ctx, st.stream(streamID).sql(pruneDeliveriesSQL), now, age, limit)
 	if err != nil {
 		return 0, fmt.Errorf("prune delivery log: %w", err)
 	}
@@ -174,7 +174,7 @@ func (st *Store) PruneDeliveries(ctx context.Context, streamID int64, age time.D
 
 // PruneIdempotency drops up to limit idempotency keys older than age.
 func (st *Store) PruneIdempotency(ctx context.Context, streamID int64, age time.Duration, limit int, now Now) (int64, error) {
-	tag, err := st.pool.Exec(ctx, st.streamTables(streamID).pruneIdempotency, now, age, limit)
+	tag, err := st.pool.Exec(ctx, st.stream(streamID).sql(pruneIdempotencySQL), now, age, limit)
 	if err != nil {
 		return 0, fmt.Errorf("prune idempotency keys: %w", err)
 	}
@@ -224,3 +224,52 @@ DELETE FROM %[1]s.stream_config_log l USING victims v WHERE l.id = v.id`} {
 	}
 	return total, nil
 }
+
+// The retention and prune statements over a stream's tables.
+
+// Row by row only in the default partition (rows no chunk covered;
+// whole chunks go by DropChunk). The victims are read through the
+// (xid, id) index from its start, never above the floor (floorCTE).
+var deleteExpiredSQL = perStream(`-- store.DeleteExpired
+WITH ` + floorCTE + `, victims AS (
+    SELECT m.xid, m.id FROM {s}.{t}_log_default m
+    WHERE m.produced_at < coalesce($1, now()) - $2::interval
+      AND (NOT EXISTS (SELECT 1 FROM floor) OR (m.xid, m.id) <= (SELECT f.xid, f.id FROM floor f))
+      AND NOT EXISTS (SELECT 1 FROM {s}.{t}_exception x WHERE x.message_xid = m.xid AND x.message_id = m.id)
+    ORDER BY m.xid, m.id
+    LIMIT $3
+)
+DELETE FROM {s}.{t}_log_default l USING victims v WHERE l.xid = v.xid AND l.id = v.id`)
+
+// The binding ledger's deferred cleanup (seed 0511): installed rows
+// stay (the set-change audit); a waiting row goes once it is
+// superseded, that is, when a newer installed row closed its wait or
+// its declarer appended a newer waiting row. Rows are
+// self-contained (declared_at rides on every attempt), so dropping
+// older attempts loses neither the listing nor a wait's start.
+var pruneLedgerSQL = perStream(`-- store.PruneBindingLedger
+WITH inst AS (
+    SELECT group_id, max(id) AS id FROM {s}.{t}_binding_declaration WHERE status = 'installed' GROUP BY group_id
+), newest AS (
+    SELECT DISTINCT ON (d.group_id, d.declared_by) d.id
+    FROM {s}.{t}_binding_declaration d LEFT JOIN inst ON inst.group_id = d.group_id
+    WHERE d.status = 'waiting' AND d.id > coalesce(inst.id, 0)
+    ORDER BY d.group_id, d.declared_by, d.id DESC
+), victims AS (
+    SELECT d.id FROM {s}.{t}_binding_declaration d
+    WHERE d.status = 'waiting' AND d.id NOT IN (SELECT id FROM newest)
+    ORDER BY d.id LIMIT $1
+)
+DELETE FROM {s}.{t}_binding_declaration b USING victims v WHERE b.id = v.id AND b.status = 'waiting'`)
+
+var pruneDeliveriesSQL = perStream(`-- store.PruneDeliveries
+WITH victims AS (
+    SELECT id FROM {s}.{t}_delivery WHERE at < coalesce($1, now()) - $2::interval ORDER BY at LIMIT $3
+)
+DELETE FROM {s}.{t}_delivery d USING victims v WHERE d.id = v.id`)
+
+var pruneIdempotencySQL = perStream(`-- store.PruneIdempotency
+WITH victims AS (
+    SELECT key FROM {s}.{t}_idempotency WHERE created_at < coalesce($1, now()) - $2::interval LIMIT $3
+)
+DELETE FROM {s}.{t}_idempotency i USING victims v WHERE i.key = v.key`)

@@ -147,7 +147,3 @@ INSERT INTO %[1]s.stream_migration (stream_id, version) VALUES ($1, $2)`), strea
 	}
 	return nil
 }
-
-// tablePrefix names a stream's tables by its numeric id, so any valid stream
-// name maps to a short, quote-free identifier.
-func tablePrefix(streamID int64) string { return fmt.Sprintf("stream_%d", streamID) }

@@ -67,21 +67,21 @@ SELECT now(), 1, '{"a":1}' FROM generate_series(1, 100000)`)
 			_, err = st.Pool().Exec(ctx, "ANALYZE "+st.s+"."+tablePrefix(streamID)+"_log")
 			require.NoError(t, err)
 		}
-		tb := st.streamTables(streamID)
+		tb := st.stream(streamID)
 		owner := "00000000-0000-4000-8000-000000000001"
 		for name, q := range map[string]struct {
 			sql  string
 			args []any
 		}{
-			"claim": {tb.claim, []any{groupID, 100, nil, owner, time.Minute}},
+			"claim": {tb.sql(claimSQL), []any{groupID, 100, nil, owner, time.Minute}},
 			// A limit above the planner's row estimate for the bounds (which
 			// it cannot see: they come from the cursor) planned as a bitmap
 			// scan of everything after the head, sorted: each custom-planned
 			// claim (a connection's first five executions) read the whole
 			// backlog, 200–850 ms at 200,000 messages.
-			"claim 1000": {tb.claim, []any{groupID, 1000, nil, owner, time.Minute}},
-			"reclaim":    {tb.reclaim, []any{groupID, nil, owner, time.Minute}},
-			"gate":       {tb.gateProbe, []any{groupID}},
+			"claim 1000": {tb.sql(claimSQL), []any{groupID, 1000, nil, owner, time.Minute}},
+			"reclaim":    {tb.sql(reclaimSQL), []any{groupID, nil, owner, time.Minute}},
+			"gate":       {tb.sql(gateProbeSQL), []any{groupID}},
 		} {
 			reclaim := name == "reclaim"
 			name = name + ", " + stats
@@ -124,14 +124,14 @@ func TestOrderedKeyChecksUseTheLogIndexWithStaleStatistics(t *testing.T) {
 	}
 	produce(20000) // never analyzed
 
-	tb := st.streamTables(streamID)
+	tb := st.stream(streamID)
 	owner := "00000000-0000-4000-8000-000000000001"
 	for name, q := range map[string]struct {
 		sql  string
 		args []any
 	}{
-		"blockOrdered":    {tb.blockOrdered, []any{groupID, []string{"k", "kx"}, []int64{1, 1}, []int64{5, 6}, int64(0), owner}},
-		"claimExceptions": {tb.claimExceptions, []any{groupID, nil, 4, owner, time.Minute, 20}},
+		"blockOrdered":    {tb.sql(blockOrderedSQL), []any{groupID, []string{"k", "kx"}, []int64{1, 1}, []int64{5, 6}, int64(0), owner}},
+		"claimExceptions": {tb.sql(claimExceptionsSQL), []any{groupID, nil, 4, owner, time.Minute, 20}},
 	} {
 		text := explain(t, st, name, q.sql, q.args...)
 		require.NotContains(t, text, "Seq Scan on "+tablePrefix(streamID)+"_log", "%s plan:\n%s", name, text)

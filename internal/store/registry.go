@@ -106,7 +106,7 @@ const (
 // here) and its worker rows, or returns the existing ones.
 func (st *Store) RegisterGroup(ctx context.Context, streamID int64, name, start string, now Now) (GroupRow, error) {
 	g := GroupRow{Name: name, Workers: map[string]int64{}}
-	t := st.streamTables(streamID)
+	r := st.stream(streamID)
 	err := pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, st.sql(`-- store.RegisterGroup
 INSERT INTO %[1]s.consumer_group_config (stream_id, name, start, created_at)
@@ -128,7 +128,7 @@ SELECT id, stream_id, start FROM %[1]s.consumer_group_config WHERE name = $1`), 
 		}
 		// The cursor is placed once. "head" skips every position already
 		// final: rows of transactions below the snapshot's xmin.
-		if _, err := tx.Exec(ctx, t.insertCursor, g.ID, g.Start == StartHead, now); err != nil {
+		if _, err := tx.Exec(ctx, r.sql(insertCursorSQL), g.ID, g.Start == StartHead, now); err != nil {
 			return fmt.Errorf("create cursor: %w", err)
 		}
 		for _, w := range []string{WorkerMessageConsumer, WorkerExceptionConsumer} {
@@ -155,3 +155,10 @@ LIMIT 1`), g.ID, w, now).Scan(&id); err != nil {
 	}
 	return g, nil
 }
+
+var insertCursorSQL = perStream(`-- store.RegisterGroup
+INSERT INTO {s}.{t}_cursor (group_id, head_xid, head_id, updated_at)
+SELECT $1,
+       CASE WHEN $2 THEN pg_snapshot_xmin(pg_current_snapshot())::text::bigint ELSE 0 END,
+       0, coalesce($3, now())
+ON CONFLICT (group_id) DO NOTHING`)

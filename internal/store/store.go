@@ -62,7 +62,6 @@ type Store struct {
 	pool   *pgxpool.Pool
 	schema string // validated, unquoted
 	s      string // quoted
-	wakes  wakeCombiner
 }
 
 // New returns a Store for schema on pool. It does not touch the database.

@@ -1,0 +1,287 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Position orders the log: the producing transaction's id first, then the
+// row's id. Claims hand out only positions whose transaction has ended.
+type Position struct {
+	Xid int64
+	ID  int64
+}
+
+// Less orders positions as the log does.
+func (p Position) Less(q Position) bool {
+	return p.Xid < q.Xid || (p.Xid == q.Xid && p.ID < q.ID)
+}
+
+// Message is a message read from the log.
+type Message struct {
+	Position
+	ProducedAt time.Time
+	Version    int
+	RoutingKey string
+	Key        string
+	Payload    []byte // nil when the message does not match the group's bindings
+	Options    []byte
+	// Matched is false for a message the group's binding set does not
+	// route to it: it is settled without being delivered.
+	Matched bool
+}
+
+// payloadSlab copies a claim's payloads into a few shared arrays instead of
+// one allocation per message (the claim's largest allocation in the
+// burn-down profile). The log stores payloads as json, whose wire form in
+// either format is the JSON text itself. A NULL payload (a message the
+// group's bindings do not route to it) stays nil.
+type payloadSlab struct{ buf []byte }
+
+// copy returns a copy of raw; when the slab is full it starts a new one
+// sized for the expected more payloads of about this size.
+func (s *payloadSlab) copy(raw []byte, more int) []byte {
+	if raw == nil {
+		return nil
+	}
+	if cap(s.buf)-len(s.buf) < len(raw) {
+		s.buf = make([]byte, 0, max(len(raw)*max(more, 1), 4096))
+	}
+	start := len(s.buf)
+	s.buf = append(s.buf, raw...)
+	return s.buf[start:len(s.buf):len(s.buf)]
+}
+
+// Range is a leased slice of one group's log.
+type Range struct {
+	ID       int64
+	Token    string
+	Reclaims int
+	Messages []Message
+	// Bindings is the binding declaration whose set filtered this claim
+	// (0: no bindings, the whole stream).
+	Bindings int64
+}
+
+// ClaimParams are the inputs of a claim.
+type ClaimParams struct {
+	Owner string // worker_instance id
+	Limit int
+	Lease time.Duration
+	Now   Now
+}
+
+// ClaimRange hands out the next range of final positions, or ok=false when
+// none is available.
+func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool, err error) {
+	rows, err := g.st.pool.Query(ctx, g.sql(claimSQL), g.GroupID, a.Limit, a.Now, a.Owner, a.Lease)
+	if err != nil {
+		return r, false, fmt.Errorf("claim range: %w", err)
+	}
+	defer rows.Close()
+	r.Messages = make([]Message, 0, a.Limit)
+	var slab payloadSlab
+	var m Message
+	// The range's columns repeat on every row: scanned from the first only
+	// (a token string per row was the claim's largest allocation). Payload
+	// and options are copied into the slab.
+	first := []any{&r.ID, &r.Token, &m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, nil, nil, &m.Matched, &r.Bindings}
+	rest := []any{nil, nil, &m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, nil, nil, &m.Matched, nil}
+	for rows.Next() {
+		m = Message{}
+		dst := rest
+		if len(r.Messages) == 0 {
+			dst = first
+		}
+		if err := rows.Scan(dst...); err != nil {
+			return r, false, fmt.Errorf("claim range: scan: %w", err)
+		}
+		raw := rows.RawValues()
+		m.Payload = slab.copy(raw[8], 2*(a.Limit-len(r.Messages)))
+		if len(raw[9]) > 0 {
+			m.Options = slab.copy(raw[9], 2*(a.Limit-len(r.Messages)))
+		}
+		r.Messages = append(r.Messages, m)
+	}
+	if err := rows.Err(); err != nil {
+		return r, false, fmt.Errorf("claim range: %w", err)
+	}
+	return r, len(r.Messages) > 0, nil
+}
+
+// ReclaimRange takes over one expired lease of the group with a new token.
+func (g Group) ReclaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool, err error) {
+	rows, err := g.st.pool.Query(ctx, g.sql(reclaimSQL), g.GroupID, a.Now, a.Owner, a.Lease)
+	if err != nil {
+		return r, false, fmt.Errorf("reclaim range: %w", err)
+	}
+	defer rows.Close()
+	var slab payloadSlab
+	for rows.Next() {
+		var (
+			m         Message
+			ver       *int32
+			rk, key   *string
+			mxid, mid *int64
+			at        *time.Time
+		)
+		if err := rows.Scan(&r.ID, &r.Token, &r.Reclaims, &mxid, &mid, &at, &ver, &rk, &key, nil, &m.Options, &m.Matched, &r.Bindings); err != nil {
+			return r, false, fmt.Errorf("reclaim range: scan: %w", err)
+		}
+		ok = true
+		if mid == nil { // a lease over positions that no longer exist
+			continue
+		}
+		m.Payload = slab.copy(rows.RawValues()[9], 1)
+		m.Xid, m.ID, m.ProducedAt, m.Version, m.RoutingKey, m.Key = *mxid, *mid, *at, int(*ver), *rk, *key
+		r.Messages = append(r.Messages, m)
+	}
+	if err := rows.Err(); err != nil {
+		return r, false, fmt.Errorf("reclaim range: %w", err)
+	}
+	return r, ok, nil
+}
+
+// Gate reports, for a claim that found nothing, whether committed rows wait
+// behind an open transaction (the gate's xmin).
+type Gate struct {
+	Xmin    int64
+	Pending bool
+}
+
+// GateProbe tells an empty claim apart from a stalled one.
+func (g Group) GateProbe(ctx context.Context) (Gate, error) {
+	var gate Gate
+	if err := g.st.pool.QueryRow(ctx, g.sql(gateProbeSQL), g.GroupID).Scan(&gate.Xmin, &gate.Pending); err != nil {
+		return gate, fmt.Errorf("gate probe: %w", err)
+	}
+	return gate, nil
+}
+
+// Blocker is a session holding the oldest open transaction.
+type Blocker struct {
+	PID             int
+	ApplicationName string
+	XactStart       time.Time
+	State           string
+}
+
+// GateBlockers lists sessions whose transaction id is the gate's xmin: the
+// transactions a stalled claim waits for. Query text is never read.
+func (st *Store) GateBlockers(ctx context.Context, xmin int64) ([]Blocker, error) {
+	rows, err := st.pool.Query(ctx, `-- store.GateBlockers
+SELECT pid, coalesce(application_name, ''), coalesce(xact_start, now()), coalesce(state, '')
+FROM pg_catalog.pg_stat_activity
+WHERE backend_xid IS NOT NULL AND backend_xid::text::bigint = ($1::bigint & 4294967295)`, xmin)
+	if err != nil {
+		return nil, fmt.Errorf("gate blockers: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Blocker, error) {
+		var b Blocker
+		err := r.Scan(&b.PID, &b.ApplicationName, &b.XactStart, &b.State)
+		return b, err
+	})
+}
+
+// The claim statements.
+
+// One statement, one round trip: lock the cursor, find the next
+// positions that are final (xid below the snapshot's xmin), move the
+// head, write the lease and return the range's messages.
+// The bounds reach the log scans as scalar subqueries (InitPlan
+// parameters) because only then does the planner use them as index
+// conditions; a join against cur would scan the log from its start.
+// The planner cannot see those bounds, so it must not be able to see
+// the limit either: with a constant limit above its row estimate
+// (always, before the log is analyzed) it read everything after the
+// head with a bitmap scan and sorted it, on every custom-planned
+// execution. As a subquery, the limit makes it plan for the first
+// rows, an ordered index scan. The upper bound comes from the index
+// alone; the messages are then read by both bounds, in order, without
+// materializing them in a CTE.
+var claimSQL = perStream(`-- store.ClaimRange
+WITH cur AS (
+    SELECT head_xid, head_id FROM {s}.{t}_cursor WHERE group_id = $1 FOR UPDATE
+), last AS (
+    SELECT p.xid, p.id FROM (
+        SELECT m.xid, m.id
+        FROM {s}.{t}_log m
+        WHERE (m.xid, m.id) > ((SELECT head_xid FROM cur), (SELECT head_id FROM cur))
+          AND m.xid >= (SELECT head_xid FROM cur) -- lets the executor skip chunks below the head
+          AND m.xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+        ORDER BY m.xid, m.id
+        LIMIT (SELECT $2::int)
+    ) p
+    ORDER BY p.xid DESC, p.id DESC LIMIT 1
+), moved AS (
+    UPDATE {s}.{t}_cursor c SET head_xid = last.xid, head_id = last.id, updated_at = coalesce($3, now())
+    FROM last WHERE c.group_id = $1
+    RETURNING c.group_id
+), rng AS (
+    INSERT INTO {s}.{t}_range (group_id, lo_xid, lo_id, hi_xid, hi_id, token, owner, claimed_at, expires_at)
+    SELECT $1, cur.head_xid, cur.head_id, last.xid, last.id, gen_random_uuid(), $4,
+           coalesce($3, now()), coalesce($3, now()) + $5::interval
+    FROM cur, last, moved
+    RETURNING id, token, lo_xid, lo_id, hi_xid, hi_id
+), binds AS (
+    -- The group's binding set, read in this statement's snapshot: every
+    -- claim filters by exactly one declared set.
+    SELECT array_agg(regex) AS rx, coalesce(max(declaration_id), 0) AS decl
+    FROM {s}.{t}_binding WHERE group_id = $1
+)
+SELECT (SELECT id FROM rng), (SELECT token::text FROM rng), b.xid, b.id, b.produced_at, b.version,
+       coalesce(b.routing_key, ''), coalesce(b.message_key, ''),
+       CASE WHEN mt.matched THEN b.payload::text END, coalesce(b.options::text, ''), mt.matched, (SELECT decl FROM binds)
+FROM {s}.{t}_log b,
+     LATERAL (SELECT (SELECT rx FROM binds) IS NULL
+                  OR (b.routing_key IS NOT NULL
+                      AND EXISTS (SELECT 1 FROM unnest((SELECT rx FROM binds)) AS r(x) WHERE ('.' || b.routing_key) ~ r.x)) AS matched) mt
+WHERE (b.xid, b.id) > ((SELECT lo_xid FROM rng), (SELECT lo_id FROM rng))
+  AND (b.xid, b.id) <= ((SELECT hi_xid FROM rng), (SELECT hi_id FROM rng))
+  AND b.xid >= (SELECT lo_xid FROM rng) AND b.xid <= (SELECT hi_xid FROM rng) -- chunk pruning
+ORDER BY b.xid, b.id
+LIMIT (SELECT $2::int)`)
+
+var reclaimSQL = perStream(`-- store.ReclaimRange
+WITH r AS (
+    SELECT id FROM {s}.{t}_range
+    WHERE group_id = $1 AND expires_at < coalesce($2, now())
+    ORDER BY id LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE {s}.{t}_range g
+    SET token = gen_random_uuid(), owner = $3, claimed_at = coalesce($2, now()),
+        expires_at = coalesce($2, now()) + $4::interval, reclaims = g.reclaims + 1
+    FROM r WHERE g.id = r.id
+    RETURNING g.id, g.token, g.reclaims, g.lo_xid, g.lo_id, g.hi_xid, g.hi_id
+), binds AS (
+    SELECT array_agg(regex) AS rx, coalesce(max(declaration_id), 0) AS decl
+    FROM {s}.{t}_binding WHERE group_id = $1
+)
+SELECT upd.id, upd.token::text, upd.reclaims, m.xid, m.id, m.produced_at, m.version,
+       coalesce(m.routing_key, ''), coalesce(m.message_key, ''),
+       CASE WHEN mt.matched THEN m.payload::text END, coalesce(m.options::text, ''), coalesce(mt.matched, false), binds.decl
+FROM upd
+CROSS JOIN binds
+LEFT JOIN (
+    SELECT l.xid, l.id, l.produced_at, l.version, l.routing_key, l.message_key, l.payload, l.options
+    FROM {s}.{t}_log l
+    WHERE (l.xid, l.id) > ((SELECT lo_xid FROM upd), (SELECT lo_id FROM upd))
+      AND (l.xid, l.id) <= ((SELECT hi_xid FROM upd), (SELECT hi_id FROM upd))
+      AND l.xid >= (SELECT lo_xid FROM upd) AND l.xid <= (SELECT hi_xid FROM upd) -- chunk pruning
+) m ON true
+LEFT JOIN LATERAL (SELECT binds.rx IS NULL
+                       OR (m.routing_key IS NOT NULL
+                           AND EXISTS (SELECT 1 FROM unnest(binds.rx) AS r(x) WHERE ('.' || m.routing_key) ~ r.x)) AS matched) mt ON true
+ORDER BY m.xid, m.id`)
+
+var gateProbeSQL = perStream(`-- store.GateProbe
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+       coalesce((SELECT true FROM {s}.{t}_log m
+               WHERE (m.xid, m.id) > ((SELECT head_xid FROM {s}.{t}_cursor WHERE group_id = $1),
+                                      (SELECT head_id FROM {s}.{t}_cursor WHERE group_id = $1))
+                 AND m.xid >= (SELECT head_xid FROM {s}.{t}_cursor WHERE group_id = $1)
+               ORDER BY m.xid, m.id LIMIT 1), false)`)

@@ -1,0 +1,94 @@
+// Package storetest holds the statements only tests run: counts, a
+// group's binding rows, the delivery log, and moving an instance's leases
+// into the past to stand for a process that died. Production code never
+// imports it (TestProductionNeverImportsStoretest), so the store's API is
+// what the library uses.
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/jackc/pgx/v5"
+)
+
+// CountLog counts a stream's messages.
+func CountLog(ctx context.Context, st *store.Store, streamID int64) (int64, error) {
+	var n int64
+	err := st.Pool().QueryRow(ctx, "-- storetest.CountLog\nSELECT count(*) FROM "+st.StreamTable(streamID, "log")).Scan(&n)
+	return n, err
+}
+
+// CountExceptions counts a group's exception rows.
+func CountExceptions(ctx context.Context, st *store.Store, streamID, groupID int64) (int64, error) {
+	var n int64
+	err := st.Pool().QueryRow(ctx, "-- storetest.CountExceptions\nSELECT count(*) FROM "+st.StreamTable(streamID, "exception")+
+		" WHERE group_id = $1", groupID).Scan(&n)
+	return n, err
+}
+
+// BindingSet reads a group's effective set from its binding rows.
+func BindingSet(ctx context.Context, st *store.Store, streamID, groupID int64) ([]string, error) {
+	var set []string
+	err := st.Pool().QueryRow(ctx, "-- storetest.BindingSet\nSELECT coalesce(array_agg(pattern ORDER BY pattern), '{}') FROM "+
+		st.StreamTable(streamID, "binding")+" WHERE group_id = $1", groupID).Scan(&set)
+	if err != nil {
+		return nil, fmt.Errorf("binding set: %w", err)
+	}
+	return set, nil
+}
+
+// LiveInstances counts a worker's instances whose heartbeat has not lapsed.
+func LiveInstances(ctx context.Context, st *store.Store, workerConfigID int64, now store.Now) (int, error) {
+	var n int
+	err := st.Pool().QueryRow(ctx, "-- storetest.LiveInstances\nSELECT count(*) FROM "+st.SharedTable("worker_instance")+
+		" WHERE worker_config_id = $1 AND expires_at > coalesce($2, now())", workerConfigID, now).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count live instances: %w", err)
+	}
+	return n, nil
+}
+
+// ExpireInstanceLeases moves an instance's heartbeat and its range leases
+// into the past: a test's stand-in for time passing after a process died,
+// instead of waiting out a TTL.
+func ExpireInstanceLeases(ctx context.Context, st *store.Store, id string, streamID int64) error {
+	if _, err := st.Pool().Exec(ctx, "-- storetest.ExpireInstanceLeases\nUPDATE "+st.SharedTable("worker_instance")+
+		" SET expires_at = now() - interval '1 second' WHERE id = $1::uuid", id); err != nil {
+		return fmt.Errorf("expire instance: %w", err)
+	}
+	if _, err := st.Pool().Exec(ctx, "-- storetest.ExpireInstanceLeases\nUPDATE "+st.StreamTable(streamID, "range")+
+		" SET expires_at = now() - interval '1 second' WHERE owner = $1::uuid", id); err != nil {
+		return fmt.Errorf("expire range leases: %w", err)
+	}
+	if _, err := st.Pool().Exec(ctx, "-- storetest.ExpireInstanceLeases\nUPDATE "+st.StreamTable(streamID, "exception")+
+		" SET expires_at = now() - interval '1 second' WHERE owner = $1::uuid AND status IN ('running', 'queued')", id); err != nil {
+		return fmt.Errorf("expire exception leases: %w", err)
+	}
+	return nil
+}
+
+// Delivery is a delivery-log row.
+type Delivery struct {
+	MessageID int64
+	Attempt   int
+	Outcome   string
+	Error     string
+	At        time.Time
+}
+
+// Deliveries lists a group's delivery log, for one message or (nil) all.
+func Deliveries(ctx context.Context, st *store.Store, streamID, groupID int64, messageID *int64) ([]Delivery, error) {
+	rows, err := st.Pool().Query(ctx, "-- storetest.Deliveries\nSELECT message_id, attempt, outcome, error, at FROM "+
+		st.StreamTable(streamID, "delivery")+" WHERE group_id = $1 AND ($2::bigint IS NULL OR message_id = $2) ORDER BY id", groupID, messageID)
+	if err != nil {
+		return nil, fmt.Errorf("deliveries: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Delivery, error) {
+		var d Delivery
+		err := r.Scan(&d.MessageID, &d.Attempt, &d.Outcome, &d.Error, &d.At)
+		return d, err
+	})
+}
