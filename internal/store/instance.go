@@ -47,7 +47,6 @@ DELETE FROM %[1]s.worker_instance WHERE id = $1::uuid`), id); err != nil {
 	return nil
 }
 
-
 // ExpireOwnedRanges hands every range owned by an instance back at once. A
 // claimer that restarts without its in-memory state calls it, so ranges it can
 // no longer finish are not kept alive by the heartbeat.
