@@ -7,12 +7,15 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/backoff"
+	"github.com/c1702965/sqlstreams/internal/codes"
+	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/wakeup"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -194,6 +197,25 @@ func declaredBy() string {
 		declarer = fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 	})
 	return declarer
+}
+
+// redeclared logs SQL0059 for a declaration that changed a stored config,
+// naming every changed field (old → new) and the declarer; a declaration
+// that changed nothing logs nothing.
+func (c *Client) redeclared(ctx context.Context, kind, name string, changes []groupconfig.Change) {
+	if len(changes) == 0 {
+		return
+	}
+	fields := make([]string, len(changes))
+	for i, ch := range changes {
+		fields[i] = ch.String()
+	}
+	key := "group"
+	if kind == "stream" {
+		key = "stream"
+	}
+	codes.ConfigRedeclared.Log(ctx, c.cfg.Logger, "SQL0059 "+kind+" config redeclared; newest wins: "+strings.Join(fields, "; "),
+		key, name, "declared_by", declaredBy(), "changes", fields)
 }
 
 func (c *Client) dbNow() store.Now {

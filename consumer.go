@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/thejerf/suture/v4"
-	"strings"
 	"time"
 
 	"github.com/c1702965/sqlstreams/actors/claimer"
@@ -346,14 +345,7 @@ func (h *ConsumerHandle[T]) Register(ctx context.Context, cfg *ConsumerConfig) (
 		if err != nil {
 			return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
 		}
-		if len(changes) > 0 {
-			fields := make([]string, len(changes))
-			for i, ch := range changes {
-				fields[i] = ch.String()
-			}
-			codes.ConfigRedeclared.Log(ctx, logger, "SQL0059 consumer group config redeclared; newest wins: "+strings.Join(fields, "; "),
-				"group", h.name, "declared_by", declaredBy(), "changes", fields)
-		}
+		h.s.c.redeclared(ctx, "consumer group", h.name, changes)
 	}
 	con := &Consumer[T]{s: h.s, group: g, cfg: c, version: h.s.version}
 	con.patterns, con.regexes = compileBindings(c.Bindings)

@@ -2,12 +2,12 @@ package sqlstreams
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/c1702965/sqlstreams/actors/manager"
 	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/settings"
 	"github.com/c1702965/sqlstreams/internal/shutdown"
 )
 
@@ -65,6 +65,22 @@ type WorkerConfig struct {
 	ChunkInterval time.Duration
 }
 
+// settings is the stored document: only the fields set.
+func (w WorkerConfig) settings() settings.Worker {
+	s := settings.Worker{Interval: settings.Of(w.Interval), Batch: w.Batch, MaxBatches: w.MaxBatches,
+		DeliveryTTL: settings.Of(w.DeliveryTTL), IdempotencyTTL: settings.Of(w.IdempotencyTTL),
+		ConfigLogKeep: w.ConfigLogKeep, InstanceKeep: settings.Of(w.InstanceKeep), ChunkInterval: settings.Of(w.ChunkInterval)}
+	switch {
+	case w.Suspend:
+		zero := 0
+		s.Instances = &zero
+	case w.Instances > 0:
+		n := w.Instances
+		s.Instances = &n
+	}
+	return s
+}
+
 func (w WorkerConfig) validate() error {
 	if w.Instances < 0 || w.Interval < 0 || w.Batch < 0 || w.MaxBatches < 0 || w.DeliveryTTL < 0 || w.IdempotencyTTL < 0 || w.ConfigLogKeep < 0 || w.InstanceKeep < 0 || w.ChunkInterval < 0 {
 		return fmt.Errorf("%w: WorkerConfig fields must not be negative", ErrInvalidConfig)
@@ -84,23 +100,7 @@ func (m *Manager) Declare(ctx context.Context, worker string, cfg WorkerConfig) 
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	k := map[string]any{}
-	set := func(name string, v any, ok bool) {
-		if ok {
-			k[name] = v
-		}
-	}
-	set("instances", 0, cfg.Suspend)
-	set("instances", cfg.Instances, !cfg.Suspend && cfg.Instances > 0)
-	set("interval", cfg.Interval.String(), cfg.Interval > 0)
-	set("batch", cfg.Batch, cfg.Batch > 0)
-	set("max_batches", cfg.MaxBatches, cfg.MaxBatches > 0)
-	set("delivery_ttl", cfg.DeliveryTTL.String(), cfg.DeliveryTTL > 0)
-	set("idempotency_ttl", cfg.IdempotencyTTL.String(), cfg.IdempotencyTTL > 0)
-	set("config_log_keep", cfg.ConfigLogKeep, cfg.ConfigLogKeep > 0)
-	set("instance_keep", cfg.InstanceKeep.String(), cfg.InstanceKeep > 0)
-	set("chunk_interval", cfg.ChunkInterval.String(), cfg.ChunkInterval > 0)
-	doc, err := json.Marshal(k)
+	doc, err := cfg.settings().Doc()
 	if err != nil {
 		return fmt.Errorf("declare worker %q: %w", worker, err)
 	}
@@ -127,15 +127,9 @@ func (o *ManagerOptions) withDefaults() ManagerOptions {
 
 func (m *Manager) actor(ttl time.Duration, stop *shutdown.Plan) *manager.Actor {
 	c := m.c
-	dbNow := engine.DBNow(c.cfg.Clock)
-	return manager.New(manager.Config{
+	return manager.Standard(manager.Config{
 		Store: c.store, DeclaredBy: declaredBy(), TTL: ttl, NewID: engine.NewID, Stop: stop,
-		Clock: c.cfg.Clock, Logger: c.cfg.Logger, DBNow: dbNow,
-		Workers: []manager.Worker{
-			&manager.Retention{Store: c.store, DBNow: dbNow, Logger: c.cfg.Logger},
-			&manager.Prune{Store: c.store, DBNow: dbNow},
-			&manager.Scheduler{Store: c.store, Clock: c.cfg.Clock, DBNow: dbNow},
-		},
+		Clock: c.cfg.Clock, Logger: c.cfg.Logger, DBNow: engine.DBNow(c.cfg.Clock),
 	})
 }
 

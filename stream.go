@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"regexp"
-	"strings"
 	"sync"
 	"time"
 	"unicode"
 
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
+	"github.com/c1702965/sqlstreams/internal/settings"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/topic"
 	"github.com/jackc/pgx/v5"
@@ -40,35 +40,23 @@ type StreamConfig struct {
 	RetentionTTL time.Duration `json:"-"`
 }
 
-// streamDoc is StreamConfig as stored: durations as "24h0m0s".
-type streamDoc struct {
-	MaxMessageBytes int    `json:"max_message_bytes,omitempty"`
-	RetentionTTL    string `json:"retention_ttl,omitempty"`
-}
-
-// MarshalJSON writes the stored form.
+// MarshalJSON writes the stored form (internal/settings.Stream): sparse,
+// durations as "24h0m0s".
 func (c StreamConfig) MarshalJSON() ([]byte, error) {
-	d := streamDoc{MaxMessageBytes: c.MaxMessageBytes}
-	if c.RetentionTTL > 0 {
-		d.RetentionTTL = c.RetentionTTL.String()
-	}
-	return json.Marshal(d)
+	return json.Marshal(settings.Stream{MaxMessageBytes: c.MaxMessageBytes, RetentionTTL: string(settings.Of(c.RetentionTTL))})
 }
 
 // UnmarshalJSON reads the stored form.
 func (c *StreamConfig) UnmarshalJSON(b []byte) error {
-	var d streamDoc
-	if err := json.Unmarshal(b, &d); err != nil {
+	d, err := settings.ParseStream(b)
+	if err != nil {
 		return err
 	}
-	*c = StreamConfig{MaxMessageBytes: d.MaxMessageBytes}
-	if d.RetentionTTL != "" {
-		ttl, err := time.ParseDuration(d.RetentionTTL)
-		if err != nil {
-			return fmt.Errorf("retention_ttl: %w", err)
-		}
-		c.RetentionTTL = ttl
+	ttl, err := d.Retention()
+	if err != nil {
+		return err
 	}
+	*c = StreamConfig{MaxMessageBytes: d.MaxMessageBytes, RetentionTTL: ttl}
 	return nil
 }
 
@@ -172,14 +160,7 @@ func (s *StreamHandle[T]) Register(ctx context.Context, cfg *StreamConfig) error
 		if err != nil {
 			return fmt.Errorf("register stream %q: %w", s.name, err)
 		}
-		if len(changes) > 0 {
-			fields := make([]string, len(changes))
-			for i, ch := range changes {
-				fields[i] = ch.String()
-			}
-			codes.ConfigRedeclared.Log(ctx, s.c.cfg.Logger, "SQL0059 stream config redeclared; newest wins: "+strings.Join(fields, "; "),
-				"stream", s.name, "declared_by", declaredBy(), "changes", fields)
-		}
+		s.c.redeclared(ctx, "stream", s.name, changes)
 	}
 	s.mu.Lock()
 	s.row, s.cfg = &row, declared.withDefaults()

@@ -17,7 +17,6 @@ package manager
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/c1702965/sqlstreams/internal/codes"
@@ -26,74 +25,14 @@ import (
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/outage"
+	"github.com/c1702965/sqlstreams/internal/settings"
 	"github.com/c1702965/sqlstreams/internal/shutdown"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
-// Knobs are a worker's declared metadata document.
-type Knobs struct {
-	// Instances is how many instances of the worker the fleet runs (0
-	// suspends it). Default 1.
-	Instances *int `json:"instances,omitempty"`
-	// Interval is how often the worker does a round of work. Default 1m.
-	Interval string `json:"interval,omitempty"`
-	// Batch bounds the rows one statement touches. Default 5000.
-	Batch int `json:"batch,omitempty"`
-	// MaxBatches bounds the statements of one round. Default 20.
-	MaxBatches int `json:"max_batches,omitempty"`
-}
-
-// Default knob values.
-const (
-	DefaultInterval   = time.Minute
-	DefaultBatch      = 5000
-	DefaultMaxBatches = 20
-)
-
-// Resolved are knobs with every default applied.
-type Resolved struct {
-	// Doc is the whole metadata document, for a worker's own knobs.
-	Doc        []byte
-	Instances  int
-	Interval   time.Duration
-	Batch      int
-	MaxBatches int
-}
-
-// ParseKnobs reads a metadata document; an unreadable field keeps its
-// default (the error says which), so a bad declaration never stops the work.
-// interval is the worker's default Interval (0: DefaultInterval).
-func ParseKnobs(doc []byte, interval time.Duration) (Resolved, error) {
-	if interval <= 0 {
-		interval = DefaultInterval
-	}
-	r := Resolved{Doc: doc, Instances: 1, Interval: interval, Batch: DefaultBatch, MaxBatches: DefaultMaxBatches}
-	var k Knobs
-	if len(doc) > 0 {
-		if err := json.Unmarshal(doc, &k); err != nil {
-			return r, fmt.Errorf("worker metadata: %w", err)
-		}
-	}
-	var errs []error
-	if k.Instances != nil && *k.Instances >= 0 {
-		r.Instances = *k.Instances
-	}
-	if k.Interval != "" {
-		d, err := time.ParseDuration(k.Interval)
-		if err != nil || d <= 0 {
-			errs = append(errs, fmt.Errorf("worker metadata: interval %q is not a positive duration", k.Interval))
-		} else {
-			r.Interval = d
-		}
-	}
-	if k.Batch > 0 {
-		r.Batch = k.Batch
-	}
-	if k.MaxBatches > 0 {
-		r.MaxBatches = k.MaxBatches
-	}
-	return r, errors.Join(errs...)
-}
+// Resolved are a worker's knobs with every default applied: the typed
+// document of internal/settings.
+type Resolved = settings.Resolved
 
 // Worker is one kind of maintenance work.
 type Worker interface {
@@ -135,6 +74,17 @@ type Actor struct {
 	outage *outage.Reporter
 	// Rounds counts rounds of work done per worker (tests read it).
 	Rounds map[string]int
+}
+
+// Standard returns a manager of the library's workers: retention, prune and
+// the scheduler (cfg.Workers is replaced).
+func Standard(cfg Config) *Actor {
+	cfg.Workers = []Worker{
+		&Retention{Store: cfg.Store, DBNow: cfg.DBNow, Logger: cfg.Logger},
+		&Prune{Store: cfg.Store, DBNow: cfg.DBNow},
+		&Scheduler{Store: cfg.Store, Clock: cfg.Clock, DBNow: cfg.DBNow},
+	}
+	return New(cfg)
 }
 
 // New returns a manager.
@@ -203,7 +153,7 @@ func (a *Actor) step(ctx context.Context, w Worker) error {
 	if d, ok := w.(interface{ DefaultInterval() time.Duration }); ok {
 		def = d.DefaultInterval()
 	}
-	knobs, err := ParseKnobs(doc, def)
+	knobs, err := settings.Resolve(doc, def)
 	if err != nil {
 		codes.BadWorkerKnobs.Log(ctx, a.cfg.Logger, "worker metadata has unreadable knobs; their defaults apply", "worker", name, "error", err)
 	}

@@ -2,11 +2,8 @@ package manager
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"sync/atomic"
-	"time"
 
 	"github.com/c1702965/sqlstreams/internal/store"
 )
@@ -27,48 +24,13 @@ type Prune struct {
 // PruneWorker is the prune worker's worker_config name.
 const PruneWorker = "prune"
 
-// Defaults of the prune worker's own knobs.
-const (
-	DefaultDeliveryTTL    = 7 * 24 * time.Hour
-	DefaultIdempotencyTTL = 7 * 24 * time.Hour
-	DefaultConfigLogKeep  = 100
-	DefaultInstanceKeep   = 24 * time.Hour
-)
-
-// pruneKnobs are the prune worker's own fields of its metadata document.
-type pruneKnobs struct {
-	DeliveryTTL    string `json:"delivery_ttl,omitempty"`
-	IdempotencyTTL string `json:"idempotency_ttl,omitempty"`
-	ConfigLogKeep  int    `json:"config_log_keep,omitempty"`
-	InstanceKeep   string `json:"instance_keep,omitempty"`
-}
-
 // Name implements Worker.
 func (p *Prune) Name() string { return PruneWorker }
 
-func durKnob(v string, def time.Duration) (time.Duration, error) {
-	if v == "" {
-		return def, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		return def, fmt.Errorf("worker metadata: %q is not a positive duration", v)
-	}
-	return d, nil
-}
-
 // Round implements Worker.
 func (p *Prune) Round(ctx context.Context, k Resolved) error {
-	var pk pruneKnobs
-	_ = json.Unmarshal(k.Doc, &pk) // unreadable: defaults (ParseKnobs already reported it)
-	deliveryTTL, err1 := durKnob(pk.DeliveryTTL, DefaultDeliveryTTL)
-	idemTTL, err2 := durKnob(pk.IdempotencyTTL, DefaultIdempotencyTTL)
-	instanceKeep, err3 := durKnob(pk.InstanceKeep, DefaultInstanceKeep)
-	keep := pk.ConfigLogKeep
-	if keep <= 0 {
-		keep = DefaultConfigLogKeep
-	}
-	errs := []error{err1, err2, err3}
+	deliveryTTL, idemTTL, instanceKeep, keep := k.DeliveryTTL, k.IdempotencyTTL, k.InstanceKeep, k.ConfigLogKeep
+	var errs []error
 	loop := func(f func() (int64, error)) {
 		for range k.MaxBatches {
 			n, err := f()

@@ -2,13 +2,13 @@ package manager
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/settings"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
@@ -44,20 +44,6 @@ const RetentionWorker = "retention"
 // Name implements Worker.
 func (r *Retention) Name() string { return RetentionWorker }
 
-// streamDoc is the part of a stream's stored config retention reads.
-type streamDoc struct {
-	RetentionTTL string `json:"retention_ttl"`
-}
-
-// retentionKnobs are the retention worker's own fields of its metadata
-// document.
-type retentionKnobs struct {
-	// ChunkInterval is how much time one chunk of the log should span.
-	// Default: the stream's RetentionTTL / 4, so the log holds about 1.25
-	// TTLs of messages at most.
-	ChunkInterval string `json:"chunk_interval,omitempty"`
-}
-
 // Chunk sizes in xids: a chunk is never narrower than MinChunkXids (an idle
 // cluster would otherwise make a table per handful of transactions) nor
 // wider than MaxChunkXids.
@@ -70,22 +56,23 @@ const (
 // Round implements Worker: for each stream with a RetentionTTL, up to
 // k.MaxBatches statements of k.Batch rows each.
 func (r *Retention) Round(ctx context.Context, k Resolved) error {
-	var rk retentionKnobs
-	_ = json.Unmarshal(k.Doc, &rk) // unreadable: defaults (ParseKnobs already reported it)
-	interval, ierr := durKnob(rk.ChunkInterval, 0)
+	interval := k.ChunkInterval
 	streams, err := r.Store.Streams(ctx)
 	if err != nil {
 		return err
 	}
-	errs := []error{ierr}
+	var errs []error
 	for _, s := range streams {
-		var doc streamDoc
-		if err := json.Unmarshal(s.Config, &doc); err != nil || doc.RetentionTTL == "" {
+		doc, err := settings.ParseStream(s.Config)
+		if err != nil {
 			continue
 		}
-		ttl, err := time.ParseDuration(doc.RetentionTTL)
-		if err != nil || ttl <= 0 {
-			errs = append(errs, fmt.Errorf("stream %q: retention_ttl %q is not a positive duration", s.Name, doc.RetentionTTL))
+		ttl, err := doc.Retention()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("stream %q: %w", s.Name, err))
+			continue
+		}
+		if ttl == 0 {
 			continue
 		}
 		for range k.MaxBatches {
