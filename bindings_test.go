@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	alertq "github.com/c1702965/sqlstreams/actors/alerts"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,7 +55,7 @@ func (e *env) incumbentTTL(t *testing.T, c *Consumer[order], clk clock.Clock, pa
 	require.NoError(t, err)
 	in.hb = heartbeat.New(heartbeat.Config{Store: e.client.store, StreamID: c.group.StreamID, WorkerConfigID: wid,
 		InstanceID: id, DeclaredBy: "incumbent", TTL: ttl, Clock: clk, Logger: e.client.cfg.Logger,
-		DBNow: engine.DBNow(clk), Lost: make(chan struct{}, 1), Graceful: func() bool { return true }, Registered: true})
+		DBNow: engine.DBNow(clk), Graceful: func() bool { return true }, Registered: true})
 	return in, res
 }
 
@@ -473,12 +476,10 @@ func TestSystemProducesAlerts(t *testing.T) {
 	require.NoError(t, err)
 	e.produceN(Stream[order](e.client, "other"), "after", 1)
 	st := newStepperFor(t, e, other, mock, func(context.Context, *claimer.Delivery) error { return nil })
-	stalled := make(chan struct{})
-	cl := claimer.New(claimer.Config{Common: st.common, BatchLimit: 10, QueueSize: 10, StallAfter: 30 * time.Second,
-		OnStall: func(since time.Time, waited time.Duration, b []store.Blocker) {
-			e.client.alertStall(ctx, "other", "o", since, waited, b)
-			close(stalled)
-		}})
+	var dropped atomic.Int64
+	queue := alertq.NewQueue(&dropped)
+	cl := claimer.New(claimer.Config{Common: st.common, BatchLimit: 10, QueueSize: 10, StallAfter: 30 * time.Second, Alerts: queue})
+	publisher := alertq.New(queue, e.client.publishAlerts("other", "o", nil), slog.New(e.logs))
 	stallBegan := mock.Now() // the first claim below finds the stall
 	for i := 0; ; i++ {
 		require.Less(t, i, 5)
@@ -486,12 +487,14 @@ func TestSystemProducesAlerts(t *testing.T) {
 		require.NoError(t, err)
 		mock.Add(31 * time.Second)
 		select {
-		case <-stalled:
+		case ev := <-queue.C():
+			publisher.Step(ctx, ev) // what the session's alerts actor does
 		default:
 			continue
 		}
 		break
 	}
+	require.Zero(t, dropped.Load())
 	require.NoError(t, tx.Rollback(ctx)) // the gate holds every stream while it is open
 	stallGot := make(chan Alert, 2)
 	consume(t, stallWatch, func(_ context.Context, a *Alert) error { stallGot <- *a; return nil }, nil)

@@ -166,7 +166,8 @@ func TestChaos(t *testing.T) {
 	start := func(abrupt bool) {
 		o := *opts
 		o.DisableGracefulShutdown = abrupt
-		ictx, cancel := context.WithCancel(context.WithValue(ctx, faultKey{}, fault))
+		o.test = &testHooks{fault: fault}
+		ictx, cancel := context.WithCancel(ctx)
 		in := &inst{cancel: cancel, done: make(chan error, 1), abrupt: abrupt}
 		h := func(ctx context.Context, o *order) error {
 			err := handler(ctx, o)

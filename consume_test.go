@@ -61,8 +61,17 @@ func consume[T any](t *testing.T, c *Consumer[T], h Handler[T], opts *ConsumeOpt
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &session{cancel: cancel, done: make(chan error, 1), id: make(chan string, 1)}
-	ctx = context.WithValue(ctx, hooksKey{}, func(id string) { s.id <- id })
-	go func() { s.done <- c.Consume(ctx, h, opts) }()
+	var o ConsumeOptions
+	if opts != nil {
+		o = *opts
+	}
+	hooks := testHooks{}
+	if o.test != nil {
+		hooks = *o.test
+	}
+	hooks.onStart = func(id string) { s.id <- id }
+	o.test = &hooks
+	go func() { s.done <- c.Consume(ctx, h, &o) }()
 	t.Cleanup(func() {
 		cancel()
 		select {

@@ -178,6 +178,9 @@ type ConsumeOptions struct {
 	// on live incumbents tries again. Default 10s. There is no timeout: it
 	// waits forever, and is not ready meanwhile.
 	BindingRetryInterval time.Duration
+	// test holds the package's own tests' hooks; see testHooks.
+	test *testHooks
+
 	// Readiness, if set, carries this session's readiness level: ready
 	// while it consumes and reaches its database, not ready while its
 	// binding set waits, while its store calls have failed for longer than
@@ -388,6 +391,9 @@ type Stats struct {
 	Committed   int64 // ranges committed
 	LeasesLost  int64 // writes fenced off by a reclaimer
 	Stalls      int64 // claims held back by an open transaction past StallWarning
+	// AlertsDropped counts alerts not produced because the session's
+	// bounded alert queue was full (the conditions were logged all the same).
+	AlertsDropped int64
 }
 
 // Stats returns the consumer's counters.
@@ -398,6 +404,7 @@ func (c *Consumer[T]) Stats() Stats {
 		Succeeded: s.Succeeded.Load(), Failed: s.Failed.Load(), Dead: s.Dead.Load(), Delayed: s.Delayed.Load(),
 		Deferred: s.Deferred.Load(), Retried: s.Retried.Load(), Panics: s.Panics.Load(), TimedOut: s.TimedOut.Load(),
 		Abandoned: s.Abandoned.Load(), Committed: s.Committed.Load(), LeasesLost: s.LeasesLost.Load(), Stalls: s.Stalls.Load(),
+		AlertsDropped: s.AlertsDropped.Load(),
 	}
 }
 
@@ -442,7 +449,6 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 		return err
 	}
 	client := c.s.c
-	alerted := false
 	var mgr func(*shutdown.Plan) suture.Service
 	if !o.DisableManager {
 		mgr = func(stop *shutdown.Plan) suture.Service { return client.Manager().actor(o.InstanceTTL, stop) }
@@ -461,17 +467,9 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 			BindingRetryInterval: o.BindingRetryInterval,
 		},
 		Patterns: c.patterns, Regexes: c.regexes, Hub: client.hub,
-		OnWait: func(res store.BindingResult, since time.Time) {
-			if !alerted { // one alert per wait; the log line repeats every attempt
-				alerted = true
-				client.alertBindingWait(ctx, c.s.name, c.group.Name, c.patterns, res, since)
-			}
-		},
-		OnStall: func(since time.Time, waited time.Duration, blockers []store.Blocker) {
-			client.alertStall(ctx, c.s.name, c.group.Name, since, waited, blockers)
-		},
+		Alerts: client.publishAlerts(c.s.name, c.group.Name, c.patterns),
 		Clock: client.cfg.Clock, Logger: client.cfg.Logger, Stats: &c.stats,
-		OnStart: consumeHooks(ctx), Fault: faultHook(ctx),
+		OnStart: o.test.start(), Fault: o.test.faults(),
 	})
 }
 
@@ -504,20 +502,27 @@ func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
 	}
 }
 
-type hooksKey struct{}
-
-type faultKey struct{}
-
-// faultHook returns the chaos tests' fault injector riding ctx, if any.
-func faultHook(ctx context.Context) func(string) error {
-	f, _ := ctx.Value(faultKey{}).(func(string) error)
-	return f
+// testHooks are this package's tests' private hooks into one session
+// (ConsumeOptions.test): the instance id once the session consumes, and a
+// fault injected at the top of every claim. Nothing outside the tests can
+// set them, and a session without them checks two nil functions.
+type testHooks struct {
+	onStart func(instanceID string)
+	fault   func(site string) error
 }
 
-// consumeHooks returns the test hook riding ctx, if any.
-func consumeHooks(ctx context.Context) func(string) {
-	f, _ := ctx.Value(hooksKey{}).(func(string))
-	return f
+func (h *testHooks) start() func(string) {
+	if h == nil {
+		return nil
+	}
+	return h.onStart
+}
+
+func (h *testHooks) faults() func(string) error {
+	if h == nil {
+		return nil
+	}
+	return h.fault
 }
 
 // compileBindings normalizes a declared set and translates each pattern for

@@ -23,11 +23,11 @@ func TestHeartbeatStepRenewsLeasesAndReportsLoss(t *testing.T) {
 	ctx := context.Background()
 
 	id := engine.NewID()
-	lost := make(chan struct{}, 1)
+	liveness := heartbeat.NewLiveness()
 	hb := heartbeat.New(heartbeat.Config{
 		Store: e.client.store, StreamID: c.group.StreamID, WorkerConfigID: c.group.Workers[store.WorkerMessageConsumer],
 		InstanceID: id, DeclaredBy: declaredBy(), TTL: 30 * time.Second, Clock: mock, Logger: slog.New(e.logs),
-		DBNow: engine.DBNow(mock), Lost: lost, Graceful: func() bool { return true },
+		DBNow: engine.DBNow(mock), Liveness: liveness, Graceful: func() bool { return true },
 	})
 	require.Equal(t, 10*time.Second, hb.Interval())
 	require.NoError(t, hb.Step(ctx))
@@ -66,9 +66,12 @@ func TestHeartbeatStepRenewsLeasesAndReportsLoss(t *testing.T) {
 	require.NoError(t, e.client.store.DeleteInstance(ctx, id))
 	require.NoError(t, hb.Step(ctx))
 	select {
-	case <-lost:
+	case <-liveness.C():
 	default:
-		t.Fatal("loss not reported")
+		t.Fatal("nothing reported")
 	}
+	renewed, lost := liveness.Take()
+	require.Equal(t, 1, lost, "the loss is reported, and kept through the renewals around it")
+	require.False(t, renewed.IsZero(), "renewals are reported with when they were sent")
 	require.Equal(t, 1, live())
 }

@@ -391,15 +391,15 @@ func TestChildConsumer(t *testing.T) {
 	require.NoError(t, err)
 	c, err := Stream[order](client, "orders").Consumer("g").Register(ctx, nil)
 	require.NoError(t, err)
-	hctx := context.WithValue(ctx, hooksKey{}, func(id string) { fmt.Println("INSTANCE " + id) })
+	hooks := &testHooks{onStart: func(id string) { fmt.Println("INSTANCE " + id) }}
 	var once sync.Once
 	var mu sync.Mutex
 	switch os.Getenv("SQLSTREAMS_CHILD_MODE") {
 	case "block":
-		_ = c.Consume(hctx, func(ctx context.Context, o *order) error {
+		_ = c.Consume(ctx, func(ctx context.Context, o *order) error {
 			once.Do(func() { fmt.Println("HANDLING " + o.OrderID) })
 			select {} // until killed
-		}, &ConsumeOptions{BatchLimit: 20, MessageConcurrency: 1})
+		}, &ConsumeOptions{BatchLimit: 20, MessageConcurrency: 1, test: hooks})
 	case "share":
 		goSignal := make(chan struct{})
 		go func() { // the parent says GO once it is handling a range too
@@ -408,7 +408,7 @@ func TestChildConsumer(t *testing.T) {
 				close(goSignal)
 			}
 		}()
-		err := c.Consume(hctx, func(ctx context.Context, o *order) error {
+		err := c.Consume(ctx, func(ctx context.Context, o *order) error {
 			select {
 			case <-goSignal:
 			case <-ctx.Done():
@@ -418,7 +418,7 @@ func TestChildConsumer(t *testing.T) {
 			defer mu.Unlock()
 			fmt.Println("GOT " + o.OrderID)
 			return nil
-		}, &ConsumeOptions{BatchLimit: 10, QueueSize: 10, MessageConcurrency: 2, ClaimPollRate: 5 * time.Millisecond})
+		}, &ConsumeOptions{BatchLimit: 10, QueueSize: 10, MessageConcurrency: 2, ClaimPollRate: 5 * time.Millisecond, test: hooks})
 		require.NoError(t, err)
 	}
 }

@@ -275,14 +275,14 @@ func TestWorkerKnobsFollowRedeclaration(t *testing.T) {
 	require.NoError(t, m.Declare(ctx, WorkerRetention, WorkerConfig{Interval: time.Hour}))
 	a := m.actor(time.Hour, nil) // a TTL longer than the test's steps: the slot never lapses
 	require.NoError(t, a.Step(ctx))
-	require.Equal(t, 1, a.Rounds[WorkerRetention])
+	require.Equal(t, 1, a.Rounds(WorkerRetention))
 	st.mock.Add(10 * time.Minute)
 	require.NoError(t, a.Step(ctx))
-	require.Equal(t, 1, a.Rounds[WorkerRetention], "an hour between rounds")
+	require.Equal(t, 1, a.Rounds(WorkerRetention), "an hour between rounds")
 	require.NoError(t, m.Declare(ctx, WorkerRetention, WorkerConfig{Interval: 5 * time.Minute}))
 	st.mock.Add(10 * time.Second)
 	require.NoError(t, a.Step(ctx))
-	require.Equal(t, 2, a.Rounds[WorkerRetention], "the redeclared 5m interval applies at the next heartbeat")
+	require.Equal(t, 2, a.Rounds(WorkerRetention), "the redeclared 5m interval applies at the next heartbeat")
 	require.ErrorIs(t, m.Declare(ctx, "nope", WorkerConfig{}), ErrInvalidConfig)
 }
 

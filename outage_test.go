@@ -92,8 +92,8 @@ func TestConsumeReturnsWithinItsBudgetWhilePostgresIsDown(t *testing.T) {
 			}
 			const budget = 2 * time.Second
 			opts := &ConsumeOptions{BatchLimit: 3, MessageConcurrency: 3, ClaimPollRate: 20 * time.Millisecond,
-				InstanceTTL: 2 * time.Second, ShutdownTimeout: budget, DisableManager: true}
-			ctx, cancel := context.WithCancel(context.WithValue(context.Background(), faultKey{}, fault))
+				InstanceTTL: 2 * time.Second, ShutdownTimeout: budget, DisableManager: true, test: &testHooks{fault: fault}}
+			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			done := make(chan error, 1)
 			go func() {

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/c1702965/sqlstreams/internal/codes"
+	"github.com/c1702965/sqlstreams/actors/alerts"
 	"time"
 
 	"github.com/c1702965/sqlstreams/internal/store"
@@ -71,26 +71,32 @@ func (h *SystemHandle) Register(ctx context.Context, _ *SystemConfig) error {
 	return nil
 }
 
-// alert produces one alert if the system is registered. An alert that
-// cannot be produced is logged; it never fails the caller.
-func (c *Client) alert(ctx context.Context, a Alert) {
-	s := Stream[Alert](c, AlertStream)
-	_, err := s.Produce(ctx, a, &ProduceOptions{RoutingKey: a.Kind})
-	if err != nil && !errors.Is(err, store.ErrNotFound) && ctx.Err() == nil {
-		codes.AlertFailed.Log(ctx, c.cfg.Logger, "could not produce an alert", "kind", a.Kind, "group", a.Group, "error", err)
+// publishAlerts returns the function a session's alerts actor publishes its
+// events with: each becomes an Alert on the AlertStream, when the system is
+// registered (until then alerts are only logged, by the actors that notice
+// the conditions).
+func (c *Client) publishAlerts(stream, group string, wanted []string) alerts.Publish {
+	return func(ctx context.Context, e alerts.Event) error {
+		var a Alert
+		switch e.Kind {
+		case alerts.BindingWaiting:
+			res := e.Binding
+			a = Alert{Kind: AlertBindingWaiting, Stream: stream, Group: group, Wanted: wanted, Installed: res.Installed,
+				LiveInstances: res.Live, Since: res.DeclaredAt,
+				Detail: fmt.Sprintf("waiting since %s for %d live instance(s) holding the installed set", e.Since.Format(time.RFC3339), res.Live)}
+		case alerts.DeliveryStalled:
+			detail := fmt.Sprintf("committed messages have waited %s behind an open transaction", e.Waited)
+			for _, b := range e.Blockers {
+				detail += fmt.Sprintf("; pid %d (%s) open since %s, %s", b.PID, b.ApplicationName, b.XactStart.Format(time.RFC3339), b.State)
+			}
+			a = Alert{Kind: AlertDeliveryStalled, Stream: stream, Group: group, Since: e.Since, Detail: detail}
+		default:
+			return fmt.Errorf("unknown alert event %d", e.Kind)
+		}
+		_, err := Stream[Alert](c, AlertStream).Produce(ctx, a, &ProduceOptions{RoutingKey: a.Kind})
+		if errors.Is(err, store.ErrNotFound) {
+			return nil // the system is not registered: no alert stream
+		}
+		return err
 	}
-}
-
-func (c *Client) alertBindingWait(ctx context.Context, stream, group string, wanted []string, res store.BindingResult, since time.Time) {
-	c.alert(ctx, Alert{Kind: AlertBindingWaiting, Stream: stream, Group: group, Wanted: wanted, Installed: res.Installed,
-		LiveInstances: res.Live, Since: res.DeclaredAt,
-		Detail: fmt.Sprintf("waiting since %s for %d live instance(s) holding the installed set", since.Format(time.RFC3339), res.Live)})
-}
-
-func (c *Client) alertStall(ctx context.Context, stream, group string, since time.Time, waited time.Duration, blockers []store.Blocker) {
-	detail := fmt.Sprintf("committed messages have waited %s behind an open transaction", waited)
-	for _, b := range blockers {
-		detail += fmt.Sprintf("; pid %d (%s) open since %s, %s", b.PID, b.ApplicationName, b.XactStart.Format(time.RFC3339), b.State)
-	}
-	c.alert(ctx, Alert{Kind: AlertDeliveryStalled, Stream: stream, Group: group, Since: since, Detail: detail})
 }

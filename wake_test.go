@@ -15,8 +15,8 @@ import (
 func TestProduceWakesIdleConsumerAndListenerReconnects(t *testing.T) {
 	e, s, c := setup(t, nil, "g", 0)
 	ctx := context.Background()
-	listening := make(chan uint32, 4)
-	e.client.hub.OnListen = func(pid uint32) { listening <- pid }
+	e.client.hub.Signals.Listening.Init()
+	listening := e.client.hub.Signals.Listening.C()
 	got := make(chan string, 4)
 	ready := NewReadiness()
 	consume(t, c, func(_ context.Context, o *order) error { got <- o.OrderID; return nil },
@@ -49,8 +49,8 @@ func TestProduceWakesIdleConsumerAndListenerReconnects(t *testing.T) {
 func TestWakeSkipsGroupsWhoseBindingsMatchNoKey(t *testing.T) {
 	e, s, c := setup(t, nil, "g", 0)
 	ctx := context.Background()
-	listening := make(chan uint32, 4)
-	e.client.hub.OnListen = func(pid uint32) { listening <- pid }
+	e.client.hub.Signals.Listening.Init()
+	listening := e.client.hub.Signals.Listening.C()
 	bound, stopBound := e.client.hub.Subscribe(c.group.StreamID, []string{"orders.hit"})
 	defer stopBound()
 	all, stopAll := e.client.hub.Subscribe(c.group.StreamID, nil)

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/actors/alerts"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/actors/refresher"
@@ -94,14 +95,14 @@ type Config struct {
 	// is the whole stream).
 	Patterns []string
 	Regexes  []string
-	// OnWait is called on each waiting binding attempt.
-	OnWait func(res store.BindingResult, since time.Time)
 	// Hub, if set, wakes the range claimer when the stream is produced to.
 	Hub *Hub
 	// Fault, if set, is called at the top of every claim (chaos tests).
 	Fault func(site string) error
-	// OnStall is called once per delivery stall.
-	OnStall func(since time.Time, waited time.Duration, blockers []store.Blocker)
+	// Alerts, if set, publishes the session's alert events (a binding wait,
+	// a delivery stall) on the alerts actor's goroutine, fed by a bounded
+	// queue the other actors never wait on.
+	Alerts alerts.Publish
 	// Health is the session's readiness and permanent-error sink; the
 	// caller makes it so that its Readiness can watch it. nil: Run makes one.
 	Health *outage.Health
@@ -161,13 +162,24 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer health.SetConsuming(false)
 	plan := shutdown.New(cfg.Clock)
+	var queue *alerts.Queue
+	if cfg.Alerts != nil { // the alerts actor runs for the whole session, the binding wait included
+		queue = alerts.NewQueue(&cfg.Stats.AlertsDropped)
+		actx, stopAlerts := context.WithCancel(context.WithoutCancel(ctx))
+		stopped := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			_ = alerts.New(queue, cfg.Alerts, logger).Serve(actx)
+		}()
+		defer func() { stopAlerts(); <-stopped }()
+	}
 
-	lost := make(chan struct{}, 1)
-	newBeat := func(id, worker string, lost chan<- struct{}) *heartbeat.Actor {
+	liveness := heartbeat.NewLiveness()
+	newBeat := func(id, worker string, liveness *heartbeat.Liveness) *heartbeat.Actor {
 		return heartbeat.New(heartbeat.Config{Registered: true,
 			Store: cfg.Store, StreamID: cfg.StreamID, WorkerConfigID: cfg.Workers[worker],
 			InstanceID: id, DeclaredBy: cfg.DeclaredBy, TTL: o.InstanceTTL,
-			Clock: cfg.Clock, Logger: logger.With("worker", worker), DBNow: dbNow, Lost: lost,
+			Clock: cfg.Clock, Logger: logger.With("worker", worker), DBNow: dbNow, Liveness: liveness,
 			Graceful: func() bool { return graceful }, Health: health, Retry: cfg.Retry, Stop: plan,
 		})
 	}
@@ -187,7 +199,7 @@ func Run(ctx context.Context, cfg Config) error {
 			{ID: msgID, WorkerConfigID: cfg.Workers[store.WorkerMessageConsumer], TTL: o.InstanceTTL},
 			{ID: excID, WorkerConfigID: cfg.Workers[store.WorkerExceptionConsumer], TTL: o.InstanceTTL},
 		},
-		Interval: o.BindingRetryInterval, Clock: cfg.Clock, Logger: logger, DBNow: dbNow, OnWait: cfg.OnWait, Retry: cfg.Retry,
+		Interval: o.BindingRetryInterval, Clock: cfg.Clock, Logger: logger, DBNow: dbNow, Alerts: queue, Retry: cfg.Retry,
 	})
 	if _, err := reg.Run(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -195,8 +207,8 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		return fmt.Errorf("consume %s: declare bindings: %w", cfg.GroupName, err)
 	}
-	msgBeat := newBeat(msgID, store.WorkerMessageConsumer, lost)
-	excBeat := newBeat(excID, store.WorkerExceptionConsumer, make(chan struct{}, 1))
+	msgBeat := newBeat(msgID, store.WorkerMessageConsumer, liveness)
+	excBeat := newBeat(excID, store.WorkerExceptionConsumer, nil)
 
 	common := claimer.Common{
 		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, Handler: cfg.Handler, Group: snap.Group,
@@ -214,7 +226,7 @@ func Run(ctx context.Context, cfg Config) error {
 		wake = ch
 	}
 	cl := claimer.New(claimer.Config{Common: rc, BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, StallAfter: o.StallAfter,
-		Lost: lost, OnStall: cfg.OnStall, Wake: wake})
+		Liveness: liveness, Alerts: queue, Wake: wake})
 	ec := common
 	ec.InstanceID = excID
 	ex := claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/c1702965/sqlstreams/internal/testsignal"
 	"github.com/c1702965/sqlstreams/internal/topic"
 )
 
@@ -33,9 +34,14 @@ type Hub struct {
 	refs   int
 	cancel context.CancelFunc
 	done   chan struct{}
-	// OnListen, if set, is called with the backend pid each time the hub
-	// starts listening (tests).
-	OnListen func(pid uint32)
+	// Signals are test signals, inert unless a test initializes them.
+	Signals HubSignals
+}
+
+// HubSignals are the hub's test signals.
+type HubSignals struct {
+	// Listening carries the backend pid each time the hub starts listening.
+	Listening testsignal.Signal[uint32]
 }
 
 // NewHub returns a hub; nothing runs until Subscribe.
@@ -121,9 +127,7 @@ func (h *Hub) run(ctx context.Context, done chan struct{}) {
 				lost = false
 				h.wakeAll()
 			}
-			if h.OnListen != nil {
-				h.OnListen(l.PID())
-			}
+			h.Signals.Listening.Signal(l.PID())
 			err = h.listen(ctx, l)
 			_ = l.Close(context.WithoutCancel(ctx))
 		}

@@ -253,7 +253,7 @@ func (w *World) build(in *instance) {
 	beat := func(id, worker string) *heartbeat.Actor {
 		return heartbeat.New(heartbeat.Config{Registered: true, Store: w.st, StreamID: w.streamID,
 			WorkerConfigID: w.workers[worker], InstanceID: id, DeclaredBy: in.name, TTL: w.opts.TTL,
-			Clock: w.clock, Logger: w.logger, DBNow: dbNow, Lost: make(chan struct{}, 1),
+			Clock: w.clock, Logger: w.logger, DBNow: dbNow,
 			Graceful: func() bool { return true }})
 	}
 	in.beat, in.exBeat = beat(in.msgID, store.WorkerMessageConsumer), beat(in.excID, store.WorkerExceptionConsumer)
@@ -271,7 +271,11 @@ func (w *World) build(in *instance) {
 	common := claimer.Common{Skipped: skipped, Store: w.st, StreamID: w.streamID, GroupID: w.groupID, Handler: w.handle,
 		Group: in.snap.Group, Concurrency: 1, PollRate: time.Second, Lease: w.opts.TTL, KeyBusyDelay: 100 * time.Millisecond,
 		TimeoutGrace: time.Second, ShutdownTimeout: func() time.Duration { return time.Second },
-		Clock: w.clock, Logger: w.logger, DBNow: dbNow, Stats: in.stats, Broken: w.opts.Broken}
+		Clock: w.clock, Logger: w.logger, DBNow: dbNow, Stats: in.stats}
+	if w.opts.Broken != (claimer.Broken{}) {
+		b := w.opts.Broken
+		common.Broken = &b
+	}
 	rc := common
 	rc.InstanceID = in.msgID
 	in.cl = claimer.New(claimer.Config{Common: rc, BatchLimit: w.opts.BatchLimit, QueueSize: w.opts.QueueSize, StallAfter: time.Hour})

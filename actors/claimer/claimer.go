@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/actors/alerts"
+	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/policy"
@@ -49,6 +51,8 @@ type Stats struct {
 	Committed   atomic.Int64 // ranges committed
 	LeasesLost  atomic.Int64 // commits fenced off by a reclaimer
 	Stalls      atomic.Int64 // claims held back by an open transaction past StallAfter
+	// AlertsDropped counts alert events a full alerts queue dropped.
+	AlertsDropped atomic.Int64
 }
 
 // Common is what both actors need.
@@ -98,8 +102,8 @@ type Common struct {
 	// delivery because the binding set in force (declaration id) does not
 	// route it to the group (the simulator checks it).
 	Skipped func(m *store.Message, bindings int64)
-	// Broken is for tests only: see Broken.
-	Broken Broken
+	// Broken is nil outside the simulator's tests: see Broken.
+	Broken *Broken
 }
 
 // Broken holds test-only fault switches. Each breaks one promise on purpose
@@ -112,6 +116,13 @@ type Broken struct {
 	IgnoreOrderedFailure bool // a failed ordered message does not hold back its key's later messages
 }
 
+// The switches as the claimer reads them: a nil *Broken (every production
+// session) is all false.
+func (b *Broken) dropFailures() bool         { return b != nil && b.DropFailures }
+func (b *Broken) skipKeyLeases() bool        { return b != nil && b.SkipKeyLeases }
+func (b *Broken) deliverUnmatched() bool     { return b != nil && b.DeliverUnmatched }
+func (b *Broken) ignoreOrderedFailure() bool { return b != nil && b.IgnoreOrderedFailure }
+
 // Config is the range claimer's config.
 type Config struct {
 	Common
@@ -123,14 +134,14 @@ type Config struct {
 	// StallAfter is how long claims may find rows held back by an open
 	// transaction before the stall is logged and counted.
 	StallAfter time.Duration
-	// Lost carries the heartbeat's reports that the instance row was gone.
-	Lost <-chan struct{}
+	// Liveness carries the heartbeat's reports of the instance: renewed, or
+	// its row found gone.
+	Liveness *heartbeat.Liveness
 	// Wake, if set, receives a value when the stream is produced to: the
 	// claimer claims at once instead of at its next poll.
 	Wake <-chan struct{}
-	// OnStall, if set, is called once per stall (alerts) with the time the
-	// stall began and how long it has lasted.
-	OnStall func(since time.Time, waited time.Duration, blockers []store.Blocker)
+	// Alerts, if set, is told of each stall once, with when it began.
+	Alerts *alerts.Queue
 }
 
 type msgState uint8
@@ -313,7 +324,7 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 	var keyOrder []string
 	for i := range r.Messages {
 		m := &r.Messages[i]
-		if !m.Matched && !a.cfg.Broken.DeliverUnmatched { // not routed to this group: settled without delivery
+		if !m.Matched && !a.cfg.Broken.deliverUnmatched() { // not routed to this group: settled without delivery
 			if a.cfg.Skipped != nil {
 				a.cfg.Skipped(m, r.Bindings)
 			}
@@ -324,7 +335,7 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 		}
 		a.cfg.Stats.Claimed.Add(1)
 		in.eff[i] = resolve(m, group)
-		if !in.eff[i].Concurrency.Keyed() || m.Key == "" || a.cfg.Broken.SkipKeyLeases {
+		if !in.eff[i].Concurrency.Keyed() || m.Key == "" || a.cfg.Broken.skipKeyLeases() {
 			in.state[i] = running
 			jobs = append(jobs, a.job(in, i))
 			continue
@@ -464,9 +475,7 @@ func (a *Actor) checkGate(ctx context.Context) error {
 			"blocker_xact_start", b.XactStart, "blocker_state", b.State)
 	}
 	codes.DeliveryStalled.Log(ctx, a.cfg.Logger, "delivery stalled: committed messages wait behind an open transaction", attrs...)
-	if a.cfg.OnStall != nil {
-		a.cfg.OnStall(a.stallSince, now.Sub(a.stallSince), blockers)
-	}
+	a.cfg.Alerts.Send(alerts.Event{Kind: alerts.DeliveryStalled, Since: a.stallSince, Waited: now.Sub(a.stallSince), Blockers: blockers})
 	return nil
 }
 
@@ -505,7 +514,7 @@ func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 	var jobs []Job
 	if ks := a.keys[m.Key]; ks != nil && m.Key != "" && len(ks.queue) > 0 && ks.queue[0] == rf {
 		ks.queue = ks.queue[1:]
-		if e.Concurrency == policy.Ordered && !next.Delete && !a.cfg.Broken.IgnoreOrderedFailure {
+		if e.Concurrency == policy.Ordered && !next.Delete && !a.cfg.Broken.ignoreOrderedFailure() {
 			// A later message of an ordered key waits for this one. An
 			// ordered lease is never shared, so they are all this range's.
 			for _, q := range ks.queue {
@@ -589,7 +598,7 @@ func (a *Actor) commit(ctx context.Context, id int64) error {
 	in := a.ranges[id]
 	var writes []store.ExceptionWrite
 	for _, w := range in.writes {
-		if w != nil && !a.cfg.Broken.DropFailures {
+		if w != nil && !a.cfg.Broken.dropFailures() {
 			writes = append(writes, *w)
 		}
 	}
@@ -741,7 +750,7 @@ func (a *Actor) HandBack(ctx context.Context) error {
 // or handed back) or until the session's drain finishes (ErrDrained); see
 // serve.
 func (a *Actor) Serve(ctx context.Context) error {
-	return serve(ctx, a, a.outage, a.runner, a.cfg.Concurrency, a.cfg.QueueSize, a.cfg.Wake, a.cfg.Lost)
+	return serve(ctx, a, a.outage, a.runner, a.cfg.Concurrency, a.cfg.QueueSize, a.cfg.Wake, a.cfg.Liveness)
 }
 
 // The loop methods serve drives.

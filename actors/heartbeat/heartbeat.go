@@ -12,6 +12,7 @@ import (
 	"context"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/benbjohnson/clock"
@@ -34,9 +35,9 @@ type Config struct {
 	// DBNow returns the explicit database time for a statement (nil in
 	// production, the mock clock's time in simulations).
 	DBNow func() store.Now
-	// Lost receives a value each time the instance's row was found gone.
-	// It must be buffered or drained; a full channel drops the report.
-	Lost chan<- struct{}
+	// Liveness, if set, is told of the instance's liveness as it changes:
+	// each renewal, and each time the row was found gone.
+	Liveness *Liveness
 	// Graceful reports, at stop, whether to give the row back.
 	Graceful func() bool
 	// Registered says the row already exists (the registrar inserted it
@@ -67,6 +68,72 @@ func New(cfg Config) *Actor {
 			Health: cfg.Health, Backoff: backoff.Backoff{Policy: cfg.Retry}}}
 }
 
+// Liveness is how the heartbeat tells the instance's other actors what it
+// learns: the newest renewal (its leases last at least TTL from when it was
+// sent) and every time the row was found gone. The heartbeat never waits on
+// it; C signals that something changed and Take reads it. A loss is kept
+// until it is taken, however many renewals follow. A nil *Liveness ignores
+// everything.
+type Liveness struct {
+	mu      sync.Mutex
+	renewed time.Time
+	lost    int
+	signal  chan struct{}
+}
+
+// NewLiveness returns an empty liveness.
+func NewLiveness() *Liveness { return &Liveness{signal: make(chan struct{}, 1)} }
+
+func (l *Liveness) renew(at time.Time) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	if at.After(l.renewed) {
+		l.renewed = at
+	}
+	l.mu.Unlock()
+	l.poke()
+}
+
+func (l *Liveness) lose() {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	l.lost++
+	l.mu.Unlock()
+	l.poke()
+}
+
+func (l *Liveness) poke() {
+	select {
+	case l.signal <- struct{}{}:
+	default: // a signal is pending already
+	}
+}
+
+// C receives a value after a change; nil for a nil Liveness.
+func (l *Liveness) C() <-chan struct{} {
+	if l == nil {
+		return nil
+	}
+	return l.signal
+}
+
+// Take returns when the newest renewal was sent and how many losses
+// happened since the last Take.
+func (l *Liveness) Take() (renewed time.Time, lost int) {
+	if l == nil {
+		return time.Time{}, 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	renewed, lost = l.renewed, l.lost
+	l.lost = 0
+	return renewed, lost
+}
+
 // Interval is how often the actor beats: a third of the TTL, so two beats
 // may fail before the instance is seen as dead.
 func (a *Actor) Interval() time.Duration { return a.cfg.TTL / 3 }
@@ -80,16 +147,16 @@ func (a *Actor) Step(ctx context.Context) error {
 		a.registered = true
 		return nil
 	}
+	sent := a.cfg.Clock.Now()
 	found, err := a.cfg.Store.RenewInstance(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow())
 	if err != nil {
 		return err
 	}
-	if !found {
+	if found {
+		a.cfg.Liveness.renew(sent)
+	} else {
 		a.registered = false
-		select {
-		case a.cfg.Lost <- struct{}{}:
-		default:
-		}
+		a.cfg.Liveness.lose()
 		codes.InstanceLost.Log(ctx, a.cfg.Logger, "worker instance row was gone at renewal; registering again", "instance", a.cfg.InstanceID)
 		return a.Step(ctx)
 	}

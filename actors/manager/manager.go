@@ -72,9 +72,14 @@ type Actor struct {
 	rows   map[string]store.FleetWorker
 	held   map[string]*slot
 	outage *outage.Reporter
-	// Rounds counts rounds of work done per worker (tests read it).
-	Rounds map[string]int
+	// rounds counts rounds of work done per worker (Rounds).
+	rounds map[string]int
 }
+
+// Rounds reports how many rounds of work the worker called name has done on
+// this manager. Only the manager's own goroutine (Step) changes it: read it
+// between steps.
+func (a *Actor) Rounds(name string) int { return a.rounds[name] }
 
 // Standard returns a manager of the library's workers: retention, prune and
 // the scheduler (cfg.Workers is replaced).
@@ -89,7 +94,7 @@ func Standard(cfg Config) *Actor {
 
 // New returns a manager.
 func New(cfg Config) *Actor {
-	return &Actor{cfg: cfg, rows: map[string]store.FleetWorker{}, held: map[string]*slot{}, Rounds: map[string]int{},
+	return &Actor{cfg: cfg, rows: map[string]store.FleetWorker{}, held: map[string]*slot{}, rounds: map[string]int{},
 		outage: &outage.Reporter{Logger: cfg.Logger, What: "manager", Retry: "every heartbeat"}}
 }
 
@@ -172,7 +177,7 @@ func (a *Actor) step(ctx context.Context, w Worker) error {
 		return nil
 	}
 	s.ran, s.lastRound = true, now
-	a.Rounds[name]++
+	a.rounds[name]++
 	return w.Round(ctx, knobs)
 }
 

@@ -12,6 +12,7 @@ package registrar
 
 import (
 	"context"
+	"github.com/c1702965/sqlstreams/actors/alerts"
 	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/outage"
@@ -36,8 +37,9 @@ type Config struct {
 	Clock      clock.Clock
 	Logger     *slog.Logger
 	DBNow      func() store.Now
-	// OnWait, if set, is called on every waiting attempt (alerts, tests).
-	OnWait func(res store.BindingResult, waitingSince time.Time)
+	// Alerts, if set, is told of every waiting attempt (the alerts actor
+	// publishes one alert per wait).
+	Alerts *alerts.Queue
 	// Retry is the backoff after a failed attempt (zero: the default); a
 	// failed attempt is retried at least every Interval.
 	Retry backoff.Policy
@@ -104,9 +106,7 @@ func (a *Actor) Run(ctx context.Context) (store.BindingResult, error) {
 			return res, nil
 		default:
 			rep.Report(ctx, nil)
-			if a.cfg.OnWait != nil {
-				a.cfg.OnWait(res, a.since)
-			}
+			a.cfg.Alerts.Send(alerts.Event{Kind: alerts.BindingWaiting, Since: a.since, Binding: res})
 			codes.BindingWaiting.Log(ctx, a.cfg.Logger, "WAITING: consumer group binding set differs from the installed one while live instances hold it; "+
 				"this instance will not consume until they are gone",
 				"group", a.cfg.GroupName, "wanted", a.cfg.Patterns, "installed", res.Installed,
