@@ -468,7 +468,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 		},
 		Patterns: c.patterns, Regexes: c.regexes, Hub: client.hub,
 		Alerts: client.publishAlerts(c.s.name, c.group.Name, c.patterns),
-		Clock: client.cfg.Clock, Logger: client.cfg.Logger, Stats: &c.stats,
+		Clock:  client.cfg.Clock, Logger: client.cfg.Logger, Stats: &c.stats,
 		OnStart: o.test.start(), Fault: o.test.faults(),
 	})
 }
