@@ -437,12 +437,12 @@ func TestSystemProducesAlerts(t *testing.T) {
 	mock := clock.NewMock()
 	e := newEnv(t, &ClientConfig{Clock: mock})
 	ctx := context.Background()
-	require.NoError(t, e.client.System().Register(ctx, nil))
+	require.NoError(t, e.client.System().Register(ctx))
 	alerts := Stream[Alert](e.client, AlertStream)
-	watch, err := alerts.Consumer(AlertGroupBindings).Register(ctx, &ConsumerConfig{Bindings: AlertGroups[AlertGroupBindings]})
+	watch, err := alerts.Consumer(AlertGroupBindings).Register(ctx, &ConsumerConfig{Bindings: AlertBindings(AlertGroupBindings)})
 	require.NoError(t, err)
 	installed, _ := e.ledgerOf(watch.group.StreamID, watch.group.ID)
-	require.Equal(t, AlertGroups[AlertGroupBindings], installed, "the user's consumer joined the seeded set")
+	require.Equal(t, AlertBindings(AlertGroupBindings), installed, "the user's consumer joined the seeded set")
 
 	s := e.stream("orders")
 	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: []string{"a.#"}})
@@ -465,7 +465,7 @@ func TestSystemProducesAlerts(t *testing.T) {
 	require.NoError(t, ws.stop(t))
 
 	// A stalled producer raises the other alert.
-	stallWatch, err := alerts.Consumer(AlertGroupDelivery).Register(ctx, &ConsumerConfig{Bindings: AlertGroups[AlertGroupDelivery]})
+	stallWatch, err := alerts.Consumer(AlertGroupDelivery).Register(ctx, &ConsumerConfig{Bindings: AlertBindings(AlertGroupDelivery)})
 	require.NoError(t, err)
 	other, err := e.stream("other").Consumer("o").Register(ctx, nil)
 	require.NoError(t, err)

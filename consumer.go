@@ -415,10 +415,9 @@ func (c *Consumer[T]) Stats() Stats {
 //
 // msg is decoded with encoding/json. A consumer of Stream[json.RawMessage]
 // receives the payload's bytes as stored, with no decoding at all (the
-// database validated them as JSON at produce): on a 1 KB message the typed
-// decode is two thirds of a consumer's CPU, so a handler that decodes with
-// a faster library of its choice, or only looks at part of the message,
-// starts there.
+// database validated them as JSON at produce): decoding is most of a
+// typed consumer's CPU, so a handler that decodes with a faster library of
+// its choice, or only looks at part of the message, starts there.
 type Handler[T any] func(ctx context.Context, msg *T) error
 
 // Consume runs one instance of the group until ctx ends, then drains (unless

@@ -14,4 +14,6 @@
 // verbs that act take per-call options (ProduceOptions, ConsumeOptions), nil
 // meaning the defaults. Go has no generic methods, so the typed entry point is
 // the function Stream[T].
+//
+// It is the API for users: the one package an application imports.
 package sqlstreams

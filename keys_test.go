@@ -187,7 +187,7 @@ func keyedBatch(n, keys int) []BatchItem[order] {
 func TestExclusiveKeysNeverOverlapAcrossInstances(t *testing.T) {
 	e, s, c := setup(t, nil, "g", 0)
 	const n, keys = 300, 5
-	_, err := s.ProduceBatch(context.Background(), keyedBatch(n, keys), &ProduceOptions{Message: &MessageOptions{Concurrency: Exclusive}})
+	_, err := s.ProduceBatch(context.Background(), keyedBatch(n, keys), &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}})
 	require.NoError(t, err)
 	kt := newKeyTracker(n)
 	h := func(ctx context.Context, o *order) error {
@@ -212,7 +212,7 @@ func TestExclusiveKeysNeverOverlapAcrossInstances(t *testing.T) {
 func TestOrderedKeysRunInPositionOrderEvenWhenAnEarlierMessageRetries(t *testing.T) {
 	e, s, c := setup(t, nil, "g", 0)
 	const n, keys = 60, 3
-	_, err := s.ProduceBatch(context.Background(), keyedBatch(n, keys), &ProduceOptions{Message: &MessageOptions{
+	_, err := s.ProduceBatch(context.Background(), keyedBatch(n, keys), &BatchOptions{Message: &MessageOptions{
 		Concurrency: Ordered, Retry: &RetryPolicy{BaseDelay: time.Millisecond}}})
 	require.NoError(t, err)
 	reg, err := s.Consumer("g").Register(context.Background(), &ConsumerConfig{ExceptionInitialBackoff: 5 * time.Millisecond})
@@ -257,7 +257,7 @@ func TestOrderedKeysRunInPositionOrderEvenWhenAnEarlierMessageRetries(t *testing
 func TestExclusiveKeyIsSharedAcrossAnInstancesRanges(t *testing.T) {
 	st, s := newStepper(t, nil, func(*order, int) error { return nil })
 	ctx := context.Background()
-	_, err := s.ProduceBatch(ctx, keyedBatch(20, 2), &ProduceOptions{Message: &MessageOptions{Concurrency: Exclusive}})
+	_, err := s.ProduceBatch(ctx, keyedBatch(20, 2), &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}})
 	require.NoError(t, err)
 	leaseRows := func() (n int, tokens int) {
 		require.NoError(t, st.e.pool.QueryRow(ctx, fmt.Sprintf(
@@ -332,7 +332,7 @@ func TestOrderedChainRunsInOneClaimAndBreaksOnFailure(t *testing.T) {
 		return nil
 	})
 	ctx := context.Background()
-	_, err := s.ProduceBatch(ctx, keyedBatch(10, 1), &ProduceOptions{Message: &MessageOptions{Concurrency: Ordered}})
+	_, err := s.ProduceBatch(ctx, keyedBatch(10, 1), &BatchOptions{Message: &MessageOptions{Concurrency: Ordered}})
 	require.NoError(t, err)
 	st.claimRange()
 	require.Len(t, st.states(), 10, "m-0 failed: the key's later messages parked behind it")

@@ -435,7 +435,7 @@ func TestALostClaimReplyIsLetGo(t *testing.T) {
 		return nil
 	})
 	ctx := context.Background()
-	_, err := s.ProduceBatch(ctx, keyedBatch(4, 2), &ProduceOptions{Message: &MessageOptions{Concurrency: Exclusive}})
+	_, err := s.ProduceBatch(ctx, keyedBatch(4, 2), &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}})
 	require.NoError(t, err)
 	db := st.c.db()
 	me := st.common.InstanceID

@@ -2,6 +2,7 @@ package sqlstreams
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -134,12 +135,18 @@ func (m *Manager) actor(ttl time.Duration, stop *shutdown.Plan) *manager.Actor {
 }
 
 // Run runs a manager until ctx ends, then gives its worker slots back and
-// returns nil.
+// returns nil; an error ends it only when it could not start.
 func (m *Manager) Run(ctx context.Context, opts *ManagerOptions) error {
 	o := opts.withDefaults()
 	if o.InstanceTTL < 0 {
 		return fmt.Errorf("%w: ManagerOptions.InstanceTTL must not be negative", ErrInvalidConfig)
 	}
-	_ = m.actor(o.InstanceTTL, nil).Serve(ctx)
+	err := m.actor(o.InstanceTTL, nil).Serve(ctx)
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return nil // stopped as asked
+	}
+	if err != nil {
+		return fmt.Errorf("manager: %w", err)
+	}
 	return nil
 }

@@ -158,7 +158,7 @@ func TestProduceBatchIdempotentAndOptions(t *testing.T) {
 		{Msg: order{OrderID: "b"}, IdempotencyKey: "idem-b"},
 		{Msg: order{OrderID: "c"}, Message: &MessageOptions{Timeout: 5e9}},
 	}
-	res, err := s.ProduceBatch(ctx, items, &ProduceOptions{Message: &MessageOptions{Retry: &RetryPolicy{MaxRetries: 3}}})
+	res, err := s.ProduceBatch(ctx, items, &BatchOptions{Message: &MessageOptions{Retry: &RetryPolicy{MaxRetries: 3}}})
 	require.NoError(t, err)
 	require.Len(t, res, 3)
 	require.Less(t, res[0].ID, res[2].ID, "ids follow the batch order")
@@ -192,7 +192,7 @@ func TestProduceInCallerTransaction(t *testing.T) {
 	require.Zero(t, e.count(s))
 
 	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		_, err := s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "x"}}, {Msg: order{OrderID: "y"}, IdempotencyKey: "k"}}, &ProduceOptions{Tx: tx})
+		_, err := s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "x"}}, {Msg: order{OrderID: "y"}, IdempotencyKey: "k"}}, &BatchOptions{Tx: tx})
 		if err != nil {
 			return err
 		}

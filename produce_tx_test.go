@@ -40,7 +40,7 @@ func TestProduceWithAFinishedTransactionIsRefused(t *testing.T) {
 			return err
 		},
 		"batch": func(s *StreamHandle[order], tx pgx.Tx) error {
-			_, err := s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "b1"}}, {Msg: order{OrderID: "b2"}}}, &ProduceOptions{Tx: tx})
+			_, err := s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "b1"}}, {Msg: order{OrderID: "b2"}}}, &BatchOptions{Tx: tx})
 			return err
 		},
 		"idempotent": func(s *StreamHandle[order], tx pgx.Tx) error {
@@ -49,7 +49,7 @@ func TestProduceWithAFinishedTransactionIsRefused(t *testing.T) {
 		},
 		"idempotent batch": func(s *StreamHandle[order], tx pgx.Tx) error {
 			_, err := s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "j1"}, IdempotencyKey: "j-" + fmt.Sprint(time.Now().UnixNano())},
-				{Msg: order{OrderID: "j2"}}}, &ProduceOptions{Tx: tx})
+				{Msg: order{OrderID: "j2"}}}, &BatchOptions{Tx: tx})
 			return err
 		},
 	}
@@ -108,7 +108,7 @@ func TestProduceWithAFinishedTransactionNeverWritesIntoAnotherOnTheSameConnectio
 			return err
 		},
 		func() error {
-			_, err := s1.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "stale-b"}}}, &ProduceOptions{Tx: mine})
+			_, err := s1.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "stale-b"}}}, &BatchOptions{Tx: mine})
 			return err
 		},
 		func() error {
@@ -144,7 +144,7 @@ func TestTxProduceNeedsNoSecondConnection(t *testing.T) {
 			return err
 		},
 		func(s *StreamHandle[order], tx pgx.Tx) error {
-			_, err := s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "b1"}}, {Msg: order{OrderID: "b2"}}}, &ProduceOptions{Tx: tx})
+			_, err := s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "b1"}}, {Msg: order{OrderID: "b2"}}}, &BatchOptions{Tx: tx})
 			return err
 		},
 		func(s *StreamHandle[order], tx pgx.Tx) error {

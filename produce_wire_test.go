@@ -60,7 +60,7 @@ func TestProduceWritesEveryColumnAsGiven(t *testing.T) {
 	tx, err := e.pool.Begin(ctx)
 	require.NoError(t, err)
 	inTx := items("tx")
-	res, err = s.ProduceBatch(ctx, inTx, &ProduceOptions{Tx: tx})
+	res, err = s.ProduceBatch(ctx, inTx, &BatchOptions{Tx: tx})
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 	record(inTx, res)

@@ -14,17 +14,21 @@ import (
 // WorkerScheduler produces the due runs of every schedule (Scheduler).
 const WorkerScheduler = manager.SchedulerWorker
 
-// Missed-run policies (SchedulerConfig.Missed): what a schedule does with
-// due times that passed while no manager ran the scheduler worker.
+// Missed is a schedule's missed-run policy (SchedulerConfig.Missed): what
+// it does with due times that passed while no manager ran the scheduler
+// worker.
+type Missed string
+
+// Missed-run policies.
 const (
 	// MissedLatest produces one run, for the newest missed due time (the
 	// default: a job that should have run, runs once).
-	MissedLatest = schedule.MissedLatest
+	MissedLatest Missed = schedule.MissedLatest
 	// MissedAll produces every missed due time (each with its own due time
 	// in the idempotency key), up to 1000 per round.
-	MissedAll = schedule.MissedAll
+	MissedAll Missed = schedule.MissedAll
 	// MissedSkip produces none and waits for the next due time.
-	MissedSkip = schedule.MissedSkip
+	MissedSkip Missed = schedule.MissedSkip
 )
 
 // ErrNoSchedule reports a schedule name that is not registered.
@@ -35,7 +39,7 @@ type SchedulerConfig struct {
 	// Zone is the IANA time zone the expression is read in. Default "UTC".
 	Zone string
 	// Missed is the missed-run policy. Default MissedLatest.
-	Missed string
+	Missed Missed
 }
 
 // Scheduler is the handle of one named schedule: a cron expression that
@@ -51,9 +55,10 @@ func (c *Client) Scheduler(name string) *Scheduler { return &Scheduler{c: c, nam
 
 // Register creates or replaces the schedule: expression is five cron fields
 // (minute hour day-of-month month day-of-week) or a descriptor (@hourly,
-// @daily, @every 5m); payload is encoded as JSON, and its SchemaVersion
-// method, if any, gives the message version. The stream must be
-// registered. A bad expression, zone or policy is refused.
+// @daily, @every 5m, whole seconds, at least 1s); payload is encoded as
+// JSON, and its type's SchemaVersion (Versioned), if any, gives the message
+// version. The stream must be registered, and the encoded payload fit its
+// MaxMessageBytes. A bad expression, zone, policy or payload is refused.
 func (s *Scheduler) Register(ctx context.Context, stream, expression string, payload any, cfg *SchedulerConfig) error {
 	if err := validateName("schedule", s.name); err != nil {
 		return err
@@ -85,12 +90,19 @@ func (s *Scheduler) Register(ctx context.Context, stream, expression string, pay
 	if err != nil {
 		return fmt.Errorf("schedule %q: %w", s.name, err)
 	}
+	var scfg StreamConfig
+	if err := json.Unmarshal(row.Config, &scfg); err != nil {
+		return fmt.Errorf("schedule %q: stream %q: stored config: %w", s.name, stream, err)
+	}
+	if limit := scfg.withDefaults().MaxMessageBytes; len(doc) > limit {
+		return fmt.Errorf("schedule %q: %w: %d bytes encoded, stream %q takes %d", s.name, ErrMessageTooLarge, len(doc), stream, limit)
+	}
 	version := 1
-	if v, ok := payload.(interface{ SchemaVersion() int }); ok {
+	if v, ok := payload.(Versioned); ok {
 		version = v.SchemaVersion()
 	}
 	return s.c.store.RegisterSchedule(ctx, store.Schedule{Name: s.name, StreamID: row.ID, Expression: expression,
-		Zone: c.Zone, Missed: c.Missed, Version: version, Payload: doc, NextDue: spec.Next(s.c.cfg.Clock.Now())}, s.c.dbNow())
+		Zone: c.Zone, Missed: string(c.Missed), Version: version, Payload: doc, NextDue: spec.Next(s.c.cfg.Clock.Now())}, s.c.dbNow())
 }
 
 // Suspend stops the schedule producing until Resume.
@@ -132,10 +144,10 @@ func (s *Scheduler) RunNow(ctx context.Context) error {
 // ScheduleInfo is one schedule in a listing.
 type ScheduleInfo struct {
 	Name       string
-	StreamID   int64
+	Stream     string // the stream it produces to
 	Expression string
 	Zone       string
-	Missed     string
+	Missed     Missed
 	Suspended  bool
 	NextDue    time.Time
 	LastDue    *time.Time // the newest due time produced, if any
@@ -149,8 +161,8 @@ func (c *Client) Schedules(ctx context.Context) ([]ScheduleInfo, error) {
 	}
 	out := make([]ScheduleInfo, len(rows))
 	for i, r := range rows {
-		out[i] = ScheduleInfo{Name: r.Name, StreamID: r.StreamID, Expression: r.Expression, Zone: r.Zone,
-			Missed: r.Missed, Suspended: r.Suspended, NextDue: r.NextDue, LastDue: r.LastDue}
+		out[i] = ScheduleInfo{Name: r.Name, Stream: r.Stream, Expression: r.Expression, Zone: r.Zone,
+			Missed: Missed(r.Missed), Suspended: r.Suspended, NextDue: r.NextDue, LastDue: r.LastDue}
 	}
 	return out, nil
 }

@@ -203,7 +203,10 @@ func (s *StreamHandle[T]) forget() {
 	s.mu.Unlock()
 }
 
-// ProduceOptions ride one Produce or ProduceBatch call. nil means defaults.
+// ProduceOptions ride one Produce call: the message's own fields, and the
+// transaction it is produced in. nil means none. ProduceBatch takes the same
+// per-message fields on each BatchItem, and its per-call ones in
+// BatchOptions.
 type ProduceOptions struct {
 	// RoutingKey is the message's routing key, matched against consumer
 	// groups' binding patterns: words of one or more ASCII letters, digits,
@@ -222,14 +225,25 @@ type ProduceOptions struct {
 	// for the prune worker's IdempotencyTTL (7 days by default). Produce
 	// only.
 	IdempotencyKey string
-	// Message holds the producer's defaults, merged under each message's own
-	// options and stored with the message.
+	// Message is what the message asks of its consumers (timeout, retry
+	// curve, key concurrency), stored with it, sparse: unset fields take
+	// the group's and the library's defaults.
 	Message *MessageOptions
-	// Tx, if set, produces inside the caller's transaction: the messages
-	// exist exactly when it commits, and everything the produce needs runs
+	// Tx, if set, produces inside the caller's transaction: the message
+	// exists exactly when it commits, and everything the produce needs runs
 	// on that transaction (no second connection is taken from the pool). A
 	// transaction that has already committed or rolled back is refused with
 	// an error wrapping pgx.ErrTxClosed, and nothing is written.
+	Tx pgx.Tx
+}
+
+// BatchOptions ride one ProduceBatch call. nil means none.
+type BatchOptions struct {
+	// Message holds the batch's defaults, merged under each item's own
+	// options and stored with each message.
+	Message *MessageOptions
+	// Tx, if set, produces the batch inside the caller's transaction, as
+	// ProduceOptions.Tx does.
 	Tx pgx.Tx
 }
 
@@ -250,7 +264,8 @@ type BatchItem[T any] struct {
 	RoutingKey     string
 	Key            string
 	IdempotencyKey string
-	Message        *MessageOptions
+	// Message is the item's own options, over BatchOptions.Message.
+	Message *MessageOptions
 }
 
 // Produce writes one message.
@@ -259,7 +274,8 @@ func (s *StreamHandle[T]) Produce(ctx context.Context, msg T, opts *ProduceOptio
 	if opts != nil {
 		o = *opts
 	}
-	out, err := s.produce(ctx, []BatchItem[T]{{Msg: msg, RoutingKey: o.RoutingKey, Key: o.Key, IdempotencyKey: o.IdempotencyKey}}, &o)
+	item := BatchItem[T]{Msg: msg, RoutingKey: o.RoutingKey, Key: o.Key, IdempotencyKey: o.IdempotencyKey, Message: o.Message}
+	out, err := s.produce(ctx, []BatchItem[T]{item}, &BatchOptions{Tx: o.Tx}, "ProduceOptions.Message")
 	if err != nil {
 		return Produced{}, err
 	}
@@ -270,22 +286,20 @@ func (s *StreamHandle[T]) Produce(ctx context.Context, msg T, opts *ProduceOptio
 // batch of statements when some carry an idempotency key). The log holds them
 // in the order of items, and so are the results. On the pool, the wake-up
 // for consumers follows the commit in a second short statement.
-func (s *StreamHandle[T]) ProduceBatch(ctx context.Context, items []BatchItem[T], opts *ProduceOptions) ([]Produced, error) {
-	var o ProduceOptions
+func (s *StreamHandle[T]) ProduceBatch(ctx context.Context, items []BatchItem[T], opts *BatchOptions) ([]Produced, error) {
+	var o BatchOptions
 	if opts != nil {
 		o = *opts
-	}
-	if o.RoutingKey != "" || o.Key != "" || o.IdempotencyKey != "" {
-		return nil, fmt.Errorf("%w: ProduceBatch takes RoutingKey, Key and IdempotencyKey per item, not in ProduceOptions", ErrInvalidConfig)
 	}
 	if len(items) == 0 {
 		return nil, nil
 	}
-	return s.produce(ctx, items, &o)
+	return s.produce(ctx, items, &o, "BatchItem.Message")
 }
 
-// produce validates and encodes everything before writing anything.
-func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *ProduceOptions) ([]Produced, error) {
+// produce validates and encodes everything before writing anything;
+// itemField names an item's options in errors.
+func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *BatchOptions, itemField string) ([]Produced, error) {
 	var q store.Querier
 	if o.Tx != nil {
 		q = o.Tx
@@ -294,7 +308,7 @@ func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *
 	if err != nil {
 		return nil, fmt.Errorf("produce to %q: %w", s.name, err)
 	}
-	if err := o.Message.validate("ProduceOptions.Message"); err != nil {
+	if err := o.Message.validate("BatchOptions.Message"); err != nil {
 		return nil, err
 	}
 	msgs := make([]store.NewMessage, len(items))
@@ -311,7 +325,7 @@ func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *
 		if err := validateKey("idempotency key", it.IdempotencyKey); err != nil {
 			return nil, fmt.Errorf("produce to %q: message %d: %w", s.name, i, err)
 		}
-		if err := it.Message.validate("BatchItem.Message"); err != nil {
+		if err := it.Message.validate(itemField); err != nil {
 			return nil, fmt.Errorf("produce to %q: message %d: %w", s.name, i, err)
 		}
 		merged := it.Message.merge(o.Message)

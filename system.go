@@ -20,16 +20,22 @@ const (
 )
 
 // Seeded alert consumer groups and their static binding sets. A consumer of
-// one of these groups declares the same set (AlertGroups[name]) and joins.
+// one of these groups declares the same set (AlertBindings(name)) and joins.
 const (
 	AlertGroupBindings = "sqlstreams.alerts.bindings"
 	AlertGroupDelivery = "sqlstreams.alerts.delivery"
 )
 
-// AlertGroups maps each seeded alert group to its binding set.
-var AlertGroups = map[string][]string{
-	AlertGroupBindings: {"binding.#"},
-	AlertGroupDelivery: {"delivery.#"},
+// AlertBindings returns the binding set of a seeded alert group (nil for
+// any other name): a consumer of the group declares this set and joins.
+func AlertBindings(group string) []string {
+	switch group {
+	case AlertGroupBindings:
+		return []string{"binding.#"}
+	case AlertGroupDelivery:
+		return []string{"delivery.#"}
+	}
+	return nil
 }
 
 // Alert is a message on the AlertStream.
@@ -46,10 +52,6 @@ type Alert struct {
 	Detail string    `json:"detail,omitempty"`
 }
 
-// SystemConfig is the system's stored config, declared at System().Register.
-// It has no fields yet; nil is the only declaration.
-type SystemConfig struct{}
-
 // SystemHandle is the handle of the library's own resources.
 type SystemHandle struct{ c *Client }
 
@@ -58,13 +60,13 @@ func (c *Client) System() *SystemHandle { return &SystemHandle{c: c} }
 
 // Register creates the alert stream and declares the binding sets of the
 // seeded alert groups. Until it has run, alerts are only logged.
-func (h *SystemHandle) Register(ctx context.Context, _ *SystemConfig) error {
+func (h *SystemHandle) Register(ctx context.Context) error {
 	alerts := Stream[Alert](h.c, AlertStream)
 	if err := alerts.Register(ctx, nil); err != nil {
 		return fmt.Errorf("register system: %w", err)
 	}
 	for _, name := range []string{AlertGroupBindings, AlertGroupDelivery} {
-		if _, err := alerts.Consumer(name).Register(ctx, &ConsumerConfig{Bindings: AlertGroups[name]}); err != nil {
+		if _, err := alerts.Consumer(name).Register(ctx, &ConsumerConfig{Bindings: AlertBindings(name)}); err != nil {
 			return fmt.Errorf("register system: %w", err)
 		}
 	}

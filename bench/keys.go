@@ -107,9 +107,9 @@ func describeOptions(o sqlstreams.ConsumeOptions) string {
 // produceWorkers goroutines. With keys > 0 every message is Exclusive, keyed
 // "k<number % keys>".
 func produceKeyed(ctx context.Context, s *sqlstreams.StreamHandle[Order], n, keys int, label string) (float64, error) {
-	var opts *sqlstreams.ProduceOptions
+	var opts *sqlstreams.BatchOptions
 	if keys > 0 {
-		opts = &sqlstreams.ProduceOptions{Message: &sqlstreams.MessageOptions{Concurrency: sqlstreams.Exclusive}}
+		opts = &sqlstreams.BatchOptions{Message: &sqlstreams.MessageOptions{Concurrency: sqlstreams.Exclusive}}
 	}
 	return parallel(ctx, n, produceBatchLen, label, func(ctx context.Context, first, k int) error {
 		items := make([]sqlstreams.BatchItem[Order], k)

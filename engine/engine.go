@@ -21,6 +21,8 @@
 // it, and what could not be handed back in time lapses with its lease. A
 // store error that retrying cannot fix (store.Permanent) ends the session the
 // same way, and Run returns it.
+//
+// It is part of the engine's inside, not an API for users.
 package engine
 
 import (

@@ -6,6 +6,8 @@
 // so a binary carries the exact SQL it was tested with, and both are applied
 // in version order by internal/store under an advisory lock, which is what
 // makes two processes migrating at once safe.
+//
+// It is part of the engine's inside, not an API for users.
 package migrations
 
 import (

@@ -19,4 +19,6 @@
 // instance (jobs run one at a time, in an order the PRNG picks), database
 // outages (the chaos run covers those), and wall-clock effects such as slow
 // statements.
+//
+// It is a test tool, not an API for users.
 package sim

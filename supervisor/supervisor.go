@@ -7,6 +7,8 @@
 // ones unless the actor's own context is done. And suture reports restarts
 // through an event hook, which we send to slog so a restarting actor is
 // visible without the actors logging their own failures twice.
+//
+// It is part of the engine's inside, not an API for users.
 package supervisor
 
 import (

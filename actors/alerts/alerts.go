@@ -7,6 +7,8 @@
 // the event and counts the drop (the condition is logged by the actor that
 // noticed it in any case). The Actor reads the queue and publishes each
 // event through the function it is given, one at a time.
+//
+// It is part of the engine's inside, not an API for users.
 package alerts
 
 import (

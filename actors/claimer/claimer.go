@@ -13,6 +13,8 @@
 // The step functions (Claim, Outcome, Run, Flush, HandBack) do their store
 // calls synchronously and are what tests and the simulator drive; Serve is
 // the thin loop that runs them on a ticker in production.
+//
+// It is part of the engine's inside, not an API for users.
 package claimer
 
 import (
@@ -152,16 +154,21 @@ const (
 	done
 )
 
-// ref names one message of one incarnation of a range: a range this
-// instance reclaims after its own lease lapsed comes back under a new token,
-// possibly with its low bound moved (a hand-back elsewhere dropped a settled
-// prefix), so an index means nothing without the token it was dispatched
-// under.
-type ref struct {
+// Ref names the work a job belongs to, for the actor that dispatched it.
+// The range claimer's names one message of one incarnation of a range: a
+// range this instance reclaims after its own lease lapsed comes back under a
+// new token, possibly with its low bound moved (a hand-back elsewhere
+// dropped a settled prefix), so an index means nothing without the token it
+// was dispatched under. The exception claimer's names the row's message.
+type Ref struct {
 	rangeID int64
 	token   string
 	index   int
+	row     store.Position // the exception claimer's
 }
+
+// ref is the range claimer's kind of Ref.
+type ref = Ref
 
 type inflight struct {
 	r       store.Range
@@ -247,8 +254,8 @@ func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
 	}
 	if ok {
 		a.cfg.Stats.Reclaimed.Add(1)
-		if max := group.MaxRangeReclaimsOrDefault(); r.Reclaims > max {
-			return nil, a.quarantine(ctx, r, group, max)
+		if limit := group.MaxRangeReclaimsOrDefault(); r.Reclaims > limit {
+			return nil, a.quarantine(ctx, r, group, limit)
 		}
 		a.cfg.Logger.Info("reclaimed an expired range", "range", r.ID, "reclaims", r.Reclaims, "messages", len(r.Messages))
 		return a.dispatch(ctx, r, group)
@@ -267,7 +274,7 @@ func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
 // quarantine splits a range that keeps killing its holders into independent
 // exception rows, so the healthy messages flow and a poison message ends
 // dead after its own retries.
-func (a *Actor) quarantine(ctx context.Context, r store.Range, group policy.Group, max int) error {
+func (a *Actor) quarantine(ctx context.Context, r store.Range, group policy.Group, limit int) error {
 	writes := make([]store.ExceptionWrite, 0, len(r.Messages))
 	for i := range r.Messages {
 		m := &r.Messages[i]
@@ -276,7 +283,7 @@ func (a *Actor) quarantine(ctx context.Context, r store.Range, group policy.Grou
 		}
 		e := resolve(m, group)
 		writes = append(writes, store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(e.Concurrency),
-			Status: policy.StatusPending, Error: fmt.Sprintf("quarantined: its range was reclaimed %d times (MaxRangeReclaims %d)", r.Reclaims, max)})
+			Status: policy.StatusPending, Error: fmt.Sprintf("quarantined: its range was reclaimed %d times (MaxRangeReclaims %d)", r.Reclaims, limit)})
 	}
 	s := store.RangeCommit{RangeID: r.ID, Token: r.Token, Exceptions: writes, Now: a.cfg.DBNow()}
 	if err := a.db.CommitRange(ctx, s); err != nil {
@@ -390,12 +397,12 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 		case ks != nil && !ks.ordered && !k.ordered: // shared: queued behind this instance's earlier messages
 		case blocked[key]:
 			for _, i := range k.idx {
-				a.defer_(in, i, 0, "waiting behind an earlier unresolved message of its ordered key")
+				a.park(in, i, 0, "waiting behind an earlier unresolved message of its ordered key")
 			}
 			continue
 		case !held[key]:
 			for _, i := range k.idx {
-				a.defer_(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
+				a.park(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
 			}
 			continue
 		default:
@@ -431,9 +438,9 @@ func (a *Actor) job(in *inflight, i int) Job {
 		Msg: &in.r.Messages[i], Attempt: 1, Concurrency: e.Concurrency, Timeout: e.Timeout, Bindings: in.r.Bindings}}
 }
 
-// defer_ parks message i as a pending exception row without spending a
+// park parks message i as a pending exception row without spending a
 // retry.
-func (a *Actor) defer_(in *inflight, i int, after time.Duration, why string) {
+func (a *Actor) park(in *inflight, i int, after time.Duration, why string) {
 	m := &in.r.Messages[i]
 	in.state[i] = done
 	in.writes[i] = &store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(in.eff[i].Concurrency),
@@ -490,7 +497,7 @@ func (a *Actor) clearStall() {
 // and commits the range when every message has an outcome. A canceled
 // outcome settles nothing: the message is handed back with its range.
 func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
-	rf, _ := o.Ref.(ref)
+	rf := o.Ref
 	in, ok := a.ranges[rf.rangeID]
 	if !ok || in.r.Token != rf.token || in.state[rf.index] != running || o.Canceled {
 		return nil, nil // a range dropped after a lost lease or a hand-back, or an earlier incarnation's job
@@ -518,7 +525,7 @@ func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 			// A later message of an ordered key waits for this one. An
 			// ordered lease is never shared, so they are all this range's.
 			for _, q := range ks.queue {
-				a.defer_(a.ranges[q.rangeID], q.index, 0, "waiting behind an earlier unresolved message of its ordered key")
+				a.park(a.ranges[q.rangeID], q.index, 0, "waiting behind an earlier unresolved message of its ordered key")
 			}
 			ks.queue = nil
 		} else if len(ks.queue) > 0 {

@@ -142,7 +142,7 @@ func (a *ExceptionActor) startRow(ctx context.Context, r *excRun, haveKey bool) 
 	}
 	a.running[m.Position] = r
 	a.cfg.Stats.Retried.Add(1)
-	return []Job{{Ref: m.Position, Delivery: Delivery{Msg: m, Attempt: r.run.Attempts + 1,
+	return []Job{{Ref: Ref{row: m.Position}, Delivery: Delivery{Msg: m, Attempt: r.run.Attempts + 1,
 		Delays: r.run.Delays, Concurrency: r.eff.Concurrency, Timeout: r.eff.Timeout}}}, nil
 }
 
@@ -185,7 +185,7 @@ func (a *ExceptionActor) giveBack(ctx context.Context, runs []store.ExceptionRun
 // Outcome writes one attempt's result under the row's lease token and
 // returns the job of the chain's next row, if it starts.
 func (a *ExceptionActor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
-	pos, _ := o.Ref.(store.Position)
+	pos := o.Ref.row
 	r, ok := a.running[pos]
 	if !ok || o.Canceled {
 		return nil, nil

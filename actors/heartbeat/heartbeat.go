@@ -6,6 +6,8 @@
 // takes, and a dead one loses them one TTL after its last beat. If a renewal
 // finds the row gone, the instance was declared dead by someone else; the
 // actor says so on Lost, and registers again.
+//
+// It is part of the engine's inside, not an API for users.
 package heartbeat
 
 import (

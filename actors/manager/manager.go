@@ -13,6 +13,8 @@
 //
 // Step runs one provisioning-and-work round synchronously (what tests and
 // the simulator drive); Serve runs it on a ticker.
+//
+// It is part of the engine's inside, not an API for users.
 package manager
 
 import (

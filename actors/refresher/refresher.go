@@ -3,6 +3,8 @@
 // the declaration into the shared snapshot the claimers read, so a
 // redeclaration reaches every running instance within one interval and the
 // claim path never reads config from the database.
+//
+// It is part of the engine's inside, not an API for users.
 package refresher
 
 import (

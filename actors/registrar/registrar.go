@@ -8,6 +8,8 @@
 // succeeds inserts the session's worker_instance rows in its own
 // transaction, so no other declarer can swap the set between the install
 // and the first heartbeat.
+//
+// It is part of the engine's inside, not an API for users.
 package registrar
 
 import (

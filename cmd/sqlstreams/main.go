@@ -19,6 +19,8 @@
 // Ctrl-C. manager never creates a schema: one that migrate has not set up is
 // an error. Every verb takes -h; an error is one line on stderr and exit
 // status 1.
+//
+// It is a tool for users (operators), built on the public API.
 package main
 
 import (

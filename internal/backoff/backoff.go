@@ -3,6 +3,8 @@
 // each wait is spread by ±Jitter of itself so that the instances of a fleet
 // that lost their database at the same moment do not all come back at the
 // same moment.
+//
+// It is part of the engine's inside, not an API for users.
 package backoff
 
 import (

@@ -7,6 +7,8 @@
 // through a Code, which sets the level and the code attribute, and a test
 // fails on any other WARN or ERROR call site. A code keeps its number for
 // good; a retired number is never given to another meaning.
+//
+// It is part of the engine's inside, not an API for users.
 package codes
 
 import (

@@ -6,6 +6,8 @@
 // two drift apart. Tests read the copy.
 //
 // It is a test helper: nothing outside _test.go files imports it.
+//
+// It is a test helper, not an API for users.
 package conformance
 
 import (

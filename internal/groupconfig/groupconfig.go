@@ -3,6 +3,8 @@
 // worker's fields on its own row), how they read back into the policy the
 // claimers run under, how two declarations differ field by field, and the
 // mutex-guarded snapshot the refresher swaps and the claimers read.
+//
+// It is part of the engine's inside, not an API for users.
 package groupconfig
 
 import (

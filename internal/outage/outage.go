@@ -8,6 +8,8 @@
 // Health is the session's view of all its actors' store calls: the
 // readiness level (consuming, and no actor failing for longer than the
 // instance TTL) and the first permanent error.
+//
+// It is part of the engine's inside, not an API for users.
 package outage
 
 import (

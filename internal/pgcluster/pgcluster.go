@@ -6,6 +6,8 @@
 // own temporary directory, listens on a port nobody else chose, and is
 // deleted again by Stop. Clusters left behind by a process that died before
 // it could call Stop are removed by the next Start.
+//
+// It is a tool of the tests, the demo and the benchmarks, not an API for users.
 package pgcluster
 
 import (

@@ -2,6 +2,8 @@
 // test binary gets its own throwaway cluster (see pgcluster), and each test
 // its own schema, so tests can run in parallel without seeing each other's
 // tables.
+//
+// It is a test helper, not an API for users.
 package pgtest
 
 import (

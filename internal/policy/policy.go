@@ -5,6 +5,8 @@
 // It is internal so the engine's actors and the public API share one
 // definition of every default and of the resolution order, and one function
 // (Resolve) decides it.
+//
+// It is part of the engine's inside, not an API for users.
 package policy
 
 import (

@@ -1,5 +1,7 @@
 // Package schedule parses cron expressions and decides which due times of a
 // schedule to produce, under its missed-runs policy.
+//
+// It is part of the engine's inside, not an API for users.
 package schedule
 
 import (

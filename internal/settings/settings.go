@@ -3,6 +3,8 @@
 // stream's config and a maintenance worker's knobs. Each is one typed
 // struct, written and read by the same code, so the public API (which
 // builds them) and the workers (which read them) cannot disagree on a key.
+//
+// It is part of the engine's inside, not an API for users.
 package settings
 
 import (

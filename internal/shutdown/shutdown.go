@@ -11,6 +11,8 @@
 // The plan is shared, not per actor, so that a claimer restarted by the
 // supervisor in the middle of a drain finds the drain under way with its
 // deadlines already set, instead of starting a timer of its own (or none).
+//
+// It is part of the engine's inside, not an API for users.
 package shutdown
 
 import (

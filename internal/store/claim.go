@@ -35,8 +35,7 @@ type Message struct {
 }
 
 // payloadSlab copies a claim's payloads into a few shared arrays instead of
-// one allocation per message (the claim's largest allocation in the
-// burn-down profile). The log stores payloads as json, whose wire form in
+// one allocation per message (otherwise the claim's largest allocation). The log stores payloads as json, whose wire form in
 // either format is the JSON text itself. A NULL payload (a message the
 // group's bindings do not route to it) stays nil.
 type payloadSlab struct{ buf []byte }

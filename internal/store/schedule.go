@@ -13,6 +13,7 @@ import (
 type Schedule struct {
 	Name       string
 	StreamID   int64
+	Stream     string // the stream's name (read only)
 	Expression string
 	Zone       string
 	Missed     string
@@ -56,11 +57,12 @@ WHERE name = $1`), name, suspended, next, now)
 	return nil
 }
 
-const scheduleCols = `name, stream_id, expression, zone, missed, version, payload, suspended, next_due, last_due`
+const scheduleCols = `name, stream_id, expression, zone, missed, version, payload, suspended, next_due, last_due,
+       coalesce((SELECT c.name FROM %[1]s.stream_config c WHERE c.id = stream_id), '')`
 
 func scanSchedule(r pgx.Row) (Schedule, error) {
 	var s Schedule
-	err := r.Scan(&s.Name, &s.StreamID, &s.Expression, &s.Zone, &s.Missed, &s.Version, &s.Payload, &s.Suspended, &s.NextDue, &s.LastDue)
+	err := r.Scan(&s.Name, &s.StreamID, &s.Expression, &s.Zone, &s.Missed, &s.Version, &s.Payload, &s.Suspended, &s.NextDue, &s.LastDue, &s.Stream)
 	return s, err
 }
 

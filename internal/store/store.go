@@ -6,6 +6,8 @@
 // caller (visible in pg_stat_statements), passes values only as bind
 // parameters, and, when it depends on time, takes an optional explicit now
 // (coalesce($n, now())) so a simulator's mock clock reaches the database.
+//
+// It is part of the engine's inside, not an API for users.
 package store
 
 import (

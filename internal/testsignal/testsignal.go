@@ -2,6 +2,8 @@
 // listener connected, a round of work done) without sleeping and without a
 // callback in the production path: an actor signals on a Signal, which does
 // nothing until a test calls Init. River calls these test signals.
+//
+// It is a test helper, not an API for users.
 package testsignal
 
 // Capacity bounds the signals an initialized Signal buffers; past it, new

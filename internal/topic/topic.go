@@ -6,6 +6,8 @@
 // ASCII letters, digits, '_' or '-'. A pattern uses the same words, except that
 // a whole word may be "*" (exactly one word) or "#" (zero or more words).
 // Matching is case-sensitive.
+//
+// It is part of the engine's inside, not an API for users.
 package topic
 
 import (

@@ -4,8 +4,8 @@
 //
 // A notifying transaction is assigned an xid and commits with a WAL flush,
 // under a lock PostgreSQL holds database-wide across that flush, so
-// notifications go out one at a time; one per produce call cost a batched
-// produce 15% of its server CPU at 1M messages (decision 0014). With the
+// notifications go out one at a time; one per produce call made concurrent
+// producers wait on each other (decision 0014). With the
 // combiner, a produce whose wake-up finds a round in flight waits for it, and
 // the next round carries every wake-up that arrived meanwhile, for all
 // streams, in one statement. A call returns once the round that carried its
@@ -17,6 +17,8 @@
 // too: their messages are committed all the same, and consumers find them at
 // their next poll. A call whose context ends while it waits returns its
 // context's error; its wake-up stays pending and rides the next round.
+//
+// It is part of the engine's inside, not an API for users.
 package wakeup
 
 import (

@@ -3,6 +3,8 @@
 // into the past to stand for a process that died. Production code never
 // imports it (TestProductionNeverImportsStoretest), so the store's API is
 // what the library uses.
+//
+// It is a test helper, not an API for users.
 package storetest
 
 import (

@@ -1,0 +1,107 @@
+package sqlstreams
+
+import (
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// goPackages returns the module's package directories (relative, "" for
+// the root): every directory with non-test Go files, other modules (bench/)
+// and test data aside.
+func goPackages(t *testing.T) []string {
+	t.Helper()
+	var dirs []string
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+				return filepath.SkipDir
+			}
+			if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil && path != "." {
+				return filepath.SkipDir // another module
+			}
+			return nil
+		}
+		if strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") {
+			dir := filepath.ToSlash(filepath.Dir(path))
+			if dir == "." {
+				dir = ""
+			}
+			if !slices.Contains(dirs, dir) {
+				dirs = append(dirs, dir)
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	slices.Sort(dirs)
+	return dirs
+}
+
+// TestArchitectureMapNamesEveryPackage holds ARCHITECTURE.md's code map to
+// the code: every package of the module has a row, and every row names a
+// package (or a file of one) that exists.
+func TestArchitectureMapNamesEveryPackage(t *testing.T) {
+	b, err := os.ReadFile("ARCHITECTURE.md")
+	require.NoError(t, err)
+	row := regexp.MustCompile("(?m)^\\| `([^`]+)`")
+	named := map[string]bool{}
+	for _, m := range row.FindAllStringSubmatch(string(b), -1) {
+		p := m[1]
+		switch {
+		case p == "*.go":
+			named[""] = true
+		case strings.HasSuffix(p, "/"):
+			named[strings.TrimSuffix(p, "/")] = true
+		case strings.HasSuffix(p, ".go"):
+			named[filepath.ToSlash(filepath.Dir(p))] = true
+		default:
+			t.Errorf("ARCHITECTURE.md names %q: a row names a package directory (ending in /) or a Go file", p)
+		}
+	}
+	pkgs := goPackages(t)
+	for _, p := range pkgs {
+		require.True(t, named[p], "ARCHITECTURE.md's code map misses package %q", p+"/")
+	}
+	for p := range named {
+		if p == "bench" { // its own module, described in the map
+			continue
+		}
+		require.True(t, slices.Contains(pkgs, p), "ARCHITECTURE.md's code map names %q, which is not a package of the module", p+"/")
+	}
+}
+
+// TestEveryPackageSaysWhoItIsFor: each package's doc comment says whether
+// it is an API for users or the engine's inside (or a test helper).
+func TestEveryPackageSaysWhoItIsFor(t *testing.T) {
+	fset := token.NewFileSet()
+	for _, dir := range goPackages(t) {
+		if dir == "" {
+			dir = "."
+		}
+		pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ParseComments|parser.PackageClauseOnly)
+		require.NoError(t, err)
+		var docs []string
+		for _, p := range pkgs {
+			for _, f := range p.Files {
+				if f.Doc != nil {
+					docs = append(docs, f.Doc.Text())
+				}
+			}
+		}
+		doc := strings.Join(docs, "\n")
+		require.Truef(t, strings.Contains(doc, "API for users") || strings.Contains(doc, "tool for users"),
+			"package %s: its doc comment must say whether it is an API for users or the engine's inside", dir)
+	}
+}
