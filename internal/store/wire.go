@@ -60,21 +60,19 @@ func produceParams(buf []byte, now Now, msgs []NewMessage, idx []int) ([][]byte,
 		buf = binary.BigEndian.AppendUint32(buf, uint32(int32(msgs[i].Version)))
 	}
 	spans[1][1] = len(buf)
-	for k := 2; k < 6; k++ {
+	// The four text arrays, in parameter order ($3..$6).
+	columns := [4]func(m *NewMessage, buf []byte) []byte{
+		func(m *NewMessage, buf []byte) []byte { return appendText(buf, m.RoutingKey) },
+		func(m *NewMessage, buf []byte) []byte { return appendText(buf, m.Key) },
+		func(m *NewMessage, buf []byte) []byte { return appendText(buf, m.Payload) },
+		func(m *NewMessage, buf []byte) []byte { return appendText(buf, m.Options) },
+	}
+	for c, column := range columns {
+		k := 2 + c
 		spans[k][0] = len(buf)
 		buf = arrayHeader(buf, oidText, len(idx))
 		for _, i := range idx {
-			m := &msgs[i]
-			switch k {
-			case 2:
-				buf = appendText(buf, m.RoutingKey)
-			case 3:
-				buf = appendText(buf, m.Key)
-			case 4:
-				buf = appendText(buf, m.Payload)
-			case 5:
-				buf = appendText(buf, m.Options)
-			}
+			buf = column(&msgs[i], buf)
 		}
 		spans[k][1] = len(buf)
 	}
