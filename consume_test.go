@@ -69,7 +69,12 @@ func consume[T any](t *testing.T, c *Consumer[T], h Handler[T], opts *ConsumeOpt
 	if o.test != nil {
 		hooks = *o.test
 	}
-	hooks.onStart = func(id string) { s.id <- id }
+	hooks.onStart = func(id string) { // the first incarnation's id; later ones are not waited for
+		select {
+		case s.id <- id:
+		default:
+		}
+	}
 	o.test = &hooks
 	go func() { s.done <- c.Consume(ctx, h, &o) }()
 	t.Cleanup(func() {

@@ -15,7 +15,9 @@ import (
 )
 
 // The heartbeat's step registers the instance, renews it together with the
-// instance's range leases, and reports a vanished row on Lost.
+// instance's range leases, keeps the incarnation valid until its last
+// renewal's send time + TTL - TTL/10, and refuses to renew a row that has
+// lapsed: the incarnation is lost, and nothing is renewed or inserted again.
 func TestHeartbeatStepRenewsLeasesAndReportsLoss(t *testing.T) {
 	mock := clock.NewMock()
 	mock.Set(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
@@ -23,14 +25,17 @@ func TestHeartbeatStepRenewsLeasesAndReportsLoss(t *testing.T) {
 	ctx := context.Background()
 
 	id := engine.NewID()
-	liveness := heartbeat.NewLiveness()
+	liveness := heartbeat.NewLiveness(mock, 30*time.Second)
 	hb := heartbeat.New(heartbeat.Config{
 		Store: e.client.store, StreamID: c.group.StreamID, WorkerConfigID: c.group.Workers[store.WorkerMessageConsumer],
 		InstanceID: id, DeclaredBy: declaredBy(), TTL: 30 * time.Second, Clock: mock, Logger: slog.New(e.logs),
 		DBNow: engine.DBNow(mock), Liveness: liveness, Graceful: func() bool { return true },
 	})
 	require.Equal(t, 10*time.Second, hb.Interval())
+	require.False(t, liveness.Valid(), "not valid before the row exists")
+	t0 := mock.Now()
 	require.NoError(t, hb.Step(ctx))
+	require.Equal(t, t0.Add(27*time.Second), liveness.ValidUntil(), "TTL minus the 10% safety margin from when the insert was sent")
 	live := func() int {
 		n, err := storetest.LiveInstances(ctx, e.client.store, c.group.Workers[store.WorkerMessageConsumer], engine.DBNow(mock)())
 		require.NoError(t, err)
@@ -54,24 +59,33 @@ func TestHeartbeatStepRenewsLeasesAndReportsLoss(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ok, "a renewed lease is not reclaimable")
 
-	// Without beats, both lapse.
+	require.True(t, liveness.Valid())
+	require.Equal(t, t0.Add(52*time.Second), liveness.ValidUntil(), "renewed at 25s")
+
+	// Without beats, both lapse; the incarnation stops being valid first.
 	mock.Add(31 * time.Second)
+	require.False(t, liveness.Valid(), "past the renewal's TTL minus the margin")
 	require.Zero(t, live())
 	other.Now = engine.DBNow(mock)()
 	_, ok, err = c.db().ReclaimRange(ctx, other)
 	require.NoError(t, err)
 	require.True(t, ok, "a lapsed instance's range is reclaimed")
 
-	// A row deleted behind its back is reported and registered again.
-	require.NoError(t, e.client.store.DeleteInstance(ctx, id))
+	// A renewal of the lapsed row is refused: the incarnation is lost, and
+	// the heartbeat renews and inserts nothing more (the session registers
+	// again through the registrar, under new ids).
 	require.NoError(t, hb.Step(ctx))
 	select {
 	case <-liveness.C():
 	default:
 		t.Fatal("nothing reported")
 	}
-	renewed, lost := liveness.Take()
-	require.Equal(t, 1, lost, "the loss is reported, and kept through the renewals around it")
-	require.False(t, renewed.IsZero(), "renewals are reported with when they were sent")
-	require.Equal(t, 1, live())
+	require.True(t, liveness.Lost())
+	require.True(t, hb.Lost())
+	require.False(t, liveness.Valid())
+	require.Zero(t, live(), "the lapsed row was not renewed")
+	mock.Add(10 * time.Second)
+	require.NoError(t, hb.Step(ctx))
+	require.Zero(t, live(), "nor inserted again")
+	require.False(t, liveness.Wait(ctx), "a lost incarnation starts nothing, and says so at once")
 }

@@ -152,85 +152,132 @@ type drainable struct {
 
 // Run consumes until ctx ends. It returns nil after a clean stop, and the
 // error after a permanent store failure.
+//
+// A session runs as a sequence of incarnations. Each registers through the
+// registrar (the binding check included) under new instance ids and runs its
+// own actor tree. When a heartbeat finds its instance row lapsed or gone (the
+// process stalled past its TTL: a long GC pause, a frozen container, a
+// partition), the incarnation is lost: other instances may hold its leases
+// already. Its tree is stopped at once (its claimers' state goes with it:
+// ranges, key queues, pending commits), nothing more of it starts (the
+// claimers wait on the incarnation's Liveness before every handler), and
+// the session registers again as if it had just started. A handler already
+// running when the stall began cannot be recalled; its late outcome settles
+// nothing, because every settlement names its lease's token.
 func Run(ctx context.Context, cfg Config) error {
 	o := cfg.Options
-	graceful := !o.DisableGracefulShutdown
 	dbNow := DBNow(cfg.Clock)
-	msgID, excID := NewID(), NewID()
-	logger := cfg.Logger.With("group", cfg.GroupName, "instance", msgID)
+	logger := cfg.Logger.With("group", cfg.GroupName)
 	health := cfg.Health
 	if health == nil {
 		health = outage.NewHealth(cfg.Clock, o.InstanceTTL)
 	}
 	defer health.SetConsuming(false)
-	plan := shutdown.New(cfg.Clock)
-	var queue *alerts.Queue
+	s := &session{cfg: cfg, o: o, dbNow: dbNow, logger: logger, health: health, plan: shutdown.New(cfg.Clock)}
 	if cfg.Alerts != nil { // the alerts actor runs for the whole session, the binding wait included
-		queue = alerts.NewQueue(&cfg.Stats.AlertsDropped)
+		s.queue = alerts.NewQueue(&cfg.Stats.AlertsDropped)
 		actx, stopAlerts := context.WithCancel(context.WithoutCancel(ctx))
 		stopped := make(chan struct{})
 		go func() {
 			defer close(stopped)
-			_ = alerts.New(queue, cfg.Alerts, logger).Serve(actx)
+			_ = alerts.New(s.queue, cfg.Alerts, logger).Serve(actx)
 		}()
 		defer func() { stopAlerts(); <-stopped }()
 	}
-
-	liveness := heartbeat.NewLiveness()
-	newBeat := func(id, worker string, liveness *heartbeat.Liveness) *heartbeat.Actor {
-		return heartbeat.New(heartbeat.Config{Registered: true,
-			Store: cfg.Store, StreamID: cfg.StreamID, WorkerConfigID: cfg.Workers[worker],
-			InstanceID: id, DeclaredBy: cfg.DeclaredBy, TTL: o.InstanceTTL,
-			Clock: cfg.Clock, Logger: logger.With("worker", worker), DBNow: dbNow, Liveness: liveness,
-			Graceful: func() bool { return graceful }, Health: health, Retry: cfg.Retry, Stop: plan,
-		})
-	}
-	snap := groupconfig.NewSnapshot(groupconfig.Declared{})
-	ref := refresher.New(refresher.Config{Store: cfg.Store, GroupID: cfg.GroupID, Interval: o.ConfigRefreshInterval,
-		Snapshot: snap, Clock: cfg.Clock, Logger: logger, Health: health, Retry: cfg.Retry})
-	if err := firstRefresh(ctx, ref, cfg.Clock, o.ClaimPollRate); err != nil {
+	s.snap = groupconfig.NewSnapshot(groupconfig.Declared{})
+	s.ref = refresher.New(refresher.Config{Store: cfg.Store, GroupID: cfg.GroupID, Interval: o.ConfigRefreshInterval,
+		Snapshot: s.snap, Clock: cfg.Clock, Logger: logger, Health: health, Retry: cfg.Retry})
+	if err := firstRefresh(ctx, s.ref, cfg.Clock, o.ClaimPollRate); err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped before the first read: nothing was started
 		}
 		return fmt.Errorf("consume %s: read group config: %w", cfg.GroupName, err)
 	}
-	reg := registrar.New(registrar.Config{
+	s.reg = registrar.New(registrar.Config{
 		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, GroupName: cfg.GroupName,
 		Patterns: cfg.Patterns, Regexes: cfg.Regexes, DeclaredBy: cfg.DeclaredBy,
-		Instances: []store.InstanceInsert{
-			{ID: msgID, WorkerConfigID: cfg.Workers[store.WorkerMessageConsumer], TTL: o.InstanceTTL},
-			{ID: excID, WorkerConfigID: cfg.Workers[store.WorkerExceptionConsumer], TTL: o.InstanceTTL},
-		},
-		Interval: o.BindingRetryInterval, Clock: cfg.Clock, Logger: logger, DBNow: dbNow, Alerts: queue, Retry: cfg.Retry,
+		Interval: o.BindingRetryInterval, Clock: cfg.Clock, Logger: logger, DBNow: dbNow, Alerts: s.queue, Retry: cfg.Retry,
 	})
-	if _, err := reg.Run(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped while waiting: nothing was started
-		}
-		return fmt.Errorf("consume %s: declare bindings: %w", cfg.GroupName, err)
-	}
-	msgBeat := newBeat(msgID, store.WorkerMessageConsumer, liveness)
-	excBeat := newBeat(excID, store.WorkerExceptionConsumer, nil)
-
-	common := claimer.Common{
-		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, Handler: cfg.Handler, Group: snap.Group,
-		Concurrency: o.MessageConcurrency, PollRate: o.ClaimPollRate, Lease: o.InstanceTTL,
-		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: ShutdownBudget(o, snap),
-		Clock: cfg.Clock, Logger: logger, DBNow: dbNow, Stats: cfg.Stats, Drain: plan, Fault: cfg.Fault,
-		Health: health, Retry: cfg.Retry,
-	}
-	rc := common
-	rc.InstanceID = msgID
-	var wake <-chan struct{}
 	if cfg.Hub != nil {
 		ch, unsubscribe := cfg.Hub.Subscribe(cfg.StreamID, cfg.Patterns)
 		defer unsubscribe()
-		wake = ch
+		s.wake = ch
 	}
+	for n := 1; ; n++ {
+		lapsed, err := s.incarnation(ctx, n)
+		if !lapsed {
+			return err
+		}
+		codes.IncarnationLost.Log(ctx, logger, "instance lapsed (its row expired or was gone at renewal); registering again as a new incarnation",
+			"incarnation", n)
+	}
+}
+
+// session is what a Consume session's incarnations share.
+type session struct {
+	cfg    Config
+	o      Options
+	dbNow  func() store.Now
+	logger *slog.Logger
+	health *outage.Health
+	plan   *shutdown.Plan
+	queue  *alerts.Queue
+	snap   *groupconfig.Snapshot
+	ref    *refresher.Actor
+	reg    *registrar.Actor
+	wake   <-chan struct{}
+}
+
+// incarnation registers the session under new instance ids and runs its
+// tree until ctx ends, a permanent error, or the incarnation is lost
+// (lapsed: the caller registers again).
+func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err error) {
+	cfg, o := s.cfg, s.o
+	graceful := !o.DisableGracefulShutdown
+	msgID, excID := NewID(), NewID()
+	logger := s.logger.With("instance", msgID)
+	s.reg.SetInstances([]store.InstanceInsert{
+		{ID: msgID, WorkerConfigID: cfg.Workers[store.WorkerMessageConsumer], TTL: o.InstanceTTL},
+		{ID: excID, WorkerConfigID: cfg.Workers[store.WorkerExceptionConsumer], TTL: o.InstanceTTL},
+	})
+	if _, err := s.reg.Run(ctx); err != nil {
+		if ctx.Err() != nil {
+			return false, nil // stopped while waiting: nothing was started
+		}
+		return false, fmt.Errorf("consume %s: declare bindings: %w", cfg.GroupName, err)
+	}
+	if n > 1 || s.reg.Waited() {
+		// The config may have moved while the session waited or stalled:
+		// the first claims use it, not the copy read before (seed 001: the
+		// staleness window is one refresh interval). A failed read keeps
+		// the last copy, and the refresher retries.
+		_, err := s.ref.Step(ctx)
+		s.ref.Reporter().Report(ctx, err)
+	}
+	msgLive, excLive := heartbeat.NewLiveness(cfg.Clock, o.InstanceTTL), heartbeat.NewLiveness(cfg.Clock, o.InstanceTTL)
+	msgLive.Start(s.reg.Sent())
+	excLive.Start(s.reg.Sent())
+	newBeat := func(id, worker string, live *heartbeat.Liveness) *heartbeat.Actor {
+		return heartbeat.New(heartbeat.Config{Registered: true,
+			Store: cfg.Store, StreamID: cfg.StreamID, WorkerConfigID: cfg.Workers[worker],
+			InstanceID: id, DeclaredBy: cfg.DeclaredBy, TTL: o.InstanceTTL,
+			Clock: cfg.Clock, Logger: logger.With("worker", worker), DBNow: s.dbNow, Liveness: live,
+			Graceful: func() bool { return graceful }, Health: s.health, Retry: cfg.Retry, Stop: s.plan,
+		})
+	}
+	common := claimer.Common{
+		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, Handler: cfg.Handler, Group: s.snap.Group,
+		Concurrency: o.MessageConcurrency, PollRate: o.ClaimPollRate, Lease: o.InstanceTTL,
+		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: ShutdownBudget(o, s.snap),
+		Clock: cfg.Clock, Logger: logger, DBNow: s.dbNow, Stats: cfg.Stats, Drain: s.plan, Fault: cfg.Fault,
+		Health: s.health, Retry: cfg.Retry,
+	}
+	rc := common
+	rc.InstanceID, rc.Liveness = msgID, msgLive
 	cl := claimer.New(claimer.Config{Common: rc, BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, StallAfter: o.StallAfter,
-		Liveness: liveness, Alerts: queue, Wake: wake})
+		Alerts: s.queue, Wake: s.wake})
 	ec := common
-	ec.InstanceID = excID
+	ec.InstanceID, ec.Liveness = excID, excLive
 	ex := claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec})
 
 	actors := []*drainable{
@@ -238,11 +285,11 @@ func Run(ctx context.Context, cfg Config) error {
 		{name: "exceptions", serve: ex.Serve, done: make(chan error, 1)},
 	}
 	sup := supervisor.New("consume:"+cfg.GroupName, logger)
-	sup.Add(supervisor.Guard("heartbeat", msgBeat))
-	sup.Add(supervisor.Guard("exception-heartbeat", excBeat))
-	sup.Add(supervisor.Guard("refresher", ref))
+	sup.Add(supervisor.Guard("heartbeat", newBeat(msgID, store.WorkerMessageConsumer, msgLive)))
+	sup.Add(supervisor.Guard("exception-heartbeat", newBeat(excID, store.WorkerExceptionConsumer, excLive)))
+	sup.Add(supervisor.Guard("refresher", s.ref))
 	if cfg.Manager != nil {
-		sup.Add(supervisor.Guard("manager", cfg.Manager(plan)))
+		sup.Add(supervisor.Guard("manager", cfg.Manager(s.plan)))
 	}
 	for _, d := range actors {
 		sup.Add(supervisor.Guard(d.name, serviceFunc(func(ctx context.Context) error {
@@ -260,26 +307,44 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.OnStart != nil {
 		cfg.OnStart(msgID)
 	}
-	health.SetConsuming(true)
+	if n > 1 {
+		s.health.Forget() // the lost incarnation's actors will never report a recovery
+	}
+	s.health.SetConsuming(true)
 
 	var cause error
-	select {
-	case <-ctx.Done():
-	case err := <-done: // the tree gave up (restart budget exhausted)
-		return fmt.Errorf("consume %s: %w", cfg.GroupName, err)
-	case err := <-health.Fatal():
-		cause = fmt.Errorf("consume %s: %w", cfg.GroupName, err)
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case err := <-done: // the tree gave up (restart budget exhausted)
+			return false, fmt.Errorf("consume %s: %w", cfg.GroupName, err)
+		case err := <-s.health.Fatal():
+			cause = fmt.Errorf("consume %s: %w", cfg.GroupName, err)
+			break wait
+		case <-msgLive.C():
+		case <-excLive.C():
+		}
+		if msgLive.Lost() || excLive.Lost() {
+			// Lost: stop this tree at once (its leases may be another
+			// instance's by now), and register again.
+			s.health.SetConsuming(false)
+			stop()
+			s.waitTree(ctx, done, logger, cfg.Clock.Now().Add(shutdown.Grace))
+			return true, nil
+		}
 	}
-	health.SetConsuming(false)
+	s.health.SetConsuming(false)
 
 	// The stop: a graceful drain within the plan, then the tree, within
 	// ShutdownTimeout + shutdown.Grace in all.
 	var errs []error
 	if graceful {
-		plan.Begin(ShutdownBudget(o, snap)())
-		claimersBy := cfg.Clock.Timer(shutdown.Until(cfg.Clock, plan.HandlersWaitDeadline().Add(500*time.Millisecond)))
+		s.plan.Begin(ShutdownBudget(o, s.snap)())
+		claimersBy := cfg.Clock.Timer(shutdown.Until(cfg.Clock, s.plan.HandlersWaitDeadline().Add(500*time.Millisecond)))
 		defer claimersBy.Stop()
-	wait:
+	drain:
 		for _, d := range actors {
 			select {
 			case err := <-d.done:
@@ -287,18 +352,30 @@ func Run(ctx context.Context, cfg Config) error {
 					errs = append(errs, fmt.Errorf("%s: %w", d.name, err))
 				}
 			case err := <-done:
-				return errors.Join(cause, fmt.Errorf("consume %s: %w", cfg.GroupName, err))
+				return false, errors.Join(cause, fmt.Errorf("consume %s: %w", cfg.GroupName, err))
 			case <-claimersBy.C: // a claimer still restarting or stuck: stop the tree anyway
-				break wait
+				break drain
 			}
 		}
 	}
 	finalBy := cfg.Clock.Now().Add(shutdown.Grace)
-	if plan.Begun() {
-		finalBy = plan.Deadline()
+	if s.plan.Begun() {
+		finalBy = s.plan.Deadline()
 	}
 	stop()
-	final := cfg.Clock.Timer(shutdown.Until(cfg.Clock, finalBy))
+	s.waitTree(ctx, done, logger, finalBy)
+	if cause != nil {
+		return false, cause
+	}
+	if len(errs) > 0 {
+		return false, fmt.Errorf("consume %s: %w", cfg.GroupName, errors.Join(errs...))
+	}
+	return false, nil
+}
+
+// waitTree waits for a stopped tree until by, and says so if it overran.
+func (s *session) waitTree(ctx context.Context, done <-chan error, logger *slog.Logger, by time.Time) {
+	final := s.cfg.Clock.Timer(shutdown.Until(s.cfg.Clock, by))
 	defer final.Stop()
 	select {
 	case <-done:
@@ -306,13 +383,6 @@ func Run(ctx context.Context, cfg Config) error {
 		codes.StopOverran.Log(ctx, logger, "session did not stop within ShutdownTimeout plus the shutdown grace; returning anyway",
 			"grace", shutdown.Grace.String())
 	}
-	if cause != nil {
-		return cause
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("consume %s: %w", cfg.GroupName, errors.Join(errs...))
-	}
-	return nil
 }
 
 // firstRefresh reads the group's config before anything starts, retrying

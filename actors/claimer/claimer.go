@@ -95,6 +95,12 @@ type Common struct {
 	// and hands the rest back within its hand-back deadline. nil never
 	// drains.
 	Drain *shutdown.Plan
+	// Liveness is the instance's incarnation (its heartbeat's): nothing is
+	// claimed while it is not valid, and no handler starts until it is (a
+	// process resuming after a stall longer than its lease starts nothing
+	// before a renewal proves its leases are its own; a lost incarnation
+	// starts nothing more). nil: always valid (step-driven tests).
+	Liveness *heartbeat.Liveness
 	// Health, if set, is the session's readiness and permanent-error sink:
 	// the actor reports every store call's result to it.
 	Health *outage.Health
@@ -136,9 +142,6 @@ type Config struct {
 	// StallAfter is how long claims may find rows held back by an open
 	// transaction before the stall is logged and counted.
 	StallAfter time.Duration
-	// Liveness carries the heartbeat's reports of the instance: renewed, or
-	// its row found gone.
-	Liveness *heartbeat.Liveness
 	// Wake, if set, receives a value when the stream is produced to: the
 	// claimer claims at once instead of at its next poll.
 	Wake <-chan struct{}
@@ -216,7 +219,7 @@ type Actor struct {
 
 // New returns a range claimer.
 func New(cfg Config) *Actor {
-	a := &Actor{cfg: cfg, db: cfg.Store.Group(cfg.StreamID, cfg.GroupID), runner: &runner{handler: cfg.Handler, clock: cfg.Clock, grace: cfg.TimeoutGrace, stats: cfg.Stats},
+	a := &Actor{cfg: cfg, db: cfg.Store.Group(cfg.StreamID, cfg.GroupID), runner: cfg.newRunner(),
 		outage: cfg.reporter("claimer store call")}
 	a.reset()
 	return a
@@ -238,7 +241,7 @@ func (a *Actor) Run(ctx context.Context, j Job) Outcome { return a.runner.Run(ct
 // expired lease of the group before reading new positions, and returns the
 // jobs ready to run.
 func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
-	if a.queued+a.cfg.BatchLimit > a.cfg.QueueSize {
+	if a.queued+a.cfg.BatchLimit > a.cfg.QueueSize || !a.cfg.Liveness.Valid() {
 		return nil, nil
 	}
 	if a.cfg.Fault != nil {
@@ -757,7 +760,7 @@ func (a *Actor) HandBack(ctx context.Context) error {
 // or handed back) or until the session's drain finishes (ErrDrained); see
 // serve.
 func (a *Actor) Serve(ctx context.Context) error {
-	return serve(ctx, a, a.outage, a.runner, a.cfg.Concurrency, a.cfg.QueueSize, a.cfg.Wake, a.cfg.Liveness)
+	return serve(ctx, a, a.outage, a.runner, a.cfg.Concurrency, a.cfg.QueueSize, a.cfg.Wake)
 }
 
 // The loop methods serve drives.
@@ -787,6 +790,16 @@ func (a *Actor) outcome(ctx context.Context, o Outcome) ([]Job, error) { return 
 func (a *Actor) flush(ctx context.Context) ([]Job, error)              { return nil, a.Flush(ctx) }
 func (a *Actor) reconcile(ctx context.Context) error                   { return a.Reconcile(ctx) }
 func (a *Actor) handBack(ctx context.Context) error                    { return a.HandBack(ctx) }
+
+// newRunner returns the handler runner of an actor with this config: a
+// handler starts only once the incarnation is valid.
+func (c *Common) newRunner() *runner {
+	r := &runner{handler: c.Handler, clock: c.Clock, grace: c.TimeoutGrace, stats: c.Stats}
+	if c.Liveness != nil {
+		r.gate = c.Liveness.Wait
+	}
+	return r
+}
 
 // reporter returns the actor's outage reporter: once-per-outage logging,
 // the backoff, and the session's health.

@@ -62,7 +62,7 @@ func NewExceptionActor(cfg ExceptionConfig) *ExceptionActor {
 		cfg.Chain = 0
 	}
 	return &ExceptionActor{cfg: cfg, db: cfg.Store.Group(cfg.StreamID, cfg.GroupID), running: map[store.Position]*excRun{},
-		runner: &runner{handler: cfg.Handler, clock: cfg.Clock, grace: cfg.TimeoutGrace, stats: cfg.Stats},
+		runner: cfg.newRunner(),
 		outage: cfg.reporter("exception claimer store call")}
 }
 
@@ -75,7 +75,7 @@ func (a *ExceptionActor) Run(ctx context.Context, j Job) Outcome { return a.runn
 // Claim leases due rows up to the free worker slots and returns their jobs.
 func (a *ExceptionActor) Claim(ctx context.Context) ([]Job, error) {
 	free := a.cfg.Concurrency - len(a.running)
-	if free <= 0 {
+	if free <= 0 || !a.cfg.Liveness.Valid() {
 		return nil, nil
 	}
 	if a.cfg.Fault != nil {
@@ -250,7 +250,7 @@ func (a *ExceptionActor) HandBack(ctx context.Context) error {
 // Serve runs the actor until ctx ends or until the session's drain
 // finishes; see serve.
 func (a *ExceptionActor) Serve(ctx context.Context) error {
-	return serve(ctx, a, a.outage, a.runner, a.cfg.Concurrency, a.cfg.Concurrency, nil, nil)
+	return serve(ctx, a, a.outage, a.runner, a.cfg.Concurrency, a.cfg.Concurrency, nil)
 }
 
 // The loop methods serve drives.

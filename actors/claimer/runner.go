@@ -46,6 +46,10 @@ type Outcome struct {
 	Canceled bool
 }
 
+// errNotLive is the outcome of a job the runner did not start because the
+// instance's incarnation was lost.
+var errNotLive = errors.New("not started: the instance's incarnation was lost")
+
 // runner executes jobs: each attempt on a handler goroutine (an executor)
 // under the message's timeout, panics turned into failures, and a handler that ignores its
 // context past the grace period abandoned (counted) so the worker goes on.
@@ -54,6 +58,9 @@ type runner struct {
 	clock   clock.Clock
 	grace   time.Duration
 	stats   *Stats
+	// gate, if set, is waited on before each handler starts: false (the
+	// incarnation was lost, or ctx ended) and the job is not run.
+	gate func(ctx context.Context) bool
 
 	mu       sync.Mutex
 	handlers *sync.WaitGroup // this Serve generation's handler goroutines, abandoned ones included
@@ -119,6 +126,11 @@ func (r *runner) newExecutor() *executor {
 func (r *runner) run(ctx context.Context, j Job, slot **executor) Outcome {
 	if ctx.Err() != nil {
 		return Outcome{Ref: j.Ref, Err: ctx.Err(), Canceled: true}
+	}
+	if r.gate != nil && !r.gate(ctx) {
+		// Not provably live: the job settles nothing (the range is handed
+		// back or reclaimed with its incarnation).
+		return Outcome{Ref: j.Ref, Err: errNotLive, Canceled: true}
 	}
 	d := j.Delivery
 	hctx, cancel := r.clock.WithTimeout(ctx, d.Timeout)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/shutdown"
@@ -49,7 +48,7 @@ type loop interface {
 // finishes (ErrDrained). A failed store call backs the actor off (no claims,
 // flushes or reconciles until the wait is over) and is logged once per
 // outage; a permanent one reaches the session through the reporter's Health.
-func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers, capacity int, wake <-chan struct{}, liveness *heartbeat.Liveness) error {
+func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers, capacity int, wake <-chan struct{}) error {
 	c := l.common()
 	l.reset()
 	plan := c.Drain
@@ -156,10 +155,6 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			report(err)
 			send(jobs)
 			due = due || l.claimAfter(jobs)
-		case <-liveness.C():
-			if _, lost := liveness.Take(); lost > 0 {
-				c.Logger.Info("instance row was lost; in-flight work is fenced if reclaimed", "in_flight", l.inFlight())
-			}
 		case <-wake: // produced to: claim now
 			due = true
 		case <-poll.C:

@@ -3,9 +3,11 @@
 // The row is how the fleet knows this process is doing the group's work: its
 // expires_at is the heartbeat, and every range lease the instance owns is
 // renewed with it, so a live instance keeps its ranges however long a batch
-// takes, and a dead one loses them one TTL after its last beat. If a renewal
-// finds the row gone, the instance was declared dead by someone else; the
-// actor says so on Lost, and registers again.
+// takes, and a dead one loses them one TTL after its last beat. A renewal
+// renews only a live row: if it finds the row lapsed or gone, the instance
+// may have been taken over already; the actor says so on its Liveness and
+// renews nothing more, and the session registers again under new instance
+// ids (a new incarnation), binding check included.
 //
 // It is part of the engine's inside, not an API for users.
 package heartbeat
@@ -37,8 +39,8 @@ type Config struct {
 	// DBNow returns the explicit database time for a statement (nil in
 	// production, the mock clock's time in simulations).
 	DBNow func() store.Now
-	// Liveness, if set, is told of the instance's liveness as it changes:
-	// each renewal, and each time the row was found gone.
+	// Liveness, if set, is the incarnation this heartbeat keeps: told of
+	// each renewal (when it was sent) and of the loss.
 	Liveness *Liveness
 	// Graceful reports, at stop, whether to give the row back.
 	Graceful func() bool
@@ -60,6 +62,7 @@ type Config struct {
 type Actor struct {
 	cfg        Config
 	registered bool
+	lost       bool // the row lapsed or was gone: nothing more is renewed
 	outage     *outage.Reporter
 }
 
@@ -70,29 +73,54 @@ func New(cfg Config) *Actor {
 			Health: cfg.Health, Backoff: backoff.Backoff{Policy: cfg.Retry}}}
 }
 
-// Liveness is how the heartbeat tells the instance's other actors what it
-// learns: the newest renewal (its leases last at least TTL from when it was
-// sent) and every time the row was found gone. The heartbeat never waits on
-// it; C signals that something changed and Take reads it. A loss is kept
-// until it is taken, however many renewals follow. A nil *Liveness ignores
-// everything.
+// SafetyMargin is the share of the TTL an instance gives up at the end of
+// each lease period: after a renewal sent at t, the instance counts itself
+// live only until t + TTL - TTL/SafetyMargin, so that it stops starting work
+// a tenth of the TTL before any other instance may take its leases over,
+// whatever the clocks of the two processes and the database drift by.
+const SafetyMargin = 10
+
+// Liveness is one incarnation of an instance: how long it may go on
+// starting work (valid until the last renewal's send time + TTL, minus the
+// SafetyMargin), and whether it was lost (its row lapsed or was gone at a
+// renewal). The heartbeat writes it and never waits on it; the claimers ask
+// it before they claim or start a handler (Valid, Wait); the engine watches C
+// for a loss and then registers the session again under new instance ids. A
+// loss is final for the incarnation. A nil *Liveness is always valid.
 type Liveness struct {
-	mu      sync.Mutex
-	renewed time.Time
-	lost    int
-	signal  chan struct{}
+	ttl    time.Duration
+	clock  clock.Clock
+	signal chan struct{} // the engine's: something changed
+
+	mu         sync.Mutex
+	validUntil time.Time
+	renewed    time.Time
+	lost       bool
+	changed    chan struct{} // closed and replaced at each change (Wait)
 }
 
-// NewLiveness returns an empty liveness.
-func NewLiveness() *Liveness { return &Liveness{signal: make(chan struct{}, 1)} }
+// NewLiveness returns the liveness of an incarnation whose rows last ttl;
+// it is not valid until Start.
+func NewLiveness(clk clock.Clock, ttl time.Duration) *Liveness {
+	return &Liveness{ttl: ttl, clock: clk, signal: make(chan struct{}, 1), changed: make(chan struct{})}
+}
 
-func (l *Liveness) renew(at time.Time) {
+// Start says the incarnation's rows were inserted by a statement sent at
+// sentAt.
+func (l *Liveness) Start(sentAt time.Time) { l.renew(sentAt) }
+
+func (l *Liveness) until(sentAt time.Time) time.Time {
+	return sentAt.Add(l.ttl - l.ttl/SafetyMargin)
+}
+
+func (l *Liveness) renew(sentAt time.Time) {
 	if l == nil {
 		return
 	}
 	l.mu.Lock()
-	if at.After(l.renewed) {
-		l.renewed = at
+	if !l.lost && sentAt.After(l.renewed) {
+		l.renewed = sentAt
+		l.validUntil = l.until(sentAt)
 	}
 	l.mu.Unlock()
 	l.poke()
@@ -103,19 +131,82 @@ func (l *Liveness) lose() {
 		return
 	}
 	l.mu.Lock()
-	l.lost++
+	l.lost = true
 	l.mu.Unlock()
 	l.poke()
 }
 
 func (l *Liveness) poke() {
+	l.mu.Lock()
+	close(l.changed)
+	l.changed = make(chan struct{})
+	l.mu.Unlock()
 	select {
 	case l.signal <- struct{}{}:
 	default: // a signal is pending already
 	}
 }
 
-// C receives a value after a change; nil for a nil Liveness.
+// Valid reports whether the incarnation may start work now: not lost, and
+// before its valid-until.
+func (l *Liveness) Valid() bool {
+	if l == nil {
+		return true
+	}
+	now := l.clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.lost && now.Before(l.validUntil)
+}
+
+// Lost reports whether the incarnation was lost.
+func (l *Liveness) Lost() bool {
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lost
+}
+
+// ValidUntil is the end of the current validity (zero before Start).
+func (l *Liveness) ValidUntil() time.Time {
+	if l == nil {
+		return time.Time{}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.validUntil
+}
+
+// Wait returns true once the incarnation is valid (at once when it is),
+// false when it is lost or ctx ends first. A worker about to start a handler
+// waits here, so a process that resumes after a stall starts nothing until
+// a renewal has proved its leases are still its own.
+func (l *Liveness) Wait(ctx context.Context) bool {
+	if l == nil {
+		return ctx.Err() == nil
+	}
+	for {
+		l.mu.Lock()
+		ch := l.changed
+		l.mu.Unlock()
+		if l.Valid() {
+			return true
+		}
+		if l.Lost() {
+			return false
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// C receives a value after a change (one consumer: the engine); nil for a
+// nil Liveness.
 func (l *Liveness) C() <-chan struct{} {
 	if l == nil {
 		return nil
@@ -123,47 +214,45 @@ func (l *Liveness) C() <-chan struct{} {
 	return l.signal
 }
 
-// Take returns when the newest renewal was sent and how many losses
-// happened since the last Take.
-func (l *Liveness) Take() (renewed time.Time, lost int) {
-	if l == nil {
-		return time.Time{}, 0
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	renewed, lost = l.renewed, l.lost
-	l.lost = 0
-	return renewed, lost
-}
-
 // Interval is how often the actor beats: a third of the TTL, so two beats
 // may fail before the instance is seen as dead.
 func (a *Actor) Interval() time.Duration { return a.cfg.TTL / 3 }
 
-// Step registers the row on first use and renews it after.
+// Step registers the row on first use and renews it after. A renewal that
+// finds the row lapsed or gone loses the incarnation: the heartbeat reports
+// it (SQL0302) and renews nothing more; the engine registers the session
+// again, binding check included, under new instance ids.
 func (a *Actor) Step(ctx context.Context) error {
+	if a.lost {
+		return nil
+	}
 	if !a.registered {
+		sent := a.cfg.Clock.Now()
 		if err := a.cfg.Store.InsertInstance(ctx, a.cfg.InstanceID, a.cfg.WorkerConfigID, a.cfg.DeclaredBy, a.cfg.TTL, a.cfg.DBNow()); err != nil {
 			return err
 		}
 		a.registered = true
+		a.cfg.Liveness.Start(sent)
 		return nil
 	}
 	sent := a.cfg.Clock.Now()
-	found, err := a.cfg.Store.RenewInstance(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow())
+	live, err := a.cfg.Store.RenewInstance(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow())
 	if err != nil {
 		return err
 	}
-	if found {
-		a.cfg.Liveness.renew(sent)
-	} else {
-		a.registered = false
+	if !live {
+		a.lost = true
 		a.cfg.Liveness.lose()
-		codes.InstanceLost.Log(ctx, a.cfg.Logger, "worker instance row was gone at renewal; registering again", "instance", a.cfg.InstanceID)
-		return a.Step(ctx)
+		codes.InstanceLost.Log(ctx, a.cfg.Logger, "worker instance row had lapsed or was gone at renewal; the session registers again as a new incarnation",
+			"instance", a.cfg.InstanceID)
+		return nil
 	}
+	a.cfg.Liveness.renew(sent)
 	return nil
 }
+
+// Lost reports whether this heartbeat's incarnation was lost.
+func (a *Actor) Lost() bool { return a.lost }
 
 // Serve beats every Interval until ctx ends, then gives the row back when the
 // stop is graceful, within the session's shutdown plan. A failed beat is

@@ -52,7 +52,23 @@ type Actor struct {
 	cfg        Config
 	declaredAt *time.Time
 	since      time.Time
+	sent       time.Time // when the last attempt was sent
+	waited     bool      // an attempt of the last Run waited
 }
+
+// SetInstances replaces the worker_instance rows the next successful
+// attempt inserts: a session registering again after its incarnation was
+// lost does so under new ids, while its declared_at stays the first
+// attempt's.
+func (a *Actor) SetInstances(in []store.InstanceInsert) { a.cfg.Instances = in }
+
+// Sent is when the last attempt was sent: after a successful Run, the
+// instance rows it inserted last at least the TTL from then.
+func (a *Actor) Sent() time.Time { return a.sent }
+
+// Waited reports whether the last Run waited on live incumbents before its
+// set was installed or joined.
+func (a *Actor) Waited() bool { return a.waited }
 
 // New returns a registrar.
 func New(cfg Config) *Actor { return &Actor{cfg: cfg} }
@@ -60,6 +76,7 @@ func New(cfg Config) *Actor { return &Actor{cfg: cfg} }
 // Step makes one attempt. declared_at stays the first attempt's across
 // retries; attempt_at is each attempt's own.
 func (a *Actor) Step(ctx context.Context) (store.BindingResult, error) {
+	a.sent = a.cfg.Clock.Now()
 	res, err := a.cfg.Store.Group(a.cfg.StreamID, a.cfg.GroupID).DeclareBindings(ctx, store.BindingRequest{
 		Patterns: a.cfg.Patterns, Regexes: a.cfg.Regexes,
 		DeclaredBy: a.cfg.DeclaredBy, DeclaredAt: a.declaredAt, Instances: a.cfg.Instances, Now: a.cfg.DBNow(),
@@ -89,6 +106,7 @@ func (a *Actor) Run(ctx context.Context) (store.BindingResult, error) {
 	var retry <-chan time.Time
 	stopRetry := func() bool { return false }
 	defer func() { stopRetry() }()
+	a.waited = false
 	for {
 		res, err := a.Step(ctx)
 		stopRetry()
@@ -108,6 +126,7 @@ func (a *Actor) Run(ctx context.Context) (store.BindingResult, error) {
 			return res, nil
 		default:
 			rep.Report(ctx, nil)
+			a.waited = true
 			a.cfg.Alerts.Send(alerts.Event{Kind: alerts.BindingWaiting, Since: a.since, Binding: res})
 			codes.BindingWaiting.Log(ctx, a.cfg.Logger, "WAITING: consumer group binding set differs from the installed one while live instances hold it; "+
 				"this instance will not consume until they are gone",

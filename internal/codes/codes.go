@@ -206,6 +206,16 @@ var (
 		"Another process declared this instance dead (its heartbeat had lapsed) and its ranges may have been "+
 			"reclaimed. The heartbeat registers the row again; writes of the earlier leases are fenced.",
 		"Look for long pauses of this process or database outages longer than InstanceTTL.")
+	IncarnationLost = register("SQL0306", slog.LevelWarn,
+		"an instance's incarnation was lost; the session registers again under new instance ids",
+		"A heartbeat found the instance's row lapsed or gone: the process did not renew it for longer than "+
+			"InstanceTTL (a long pause, a frozen container, a partition from the database), and other instances "+
+			"may hold its leases by now. The session stopped that incarnation's actors at once (they had started "+
+			"nothing since their lease became doubtful), dropped what they held in memory, and registers again, "+
+			"binding check included, as if it had just started. A handler already running when the pause began "+
+			"cannot be recalled; its result settles nothing.",
+		"Look for what paused the process (GC, CPU starvation, container freezes, network partitions); raise "+
+			"InstanceTTL if such pauses are expected.")
 	InstanceGiveBackFailed = register("SQL0303", slog.LevelWarn,
 		"a stopping instance could not give its worker_instance row back",
 		"The row lapses at its InstanceTTL instead; until then the group counts the instance as live (a changed "+

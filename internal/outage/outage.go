@@ -160,6 +160,23 @@ func (h *Health) Watch(f func()) (stop func()) {
 	}
 }
 
+// Forget drops every actor's outage: a new incarnation of the session
+// starts with new actors, and the old ones' failures must not hold its
+// readiness down (they will never report a recovery).
+func (h *Health) Forget() {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	for r, t := range h.timers {
+		t.Stop()
+		delete(h.timers, r)
+	}
+	clear(h.failing)
+	h.mu.Unlock()
+	h.notify()
+}
+
 // Close stops the health's timers; nothing changes after it.
 func (h *Health) Close() {
 	if h == nil {

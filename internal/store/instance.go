@@ -19,12 +19,14 @@ VALUES ($1::uuid, $2, $3, coalesce($4, now()), coalesce($4, now()), coalesce($4,
 }
 
 // RenewInstance extends the instance's heartbeat and the leases of every range
-// it owns on streamID, in one statement. found=false means the row is gone:
-// the instance was lost and must not go on as if it held anything.
-func (st *Store) RenewInstance(ctx context.Context, id string, streamID int64, ttl time.Duration, now Now) (found bool, err error) {
+// and exception row it owns on streamID. It renews only a live row: live=false
+// means the row lapsed (its expires_at passed: the fleet may have taken over
+// its leases already) or is gone, and the instance must not go on as if it
+// held anything; its session registers again as a new incarnation.
+func (st *Store) RenewInstance(ctx context.Context, id string, streamID int64, ttl time.Duration, now Now) (live bool, err error) {
 	b := st.sql(`-- store.RenewInstance
 UPDATE %[1]s.worker_instance SET heartbeat_at = coalesce($2, now()), expires_at = coalesce($2, now()) + $3::interval
-WHERE id = $1::uuid`)
+WHERE id = $1::uuid AND expires_at > coalesce($2, now())`)
 	tag, err := st.pool.Exec(ctx, b, id, now, ttl)
 	if err != nil {
 		return false, fmt.Errorf("renew worker instance: %w", err)
