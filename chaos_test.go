@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/c1702965/sqlstreams/internal/pgtest"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -82,6 +83,8 @@ func TestChaos(t *testing.T) {
 	require.NoError(t, err)
 	cfg.MaxConns = 40
 	cfg.ConnConfig.RuntimeParams["application_name"] = "chaos-app"
+	deadlocks := &deadlockCounter{}
+	cfg.ConnConfig.Tracer = deadlocks
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	control := pgtest.Pool(t) // the harness's own connections, never terminated
@@ -447,10 +450,11 @@ FROM (SELECT concurrency, status, count(*) n FROM %s.stream_%d_exception GROUP B
 		report = append(report, fmt.Sprintf("%s=%d", k, v.(*atomic.Int64).Load()))
 		return true
 	})
-	t.Logf("chaos: produced %d, handled %d, dead %d, missing %d, duplicates %d; faults: %s",
-		produced.Load(), handled, dead, missing, dups, strings.Join(report, " "))
+	t.Logf("chaos: produced %d, handled %d, dead %d, missing %d, duplicates %d (%.1f%%), deadlocks %d; faults: %s",
+		produced.Load(), handled, dead, missing, dups, 100*float64(dups)/float64(max(produced.Load(), 1)), deadlocks.n.Load(), strings.Join(report, " "))
 	require.Positive(t, produced.Load())
 	require.Zero(t, missing)
+	require.Zero(t, deadlocks.n.Load(), "statements that hit `deadlock detected`: the lock order (internal/store/locks.go) is broken")
 
 	// Unexpected: a message without its ledger row (a rolled-back producer's
 	// message that was delivered anyway) or a ledger row without its message.
@@ -530,3 +534,29 @@ FROM %[1]s.stream_%[2]d_range WHERE group_id = %[3]d ORDER BY id`, schema, strea
 		}
 	}
 }
+
+// deadlockCounter counts the application's statements (single or batched)
+// that PostgreSQL aborted with deadlock_detected.
+type deadlockCounter struct{ n atomic.Int64 }
+
+func (d *deadlockCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (d *deadlockCounter) TraceQueryEnd(_ context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
+	if isDeadlock(data.Err) {
+		d.n.Add(1)
+	}
+}
+
+func (d *deadlockCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (d *deadlockCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	if isDeadlock(data.Err) {
+		d.n.Add(1)
+	}
+}
+
+func (d *deadlockCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}

@@ -10,6 +10,7 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/store/storetest"
 	"github.com/stretchr/testify/require"
@@ -308,4 +309,54 @@ func TestDeadLettersNeverPinTheCommittedPosition(t *testing.T) {
 	require.Equal(t, "pending", xs[1].Status)
 	require.Less(t, pinned.ID, xs[1].MessageID, "an unresolved exception holds it below itself")
 	require.GreaterOrEqual(t, pinned.ID, committed.ID)
+}
+
+// The retry decision is made with the group config in force when the
+// exception row is written, not the one the attempt was claimed under (seed
+// 001: "the next claim or exception write uses the current copy"). A
+// MaxRetries raised from 1 to 3 while the last allowed attempt ran gives
+// that attempt the new budget: the message is retried, not dead.
+func TestTheRetryDecisionUsesTheConfigAtTheExceptionWrite(t *testing.T) {
+	for _, path := range []string{"range", "exception"} {
+		t.Run(path, func(t *testing.T) {
+			st, s := newStepper(t, &ConsumerConfig{Message: &MessageOptions{Retry: &RetryPolicy{MaxRetries: 1}}},
+				func(*order, int) error { return errors.New("boom") })
+			group := st.c.cfg.policyGroup()
+			st.common.Group = func() policy.Group { return group }
+			st.ranges = claimer.New(claimer.Config{Common: st.common, BatchLimit: 10, QueueSize: 20, StallAfter: time.Hour})
+			st.exc, _ = st.newExc()
+			raise := func() { group.Message.MaxRetries = 3 } // the refresher's new copy
+			ctx := context.Background()
+			st.e.produceN(s, "m", 1)
+			if path == "range" { // MaxRetries 0 for the first attempt: its failure would be dead
+				group.Message.MaxRetries = policy.None
+			}
+			jobs, err := st.ranges.Claim(ctx)
+			require.NoError(t, err)
+			require.Len(t, jobs, 1)
+			o := st.ranges.Run(ctx, jobs[0])
+			if path == "range" {
+				raise()
+			}
+			_, err = st.ranges.Outcome(ctx, o)
+			require.NoError(t, err)
+			xs := st.states()
+			require.Len(t, xs, 1)
+			require.Equal(t, "pending", xs[0].Status, "attempt 1 failed with retries left")
+			if path == "exception" { // attempt 2 is the last of MaxRetries 1
+				st.mock.Add(time.Hour)
+				jobs, err := st.exc.Claim(ctx)
+				require.NoError(t, err)
+				require.Len(t, jobs, 1)
+				o := st.exc.Run(ctx, jobs[0])
+				raise()
+				_, err = st.exc.Outcome(ctx, o)
+				require.NoError(t, err)
+				xs = st.states()
+				require.Len(t, xs, 1)
+				require.Equal(t, "pending", xs[0].Status, "the raised MaxRetries applies to the attempt that ran under the old one")
+				require.Equal(t, 2, xs[0].Attempts)
+			}
+		})
+	}
 }

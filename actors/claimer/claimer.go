@@ -52,7 +52,10 @@ type Stats struct {
 	Abandoned   atomic.Int64 // handlers that ignored their context past the grace
 	Committed   atomic.Int64 // ranges committed
 	LeasesLost  atomic.Int64 // commits fenced off by a reclaimer
-	Stalls      atomic.Int64 // claims held back by an open transaction past StallAfter
+	// ProgressRecorded counts settled prefixes recorded on ranges still in
+	// flight (RecordProgress).
+	ProgressRecorded atomic.Int64
+	Stalls           atomic.Int64 // claims held back by an open transaction past StallAfter
 	// AlertsDropped counts alert events a full alerts queue dropped.
 	AlertsDropped atomic.Int64
 }
@@ -186,6 +189,10 @@ type inflight struct {
 	// (a reply lost to a cut connection, say), so a later attempt that
 	// finds the range gone has found that earlier attempt's work.
 	uncertain bool
+	// recorded is how many of the range's first messages the database
+	// already counts as settled (RecordProgress moved its low bound past
+	// them and wrote their rows): a reclaimer starts after them.
+	recorded int
 }
 
 // keyState is a key lease this instance holds. Its queue spans the
@@ -307,6 +314,18 @@ func (a *Actor) quarantine(ctx context.Context, r store.Range, group policy.Grou
 func resolve(m *store.Message, group policy.Group) policy.Effective {
 	opts, _ := policy.Parse(m.Options)
 	return policy.Resolve(opts, group)
+}
+
+// atWrite is the policy an attempt's result is decided by: the retry budget
+// and curve of the group config in force when the exception row is written
+// (seed 001: "the next claim or exception write uses the current copy"; a
+// MaxRetries raised while the last allowed attempt ran gives it the new
+// budget), with the concurrency and timeout the attempt was claimed and run
+// under (its key lease was taken for that concurrency).
+func atWrite(claimed policy.Effective, m *store.Message, group policy.Group) policy.Effective {
+	e := resolve(m, group)
+	e.Concurrency, e.Timeout = claimed.Concurrency, claimed.Timeout
+	return e
 }
 
 func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group) ([]Job, error) {
@@ -510,8 +529,8 @@ func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 	in.state[i] = done
 	in.pending--
 	a.queued--
-	e := in.eff[i]
 	group := a.cfg.Group()
+	e := atWrite(in.eff[i], m, group)
 	next := policy.Decide(e, group.InitialBackoffOrDefault(), 0, 0, o.Err)
 	a.cfg.Stats.count(next, o.Err, 0)
 	if outcome := policy.OutcomeOf(next, o.Err, 0); group.Logs(outcome) {
@@ -704,7 +723,8 @@ func (a *Actor) Reconcile(ctx context.Context) error {
 	return nil
 }
 
-// Flush retries commits that failed earlier (a database restart, say).
+// Flush retries commits that failed earlier (a database restart, say), then
+// records the settled prefixes of the ranges still in flight.
 func (a *Actor) Flush(ctx context.Context) error {
 	pending := a.toCommit
 	a.toCommit = nil
@@ -717,16 +737,86 @@ func (a *Actor) Flush(ctx context.Context) error {
 			return err
 		}
 	}
+	return a.RecordProgress(ctx)
+}
+
+// settledPrefix returns how many of the range's first messages have an
+// outcome.
+func settledPrefix(in *inflight) int {
+	n := 0
+	for n < len(in.state) && in.state[n] == done {
+		n++
+	}
+	return n
+}
+
+// RecordProgress writes, in one statement for every range still in flight,
+// how far each has settled since the last record: its low bound moves past
+// its settled prefix and the prefix's exception and delivery-log rows are
+// written, so a range reclaimed after this instance dies (or its lease
+// lapses) delivers only what had not settled. It runs once per flush tick:
+// a range that settles whole within a tick is committed instead and costs
+// nothing more. Ranges complete and awaiting their commit are left to it.
+func (a *Actor) RecordProgress(ctx context.Context) error {
+	var ps []store.Progress
+	var upto []int
+	for _, id := range a.order {
+		in := a.ranges[id]
+		if in.pending == 0 {
+			continue
+		}
+		n := settledPrefix(in)
+		if n <= in.recorded {
+			continue
+		}
+		p := store.Progress{RangeID: id, Token: in.r.Token, Lo: in.r.Messages[n-1].Position}
+		for i := in.recorded; i < n; i++ {
+			if w := in.writes[i]; w != nil && !a.cfg.Broken.dropFailures() {
+				p.Exceptions = append(p.Exceptions, *w)
+			}
+		}
+		for _, d := range in.log {
+			if !p.Lo.Less(d.Position) {
+				p.Deliveries = append(p.Deliveries, d)
+			}
+		}
+		ps, upto = append(ps, p), append(upto, n)
+	}
+	if len(ps) == 0 {
+		return nil
+	}
+	advanced, err := a.db.RecordProgress(ctx, ps, a.cfg.DBNow())
+	if err != nil {
+		return err
+	}
+	for i, p := range ps {
+		in := a.ranges[p.RangeID]
+		if !advanced[p.RangeID] || in == nil || in.r.Token != p.Token {
+			continue // lease lost: the commit finds out and says so
+		}
+		for j := in.recorded; j < upto[i]; j++ {
+			in.writes[j] = nil // written: the commit must not write it again
+		}
+		kept := in.log[:0]
+		for _, d := range in.log {
+			if p.Lo.Less(d.Position) {
+				kept = append(kept, d)
+			}
+		}
+		in.log = kept
+		in.recorded = upto[i]
+		a.cfg.Stats.ProgressRecorded.Add(1)
+	}
 	return nil
 }
 
 // HandBack returns every range still in flight: a range whose messages all
-// have outcomes is committed; any other is released with its successful
-// prefix dropped and its lease expired now, so another instance takes it at
-// once.
+// have outcomes is committed; any other has its settled prefix recorded (as
+// every flush tick does) and is released with its lease expired now, so
+// another instance takes the rest at once.
 func (a *Actor) HandBack(ctx context.Context) error {
 	var errs []error
-	if err := a.Flush(ctx); err != nil {
+	if err := a.Flush(ctx); err != nil { // retried commits, then the prefixes
 		errs = append(errs, err)
 	}
 	for _, id := range append([]int64(nil), a.order...) {
@@ -737,14 +827,7 @@ func (a *Actor) HandBack(ctx context.Context) error {
 			}
 			continue
 		}
-		var lo *store.Position // nil keeps the stored bound
-		for i := range in.r.Messages {
-			if in.state[i] != done || in.writes[i] != nil {
-				break
-			}
-			lo = &in.r.Messages[i].Position
-		}
-		rel := store.Release{RangeID: in.r.ID, Token: in.r.Token, Lo: lo, Keys: a.releaseKeys(in), Now: a.cfg.DBNow()}
+		rel := store.Release{RangeID: in.r.ID, Token: in.r.Token, Keys: a.releaseKeys(in), Now: a.cfg.DBNow()}
 		err := a.db.ReleaseRange(ctx, rel)
 		if err != nil && !errors.Is(err, store.ErrLeaseLost) {
 			errs = append(errs, err) // kept: a later HandBack tries again

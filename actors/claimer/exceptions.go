@@ -191,7 +191,7 @@ func (a *ExceptionActor) Outcome(ctx context.Context, o Outcome) ([]Job, error) 
 		return nil, nil
 	}
 	group := a.cfg.Group()
-	next := policy.Decide(r.eff, group.InitialBackoffOrDefault(), r.run.Attempts, r.run.Delays, o.Err)
+	next := policy.Decide(atWrite(r.eff, &r.run.Message, group), group.InitialBackoffOrDefault(), r.run.Attempts, r.run.Delays, o.Err)
 	a.cfg.Stats.count(next, o.Err, r.run.Attempts)
 	s := store.Settlement{Delete: next.Delete, Status: next.Status, Attempts: next.Attempts, Delays: next.Delays,
 		After: next.After, Error: errText(o.Err), Attempt: r.run.Attempts + 1}

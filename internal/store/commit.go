@@ -129,9 +129,6 @@ func deliveryColumns(ds []DeliveryWrite) deliveryCols {
 type Release struct {
 	RangeID int64
 	Token   string
-	// Lo drops the settled prefix: everything up to and including it (nil
-	// keeps the bound).
-	Lo *Position
 	// Keys are the key leases to release, as in RangeCommit.
 	Keys []KeyLease
 	Now  Now
@@ -139,12 +136,8 @@ type Release struct {
 
 // ReleaseRange hands a range back for immediate reclaim.
 func (g Group) ReleaseRange(ctx context.Context, r Release) error {
-	var xid, id *int64
-	if r.Lo != nil {
-		xid, id = &r.Lo.Xid, &r.Lo.ID
-	}
 	knames, ktokens := keyArrays(r.Keys)
-	tag, err := g.st.pool.Exec(ctx, g.sql(releaseSQL), r.RangeID, r.Token, xid, id, r.Now, knames, ktokens, g.GroupID)
+	tag, err := g.st.pool.Exec(ctx, g.sql(releaseSQL), r.RangeID, r.Token, r.Now, knames, ktokens, g.GroupID)
 	if err != nil {
 		return fmt.Errorf("release range %d: %w", r.RangeID, err)
 	}
@@ -195,9 +188,9 @@ func (g Group) ForgetUnknownRanges(ctx context.Context, f ForgetRanges) (ranges,
 var commitSQL = perStream(`-- store.CommitRange
 WITH d AS (
     DELETE FROM {s}.{t}_range WHERE id = $1 AND token = $2::uuid RETURNING group_id
+), kl AS (` + keyLocks("$20", "$18", "$19") + `
 ), k AS (
-    DELETE FROM {s}.{t}_key_lease l USING unnest($18::text[], $19::uuid[]) AS r(key, token)
-    WHERE l.group_id = $20 AND l.message_key = r.key AND l.token = r.token
+    DELETE FROM {s}.{t}_key_lease l WHERE l.group_id = $20 AND l.message_key IN (SELECT message_key FROM kl)
 ), e AS (
     INSERT INTO {s}.{t}_exception (group_id, message_xid, message_id, message_key, concurrency, status,
                                     attempts, delays, last_error, can_run_after, created_at, updated_at)
@@ -216,12 +209,11 @@ SELECT (SELECT count(*) FROM d), EXISTS (SELECT 1 FROM {s}.{t}_range WHERE id = 
 // Hand a range back at once: its settled prefix is dropped by moving
 // lo, and the lease expires now so any instance reclaims the rest.
 var releaseSQL = perStream(`-- store.ReleaseRange
-WITH k AS (
-    DELETE FROM {s}.{t}_key_lease l USING unnest($6::text[], $7::uuid[]) AS r(key, token)
-    WHERE l.group_id = $8 AND l.message_key = r.key AND l.token = r.token
+WITH kl AS (` + keyLocks("$6", "$4", "$5") + `
+), k AS (
+    DELETE FROM {s}.{t}_key_lease l WHERE l.group_id = $6 AND l.message_key IN (SELECT message_key FROM kl)
 )
-UPDATE {s}.{t}_range
-SET lo_xid = coalesce($3, lo_xid), lo_id = coalesce($4, lo_id), expires_at = coalesce($5, now()) - interval '1 millisecond'
+UPDATE {s}.{t}_range SET expires_at = coalesce($3, now()) - interval '1 millisecond'
 WHERE id = $1 AND token = $2::uuid`)
 
 // A claim whose reply was lost (the connection died after the
@@ -229,15 +221,22 @@ WHERE id = $1 AND token = $2::uuid`)
 // heartbeat would renew forever. Expire those, and release key
 // leases the claimer does not hold.
 var forgetRangesSQL = perStream(`-- store.ForgetUnknownRanges
-WITH r AS (
-    UPDATE {s}.{t}_range SET expires_at = coalesce($4, now()) - interval '1 millisecond'
+WITH rl AS (
+    SELECT id FROM {s}.{t}_range
     WHERE group_id = $1 AND owner = $2::uuid AND id <> ALL ($3::bigint[]) AND expires_at >= coalesce($4, now())
+    ORDER BY id FOR UPDATE
+), r AS (
+    UPDATE {s}.{t}_range SET expires_at = coalesce($4, now()) - interval '1 millisecond'
+    WHERE id IN (SELECT id FROM rl) AND owner = $2::uuid
     RETURNING id
-), k AS (
-    DELETE FROM {s}.{t}_key_lease l
-    WHERE l.group_id = $1 AND l.owner = $2::uuid
+), kl AS (
+    SELECT l.message_key FROM {s}.{t}_key_lease l
+    WHERE l.group_id = $1 AND l.owner = $2::uuid AND (SELECT count(*) FROM r) >= 0
       AND NOT EXISTS (SELECT 1 FROM unnest($5::text[], $6::uuid[]) AS h(key, token)
                       WHERE h.key = l.message_key AND h.token = l.token)
+    ORDER BY l.message_key FOR UPDATE
+), k AS (
+    DELETE FROM {s}.{t}_key_lease l WHERE l.group_id = $1 AND l.message_key IN (SELECT message_key FROM kl)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM k)`)

@@ -263,12 +263,7 @@ ORDER BY m.xid, m.id`)
 // released, or, when $14 names the next row of its ordered chain,
 // handed to that row, which starts running.
 var settleExceptionSQL = perStream(`-- store.SettleException
-WITH k AS (
-    DELETE FROM {s}.{t}_key_lease WHERE group_id = $1 AND token = $4::uuid AND $14 = ''
-), kh AS (
-    UPDATE {s}.{t}_key_lease SET token = nullif($14, '')::uuid
-    WHERE group_id = $1 AND token = $4::uuid AND $14 <> ''
-), del AS (
+WITH del AS (
     DELETE FROM {s}.{t}_exception
     WHERE $5 AND group_id = $1 AND message_xid = $2 AND message_id = $3 AND token = $4::uuid
     RETURNING 1
@@ -289,30 +284,59 @@ WITH k AS (
       AND token = nullif($14, '')::uuid AND status = 'queued'
       AND (EXISTS (SELECT 1 FROM del) OR EXISTS (SELECT 1 FROM upd))
     RETURNING 1
+), k AS (
+    DELETE FROM {s}.{t}_key_lease WHERE group_id = $1 AND token = $4::uuid AND $14 = ''
+      AND (SELECT count(*) FROM nxt) >= 0 -- the key row after the exception rows (locks.go)
+), kh AS (
+    UPDATE {s}.{t}_key_lease SET token = nullif($14, '')::uuid
+    WHERE group_id = $1 AND token = $4::uuid AND $14 <> ''
+      AND (SELECT count(*) FROM nxt) >= 0
 )
 SELECT (SELECT count(*) FROM del) + (SELECT count(*) FROM upd), (SELECT count(*) FROM nxt)`)
 
 // Give queued (and not yet settled) rows back to pending without
 // spending an attempt: the chain they waited in broke.
 var returnRunsSQL = perStream(`-- store.ReturnRuns
-WITH k AS (
-    DELETE FROM {s}.{t}_key_lease WHERE group_id = $1 AND token = ANY ($2::uuid[])
+WITH xl AS (
+    SELECT x.message_xid, x.message_id FROM {s}.{t}_exception x
+    JOIN unnest($4::bigint[], $5::bigint[]) AS r(xid, id) ON x.message_xid = r.xid AND x.message_id = r.id
+    WHERE x.group_id = $1 AND x.token = ANY ($2::uuid[]) AND x.status IN ('running', 'queued')
+    ORDER BY x.message_xid, x.message_id FOR UPDATE OF x
+), u AS (
+    UPDATE {s}.{t}_exception x
+    SET status = 'pending', token = NULL, owner = NULL, expires_at = NULL, updated_at = coalesce($3, now())
+    FROM xl
+    WHERE x.group_id = $1 AND x.message_xid = xl.message_xid AND x.message_id = xl.message_id
+      AND x.token = ANY ($2::uuid[]) AND x.status IN ('running', 'queued')
+    RETURNING 1
+), kl AS (
+    SELECT message_key FROM {s}.{t}_key_lease
+    WHERE group_id = $1 AND token = ANY ($2::uuid[]) AND (SELECT count(*) FROM u) >= 0
+    ORDER BY message_key FOR UPDATE
+), k AS (
+    DELETE FROM {s}.{t}_key_lease WHERE group_id = $1 AND message_key IN (SELECT message_key FROM kl)
+    RETURNING 1
 )
-UPDATE {s}.{t}_exception x
-SET status = 'pending', token = NULL, owner = NULL, expires_at = NULL, updated_at = coalesce($3, now())
-FROM unnest($4::bigint[], $5::bigint[]) AS r(xid, id)
-WHERE x.group_id = $1 AND x.message_xid = r.xid AND x.message_id = r.id
-  AND x.token = ANY ($2::uuid[]) AND x.status IN ('running', 'queued')`)
+SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM k)`)
 
 var forgetRunsSQL = perStream(`-- store.ForgetUnknownRuns
-WITH k AS (
-    DELETE FROM {s}.{t}_key_lease l
-    WHERE l.group_id = $1 AND l.owner = $2::uuid AND l.token <> ALL ($3::uuid[])
-    RETURNING 1
-), x AS (
-    UPDATE {s}.{t}_exception
-    SET status = 'pending', token = NULL, owner = NULL, expires_at = NULL, updated_at = coalesce($4, now())
+WITH xl AS (
+    SELECT message_xid, message_id FROM {s}.{t}_exception
     WHERE group_id = $1 AND owner = $2::uuid AND status IN ('running', 'queued') AND token <> ALL ($3::uuid[])
+    ORDER BY message_xid, message_id FOR UPDATE
+), x AS (
+    UPDATE {s}.{t}_exception e
+    SET status = 'pending', token = NULL, owner = NULL, expires_at = NULL, updated_at = coalesce($4, now())
+    FROM xl
+    WHERE e.group_id = $1 AND e.message_xid = xl.message_xid AND e.message_id = xl.message_id
+      AND e.owner = $2::uuid AND e.status IN ('running', 'queued') AND e.token <> ALL ($3::uuid[])
+    RETURNING 1
+), kl AS (
+    SELECT l.message_key FROM {s}.{t}_key_lease l
+    WHERE l.group_id = $1 AND l.owner = $2::uuid AND l.token <> ALL ($3::uuid[]) AND (SELECT count(*) FROM x) >= 0
+    ORDER BY l.message_key FOR UPDATE
+), k AS (
+    DELETE FROM {s}.{t}_key_lease l WHERE l.group_id = $1 AND l.message_key IN (SELECT message_key FROM kl)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM x), (SELECT count(*) FROM k)`)

@@ -69,12 +69,28 @@ func (st *Store) ExpireOwnedRanges(ctx context.Context, owner string, streamID i
 // Key leases are not renewed here: a key is held while its owner's
 // worker_instance is live (see acquireKeys), so a beat never locks
 // the key rows a commit is deleting (the two used to deadlock).
+// Ranges, then exception rows, each in the lock order (locks.go): the
+// exception rows are locked only once the ranges are done (xl reads r).
 var renewRangesSQL = perStream(`-- store.RenewInstance
-WITH r AS (
-    UPDATE {s}.{t}_range SET expires_at = coalesce($2, now()) + $3::interval WHERE owner = $1::uuid
+WITH rl AS (
+    SELECT id FROM {s}.{t}_range WHERE owner = $1::uuid ORDER BY id FOR UPDATE
+), r AS (
+    UPDATE {s}.{t}_range SET expires_at = coalesce($2, now()) + $3::interval
+    WHERE id IN (SELECT id FROM rl) AND owner = $1::uuid
+    RETURNING 1
+), xl AS (
+    SELECT group_id, message_xid, message_id FROM {s}.{t}_exception
+    WHERE owner = $1::uuid AND status IN ('running', 'queued') AND (SELECT count(*) FROM r) >= 0
+    ORDER BY group_id, message_xid, message_id FOR UPDATE
 )
-UPDATE {s}.{t}_exception SET expires_at = coalesce($2, now()) + $3::interval
-WHERE owner = $1::uuid AND status IN ('running', 'queued')`)
+UPDATE {s}.{t}_exception x SET expires_at = coalesce($2, now()) + $3::interval
+FROM xl
+WHERE x.group_id = xl.group_id AND x.message_xid = xl.message_xid AND x.message_id = xl.message_id
+  AND x.owner = $1::uuid AND x.status IN ('running', 'queued')`)
 
 var releaseOwnedKeysSQL = perStream(`-- store.ExpireOwnedRanges
-DELETE FROM {s}.{t}_key_lease WHERE owner = $1::uuid`)
+WITH kl AS (
+    SELECT group_id, message_key FROM {s}.{t}_key_lease WHERE owner = $1::uuid
+    ORDER BY group_id, message_key FOR UPDATE
+)
+DELETE FROM {s}.{t}_key_lease l USING kl WHERE l.group_id = kl.group_id AND l.message_key = kl.message_key`)

@@ -89,6 +89,7 @@ var acquireKeysSQL = perStream(`-- store.AcquireKeys
 INSERT INTO {s}.{t}_key_lease AS l (group_id, message_key, token, owner, expires_at)
 SELECT $1, k.key, $3::uuid, $4::uuid, coalesce($5, now()) + $6::interval
 FROM unnest($2::text[]) AS k(key)
+ORDER BY k.key -- the lock order (locks.go): ON CONFLICT locks each row it meets
 ON CONFLICT (group_id, message_key) DO UPDATE
     SET token = EXCLUDED.token, owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
     WHERE NOT EXISTS (SELECT 1 FROM {s}.worker_instance i
@@ -112,9 +113,13 @@ WITH req AS (
         WHERE x.group_id = $1 AND x.message_key = req.key AND x.status <> 'dead'
           AND (x.message_xid, x.message_id) < (req.xid, req.id))
     OR EXISTS (` + rangeHoldsEarlier("req.key", "req.xid", "req.id", "AND g.id <> $5") + `)
+), kl AS (
+    SELECT message_key FROM {s}.{t}_key_lease
+    WHERE group_id = $1 AND token = $6::uuid AND message_key IN (SELECT key FROM blocked)
+    ORDER BY message_key FOR UPDATE
 )
 DELETE FROM {s}.{t}_key_lease
-WHERE group_id = $1 AND token = $6::uuid AND message_key IN (SELECT key FROM blocked)
+WHERE group_id = $1 AND token = $6::uuid AND message_key IN (SELECT message_key FROM kl)
 RETURNING message_key`)
 
 // rangeHoldsEarlier is the body of an EXISTS: an outstanding range of the
