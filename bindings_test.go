@@ -534,3 +534,65 @@ func noneToEmpty(key string) string {
 	}
 	return key
 }
+
+// Register's one attempt and Consume's attempts are one declarer's retries:
+// declared_at is Register's when it waited (seed 000), so the row that ends
+// the wait records the whole wait, not the part since Consume began.
+func TestDeclaredAtCarriesFromRegisterIntoConsume(t *testing.T) {
+	mock := clock.NewMock()
+	mock.Set(time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC))
+	e := newEnv(t, &ClientConfig{Clock: mock})
+	ctx := context.Background()
+	s := e.stream("orders")
+	s1, s2 := []string{"orders.eu.#"}, []string{"orders.us.#"}
+	c1, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: s1})
+	require.NoError(t, err)
+	a, res := e.incumbentTTL(t, c1, mock, s1, 3*time.Hour)
+	require.Equal(t, store.BindingJoined, res.Outcome)
+
+	registeredAt := mock.Now()
+	c2, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: s2})
+	require.NoError(t, err)
+	mock.Add(time.Hour) // Consume starts an hour after Register waited
+	first := e.logs.next(waitingLog)
+	b := consume(t, c2, func(context.Context, *order) error { return nil },
+		&ConsumeOptions{BindingRetryInterval: 10 * time.Second, ClaimPollRate: time.Second})
+	within(t, first, "Consume's first waiting attempt")
+	listing, err := c2.Bindings(ctx, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, listing.Waiting, 1)
+	require.True(t, registeredAt.Equal(listing.Waiting[0].DeclaredAt), "declared_at %s, want Register's %s", listing.Waiting[0].DeclaredAt, registeredAt)
+
+	// (TestChangedSetWaitsForLiveIncumbentsThenSwapsAndRollsBack shows the
+	// installed row that ends a wait keeps the waiting rows' declared_at.)
+	require.NoError(t, a.hb.Step(ctx))
+	require.NoError(t, b.stop(t))
+}
+
+// System().Register seeds an alert group's config only while none is
+// stored: a config an operator declared for it is kept, whole, run after
+// run, and nothing is logged as a redeclaration (it used to be reset to the
+// empty document every time, an SQL0059 flip-flop).
+func TestSystemRegisterKeepsAnAlertGroupsConfig(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	require.NoError(t, e.client.System().Register(ctx))
+	alerts := Stream[Alert](e.client, AlertStream)
+	mine := &ConsumerConfig{Bindings: AlertBindings(AlertGroupDelivery), Message: &MessageOptions{Retry: &RetryPolicy{MaxRetries: 7}}}
+	c, err := alerts.Consumer(AlertGroupDelivery).Register(ctx, mine)
+	require.NoError(t, err)
+	before, err := c.Inspect(ctx)
+	require.NoError(t, err)
+	warned := len(e.logs.messages(slog.LevelWarn))
+	for range 2 { // a process restarting twice
+		require.NoError(t, e.client.System().Register(ctx))
+	}
+	after, err := c.Inspect(ctx)
+	require.NoError(t, err)
+	require.Equal(t, before.Declared, after.Declared, "the operator's config stays")
+	require.Len(t, after.Log, len(before.Log), "nothing was redeclared")
+	require.Contains(t, string(after.Declared[store.WorkerMessageConsumer]), `"max_retries": 7`)
+	for _, m := range e.logs.messages(slog.LevelWarn)[warned:] {
+		require.NotContains(t, m, "redeclared")
+	}
+}

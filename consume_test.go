@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -294,4 +295,54 @@ func TestRawMessageConsumerGetsThePayloadAsProduced(t *testing.T) {
 		require.NoError(t, json.Unmarshal(m, &o))
 		require.Equal(t, want[o.OrderID], string(m), "the retained bytes are still the message's own")
 	}
+}
+
+// A Consume call is one session (seed 001): a Session's counters start at
+// zero and stay readable after the call returns, while Consumer.Stats adds
+// up every session, so metrics built on it only go up. A Session serves one
+// call.
+func TestEachSessionCountsFromZero(t *testing.T) {
+	e, s, c := setup(t, nil, "g", 0)
+	run := func(prefix string, n int) *Session {
+		e.produceN(s, prefix, n)
+		handled := make(chan struct{}, n)
+		sess := NewSession()
+		b := consume(t, c, func(context.Context, *order) error { handled <- struct{}{}; return nil }, &ConsumeOptions{Session: sess})
+		for range n {
+			within(t, handled, "a delivery")
+		}
+		require.NoError(t, b.stop(t))
+		return sess
+	}
+	first := run("a", 3)
+	second := run("b", 5)
+	require.EqualValues(t, 3, first.Stats().Succeeded)
+	require.EqualValues(t, 5, second.Stats().Succeeded, "the second session counts from zero")
+	require.EqualValues(t, 8, c.Stats().Succeeded, "the consumer's counters are cumulative")
+	require.EqualValues(t, first.Stats().Claimed+second.Stats().Claimed, c.Stats().Claimed)
+
+	err := c.Consume(context.Background(), func(context.Context, *order) error { return nil }, &ConsumeOptions{Session: first})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	require.Contains(t, err.Error(), "ConsumeOptions.Session")
+}
+
+// The registrar runs under a supervisor like every other actor: a panic in
+// a binding-declaration attempt restarts it, and the session goes on to
+// consume.
+func TestARegistrarPanicIsRestarted(t *testing.T) {
+	e, s, c := setup(t, nil, "g", 0)
+	e.produceN(s, "m", 1)
+	var panicked atomic.Bool
+	handled := make(chan struct{}, 1)
+	restarted := e.logs.next("actor panicked; restarting")
+	b := consume(t, c, func(context.Context, *order) error { handled <- struct{}{}; return nil },
+		&ConsumeOptions{test: &testHooks{fault: func(site string) error {
+			if site == "registrar" && panicked.CompareAndSwap(false, true) {
+				panic("registrar attempt panics")
+			}
+			return nil
+		}}})
+	within(t, restarted, "the panic, logged by the supervisor")
+	within(t, handled, "a delivery after the registrar restarted")
+	require.NoError(t, b.stop(t))
 }

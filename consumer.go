@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/thejerf/suture/v4"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/c1702965/sqlstreams/actors/claimer"
@@ -187,6 +189,9 @@ type ConsumeOptions struct {
 	// InstanceTTL, and after Consume returns (see Readiness.Handler for an
 	// HTTP readiness probe).
 	Readiness *Readiness
+	// Session, if set, is this call's own view: its Stats count from zero
+	// (Consumer.Stats adds up every session). A Session serves one call.
+	Session *Session
 }
 
 // ShutdownGrace is the fixed time a stopping Consume has after its
@@ -301,16 +306,43 @@ type Consumer[T any] struct {
 	s        *StreamHandle[T]
 	group    store.GroupRow
 	cfg      ConsumerConfig
-	stats    claimer.Stats
 	version  int
 	patterns []string // the declared binding set, normalized
 	regexes  []string
+	// waiting is the declared_at of Register's attempt when it waited: the
+	// first Consume's attempts carry it until the set is installed or joined.
+	waitMu  sync.Mutex
+	waiting *time.Time
+
+	statsMu sync.Mutex
+	ended   Stats                       // the counters of sessions that returned
+	live    map[*claimer.Stats]struct{} // the counters of sessions running
+}
+
+// waitingSince returns the declared_at a Consume session's attempts carry.
+func (c *Consumer[T]) waitingSince() *time.Time {
+	c.waitMu.Lock()
+	defer c.waitMu.Unlock()
+	return c.waiting
+}
+
+// declared ends the wait Register began.
+func (c *Consumer[T]) declared() {
+	c.waitMu.Lock()
+	defer c.waitMu.Unlock()
+	c.waiting = nil
 }
 
 // Register declares the group on its stream (which must be registered) and
 // returns the typed consumer. The group's cursor is created on first Register,
 // placed by cfg.Start.
 func (h *ConsumerHandle[T]) Register(ctx context.Context, cfg *ConsumerConfig) (*Consumer[T], error) {
+	return h.register(ctx, cfg, false)
+}
+
+// register is Register; seed declares the group config only over the empty
+// document (the library's own groups: an operator's config is kept).
+func (h *ConsumerHandle[T]) register(ctx context.Context, cfg *ConsumerConfig, seed bool) (*Consumer[T], error) {
 	if err := validateName("consumer group", h.name); err != nil {
 		return nil, err
 	}
@@ -339,7 +371,11 @@ func (h *ConsumerHandle[T]) Register(ctx context.Context, cfg *ConsumerConfig) (
 	if err != nil {
 		return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
 	}
-	old, changed, err := h.s.c.store.DeclareGroupConfig(ctx, g.ID, docs, declaredBy(), h.s.c.dbNow())
+	declare := h.s.c.store.DeclareGroupConfig
+	if seed {
+		declare = h.s.c.store.SeedGroupConfig
+	}
+	old, changed, err := declare(ctx, g.ID, docs, declaredBy(), h.s.c.dbNow())
 	if err != nil {
 		return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
 	}
@@ -360,6 +396,8 @@ func (h *ConsumerHandle[T]) Register(ctx context.Context, cfg *ConsumerConfig) (
 		return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
 	}
 	if res.Outcome == store.BindingWaiting {
+		at := res.DeclaredAt
+		con.waiting = &at
 		codes.BindingWaiting.Log(ctx, logger, "WAITING: consumer group binding set differs from the installed one while live instances hold it; "+
 			"Consume will wait until they are gone", "group", h.name, "wanted", con.patterns,
 			"installed", res.Installed, "live_instances", res.Live)
@@ -373,8 +411,9 @@ func (c *Consumer[T]) Name() string { return c.group.Name }
 // db is the group's handle on the store.
 func (c *Consumer[T]) db() store.Group { return c.s.c.store.Group(c.group.StreamID, c.group.ID) }
 
-// Stats is a snapshot of a Consumer's counters over all its sessions in
-// this process.
+// Stats is a snapshot of counters: a Consumer's (Consumer.Stats:
+// cumulative over every Consume session of this process, so metrics built on
+// them only ever go up) or one session's (Session.Stats: from zero).
 type Stats struct {
 	Claimed     int64 // messages handed to handlers from ranges
 	Reclaimed   int64 // ranges taken over from a dead holder
@@ -391,22 +430,80 @@ type Stats struct {
 	Committed   int64 // ranges committed
 	LeasesLost  int64 // writes fenced off by a reclaimer
 	Stalls      int64 // claims held back by an open transaction past StallWarning
+	// ProgressRecorded counts settled prefixes recorded on ranges still in
+	// flight (at most one write per claim poll), which a reclaimer skips.
+	ProgressRecorded int64
 	// AlertsDropped counts alerts not produced because the session's
 	// bounded alert queue was full (the conditions were logged all the same).
 	AlertsDropped int64
 }
 
-// Stats returns the consumer's counters.
-func (c *Consumer[T]) Stats() Stats {
-	s := &c.stats
+// statsOf reads an actor counter set.
+func statsOf(s *claimer.Stats) Stats {
 	return Stats{
 		Claimed: s.Claimed.Load(), Reclaimed: s.Reclaimed.Load(), Quarantined: s.Quarantined.Load(),
 		Succeeded: s.Succeeded.Load(), Failed: s.Failed.Load(), Dead: s.Dead.Load(), Delayed: s.Delayed.Load(),
 		Deferred: s.Deferred.Load(), Retried: s.Retried.Load(), Panics: s.Panics.Load(), TimedOut: s.TimedOut.Load(),
 		Abandoned: s.Abandoned.Load(), Committed: s.Committed.Load(), LeasesLost: s.LeasesLost.Load(), Stalls: s.Stalls.Load(),
-		AlertsDropped: s.AlertsDropped.Load(),
+		ProgressRecorded: s.ProgressRecorded.Load(), AlertsDropped: s.AlertsDropped.Load(),
 	}
 }
+
+// plus adds two snapshots field by field.
+func (a Stats) plus(b Stats) Stats {
+	return Stats{
+		Claimed: a.Claimed + b.Claimed, Reclaimed: a.Reclaimed + b.Reclaimed, Quarantined: a.Quarantined + b.Quarantined,
+		Succeeded: a.Succeeded + b.Succeeded, Failed: a.Failed + b.Failed, Dead: a.Dead + b.Dead, Delayed: a.Delayed + b.Delayed,
+		Deferred: a.Deferred + b.Deferred, Retried: a.Retried + b.Retried, Panics: a.Panics + b.Panics, TimedOut: a.TimedOut + b.TimedOut,
+		Abandoned: a.Abandoned + b.Abandoned, Committed: a.Committed + b.Committed, LeasesLost: a.LeasesLost + b.LeasesLost,
+		Stalls: a.Stalls + b.Stalls, ProgressRecorded: a.ProgressRecorded + b.ProgressRecorded, AlertsDropped: a.AlertsDropped + b.AlertsDropped,
+	}
+}
+
+// Stats returns the consumer's counters, cumulative over every Consume
+// session of this process (ended ones and those running). A session's own
+// counters, from zero, are its Session's (ConsumeOptions.Session).
+func (c *Consumer[T]) Stats() Stats {
+	c.statsMu.Lock()
+	defer c.statsMu.Unlock()
+	sum := c.ended
+	for s := range c.live {
+		sum = sum.plus(statsOf(s))
+	}
+	return sum
+}
+
+// track adds a session's counters to the consumer's and returns the
+// function that folds them into the ended sessions' total when it ends.
+func (c *Consumer[T]) track(s *claimer.Stats) (end func()) {
+	c.statsMu.Lock()
+	defer c.statsMu.Unlock()
+	if c.live == nil {
+		c.live = map[*claimer.Stats]struct{}{}
+	}
+	c.live[s] = struct{}{}
+	return func() {
+		c.statsMu.Lock()
+		defer c.statsMu.Unlock()
+		delete(c.live, s)
+		c.ended = c.ended.plus(statsOf(s))
+	}
+}
+
+// Session is one Consume call, seen from outside: its counters start at
+// zero when the call starts and stay readable after it returns (seed 001: a
+// Consume call is one session). A Session serves one Consume call; pass a
+// new one to each.
+type Session struct {
+	stats claimer.Stats
+	used  atomic.Bool
+}
+
+// NewSession returns a Session to pass in ConsumeOptions.Session.
+func NewSession() *Session { return &Session{} }
+
+// Stats returns the session's counters.
+func (s *Session) Stats() Stats { return statsOf(&s.stats) }
 
 // Handler handles one message. nil is success. An error is a failure: the
 // message is retried on its curve, then dead. Terminal(err) is dead at once;
@@ -447,6 +544,14 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 	if err := o.validate(); err != nil {
 		return err
 	}
+	stats := &claimer.Stats{}
+	if o.Session != nil {
+		if !o.Session.used.CompareAndSwap(false, true) {
+			return fmt.Errorf("%w: ConsumeOptions.Session: a Session serves one Consume call; pass NewSession() to each", ErrInvalidConfig)
+		}
+		stats = &o.Session.stats
+	}
+	defer c.track(stats)()
 	client := c.s.c
 	var mgr func(*shutdown.Plan) suture.Service
 	if !o.DisableManager {
@@ -465,9 +570,9 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 			TimeoutGrace: o.TimeoutGrace, KeyBusyDelay: keyBusyDelay, ConfigRefreshInterval: o.ConfigRefreshInterval,
 			BindingRetryInterval: o.BindingRetryInterval,
 		},
-		Patterns: c.patterns, Regexes: c.regexes, Hub: client.hub,
+		Patterns: c.patterns, Regexes: c.regexes, DeclaredAt: c.waitingSince(), Declared: c.declared, Hub: client.hub,
 		Alerts: client.publishAlerts(c.s.name, c.group.Name, c.patterns),
-		Clock:  client.cfg.Clock, Logger: client.cfg.Logger, Stats: &c.stats,
+		Clock:  client.cfg.Clock, Logger: client.cfg.Logger, Stats: stats,
 		OnStart: o.test.start(), Fault: o.test.faults(),
 	})
 }

@@ -53,7 +53,9 @@ type WorkerConfig struct {
 	// which the same key produces again. Default 7 days.
 	IdempotencyTTL time.Duration
 	// ConfigLogKeep (prune): config snapshots kept per worker and per
-	// stream. Default 100.
+	// stream, the newest first. Default 0: every earlier document is kept
+	// (seed 001: worker_config_log holds the history); set it to bound a
+	// ledger that a redeclaring deploy loop grows.
 	ConfigLogKeep int
 	// InstanceKeep (prune): worker_instance rows (every consumer and worker
 	// process that ever ran) stay listed this long after they expired, then

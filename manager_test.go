@@ -365,3 +365,40 @@ JOIN %[1]s.worker_config w ON w.id = l.worker_config_id WHERE w.name = 'prune' A
 	require.Equal(t, 3, snapshots)
 	t.Logf("prune: at most %d waiting rows held over three days of attempts; %d rows pruned", most, prune.Pruned.Load())
 }
+
+// worker_config_log keeps every earlier document by default (seed 001): a
+// prune round with default knobs drops no config snapshot, however many a
+// group has; ConfigLogKeep bounds them only when set.
+func TestPruneKeepsEveryConfigDocumentByDefault(t *testing.T) {
+	mock := clock.NewMock()
+	mock.Set(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	e := newEnv(t, &ClientConfig{Clock: mock})
+	ctx := context.Background()
+	s := e.stream("orders")
+	const declarations = 120 // past the old default cap of 100
+	for i := range declarations {
+		_, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Message: &MessageOptions{Retry: &RetryPolicy{MaxRetries: i + 1}}})
+		require.NoError(t, err)
+	}
+	m := e.client.Manager()
+	require.NoError(t, m.Declare(ctx, WorkerPrune, WorkerConfig{Interval: time.Hour}))
+	a := m.actor(2*time.Hour, nil)
+	mock.Add(2 * time.Hour)
+	require.NoError(t, a.Step(ctx))
+	require.Equal(t, declarations, configSnapshots(t, e, "g"), "every earlier document stays")
+	require.NoError(t, m.Declare(ctx, WorkerPrune, WorkerConfig{Interval: time.Hour, ConfigLogKeep: 10}))
+	mock.Add(2 * time.Hour)
+	require.NoError(t, a.Step(ctx))
+	require.Equal(t, 10, configSnapshots(t, e, "g"), "the knob still bounds them")
+}
+
+// configSnapshots counts the message consumer's worker_config_log rows of
+// group.
+func configSnapshots(t *testing.T, e *env, group string) (n int) {
+	t.Helper()
+	require.NoError(t, e.pool.QueryRow(context.Background(), fmt.Sprintf(`SELECT count(*) FROM %[1]s.worker_config_log l
+JOIN %[1]s.worker_config w ON w.id = l.worker_config_id
+JOIN %[1]s.consumer_group_config g ON g.id = w.consumer_group_id
+WHERE g.name = $1 AND w.name = 'message_consumer'`, e.client.Schema()), group).Scan(&n))
+	return n
+}

@@ -59,14 +59,17 @@ type SystemHandle struct{ c *Client }
 func (c *Client) System() *SystemHandle { return &SystemHandle{c: c} }
 
 // Register creates the alert stream and declares the binding sets of the
-// seeded alert groups. Until it has run, alerts are only logged.
+// seeded alert groups. Until it has run, alerts are only logged. An alert
+// group's config is declared only while none is stored: a config an
+// operator gave the group (its retries, say) is kept as a whole document,
+// run after run.
 func (h *SystemHandle) Register(ctx context.Context) error {
 	alerts := Stream[Alert](h.c, AlertStream)
 	if err := alerts.Register(ctx, nil); err != nil {
 		return fmt.Errorf("register system: %w", err)
 	}
 	for _, name := range []string{AlertGroupBindings, AlertGroupDelivery} {
-		if _, err := alerts.Consumer(name).Register(ctx, &ConsumerConfig{Bindings: AlertBindings(name)}); err != nil {
+		if _, err := alerts.Consumer(name).register(ctx, &ConsumerConfig{Bindings: AlertBindings(name)}, true); err != nil {
 			return fmt.Errorf("register system: %w", err)
 		}
 	}

@@ -97,6 +97,15 @@ type Config struct {
 	// is the whole stream).
 	Patterns []string
 	Regexes  []string
+	// DeclaredAt, if set, is when this declarer's first attempt at the
+	// binding set was made and waited (Register's one attempt): the
+	// session's attempts carry it, so the row that ends the wait records the
+	// whole wait (seed 000: declared_at is constant across a declarer's
+	// retries).
+	DeclaredAt *time.Time
+	// Declared, if set, is told once the session's binding set is installed
+	// or joined: the wait DeclaredAt began is over.
+	Declared func()
 	// Hub, if set, wakes the range claimer when the stream is produced to.
 	Hub *Hub
 	// Fault, if set, is called at the top of every claim (chaos tests).
@@ -197,6 +206,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, GroupName: cfg.GroupName,
 		Patterns: cfg.Patterns, Regexes: cfg.Regexes, DeclaredBy: cfg.DeclaredBy,
 		Interval: o.BindingRetryInterval, Clock: cfg.Clock, Logger: logger, DBNow: dbNow, Alerts: s.queue, Retry: cfg.Retry,
+		DeclaredAt: cfg.DeclaredAt, Fault: cfg.Fault,
 	})
 	if cfg.Hub != nil {
 		ch, unsubscribe := cfg.Hub.Subscribe(cfg.StreamID, cfg.Patterns)
@@ -240,11 +250,14 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		{ID: msgID, WorkerConfigID: cfg.Workers[store.WorkerMessageConsumer], TTL: o.InstanceTTL},
 		{ID: excID, WorkerConfigID: cfg.Workers[store.WorkerExceptionConsumer], TTL: o.InstanceTTL},
 	})
-	if _, err := s.reg.Run(ctx); err != nil {
+	if err := s.register(ctx); err != nil {
 		if ctx.Err() != nil {
 			return false, nil // stopped while waiting: nothing was started
 		}
 		return false, fmt.Errorf("consume %s: declare bindings: %w", cfg.GroupName, err)
+	}
+	if cfg.Declared != nil {
+		cfg.Declared()
 	}
 	if n > 1 || s.reg.Waited() {
 		// The config may have moved while the session waited or stalled:
@@ -371,6 +384,39 @@ wait:
 		return false, fmt.Errorf("consume %s: %w", cfg.GroupName, errors.Join(errs...))
 	}
 	return false, nil
+}
+
+// register runs the registrar until the session's binding set is installed
+// or joined, under a supervisor of its own like every other actor: a panic
+// restarts it (the actor outlives its Serve, so declared_at and the wait's
+// start carry over), an outage is its Run's backoff, and a permanent error
+// is returned. It runs before the session's tree, which it decides to start.
+func (s *session) register(ctx context.Context) error {
+	result := make(chan error, 1)
+	sup := supervisor.New("register:"+s.cfg.GroupName, s.logger)
+	sup.Add(supervisor.Guard("registrar", serviceFunc(func(ctx context.Context) error {
+		_, err := s.reg.Run(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		result <- err // nil, or an error retrying cannot fix
+		return suture.ErrDoNotRestart
+	})))
+	sctx, stop := context.WithCancel(ctx)
+	done := sup.ServeBackground(sctx)
+	select {
+	case err := <-result:
+		stop()
+		s.waitTree(ctx, done, s.logger, s.cfg.Clock.Now().Add(shutdown.Grace))
+		return err
+	case <-ctx.Done():
+		stop()
+		s.waitTree(ctx, done, s.logger, s.cfg.Clock.Now().Add(shutdown.Grace))
+		return ctx.Err()
+	case err := <-done: // the supervisor gave up (restart budget exhausted)
+		stop()
+		return err
+	}
 }
 
 // waitTree waits for a stopped tree until by, and says so if it overran.

@@ -10,7 +10,8 @@ import (
 
 // Prune keeps the append-only ledgers bounded: superseded waiting rows of
 // the binding declaration ledger, config snapshots beyond the newest
-// ConfigLogKeep per owner, delivery-log rows older than DeliveryTTL and
+// ConfigLogKeep per owner when that knob is set (by default every one is
+// kept: seed 001's worker_config_log is the whole history), delivery-log rows older than DeliveryTTL and
 // idempotency keys older than IdempotencyTTL, and worker_instance rows
 // expired longer than InstanceKeep. Every statement is bounded by
 // the worker's Batch; a round by MaxBatches per table.
@@ -44,7 +45,9 @@ func (p *Prune) Round(ctx context.Context, k Resolved) error {
 			}
 		}
 	}
-	loop(func() (int64, error) { return p.Store.PruneConfigLogs(ctx, keep, k.Batch) })
+	if keep > 0 { // 0 (the default) keeps every earlier document, as seed 001 says
+		loop(func() (int64, error) { return p.Store.PruneConfigLogs(ctx, keep, k.Batch) })
+	}
 	loop(func() (int64, error) { return p.Store.PruneInstances(ctx, instanceKeep, k.Batch, p.DBNow()) })
 	streams, err := p.Store.Streams(ctx)
 	if err != nil {

@@ -45,6 +45,12 @@ type Config struct {
 	// Retry is the backoff after a failed attempt (zero: the default); a
 	// failed attempt is retried at least every Interval.
 	Retry backoff.Policy
+	// DeclaredAt, if set, is the declared_at of this declarer's earlier
+	// attempt that waited (Register's): every attempt carries it.
+	DeclaredAt *time.Time
+	// Fault, if set, is called at the top of every attempt (tests make it
+	// panic to show the supervisor restarts the actor).
+	Fault func(site string) error
 }
 
 // Actor is the registrar.
@@ -71,11 +77,22 @@ func (a *Actor) Sent() time.Time { return a.sent }
 func (a *Actor) Waited() bool { return a.waited }
 
 // New returns a registrar.
-func New(cfg Config) *Actor { return &Actor{cfg: cfg} }
+func New(cfg Config) *Actor {
+	a := &Actor{cfg: cfg, declaredAt: cfg.DeclaredAt}
+	if a.declaredAt != nil {
+		a.since = *a.declaredAt
+	}
+	return a
+}
 
 // Step makes one attempt. declared_at stays the first attempt's across
 // retries; attempt_at is each attempt's own.
 func (a *Actor) Step(ctx context.Context) (store.BindingResult, error) {
+	if a.cfg.Fault != nil {
+		if err := a.cfg.Fault("registrar"); err != nil {
+			return store.BindingResult{}, err
+		}
+	}
 	a.sent = a.cfg.Clock.Now()
 	res, err := a.cfg.Store.Group(a.cfg.StreamID, a.cfg.GroupID).DeclareBindings(ctx, store.BindingRequest{
 		Patterns: a.cfg.Patterns, Regexes: a.cfg.Regexes,

@@ -100,7 +100,7 @@ const (
 	DefaultMaxBatches     = 20
 	DefaultDeliveryTTL    = 7 * 24 * time.Hour
 	DefaultIdempotencyTTL = 7 * 24 * time.Hour
-	DefaultConfigLogKeep  = 100
+	DefaultConfigLogKeep  = 0 // every document is kept (seed 001)
 	DefaultInstanceKeep   = 24 * time.Hour
 )
 

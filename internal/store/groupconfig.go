@@ -13,6 +13,17 @@ import (
 // worker_config_log for every document that changed. It returns the stored
 // documents it replaced; an identical declaration writes nothing.
 func (st *Store) DeclareGroupConfig(ctx context.Context, groupID int64, docs map[string][]byte, declaredBy string, now Now) (old map[string][]byte, changed bool, err error) {
+	return st.declareGroupConfig(ctx, groupID, docs, declaredBy, now, false)
+}
+
+// SeedGroupConfig is DeclareGroupConfig for a worker whose document is
+// still the empty one only: a stored document (an operator's) is kept
+// whole, never merged with the seed.
+func (st *Store) SeedGroupConfig(ctx context.Context, groupID int64, docs map[string][]byte, declaredBy string, now Now) (old map[string][]byte, changed bool, err error) {
+	return st.declareGroupConfig(ctx, groupID, docs, declaredBy, now, true)
+}
+
+func (st *Store) declareGroupConfig(ctx context.Context, groupID int64, docs map[string][]byte, declaredBy string, now Now, seed bool) (old map[string][]byte, changed bool, err error) {
 	old = map[string][]byte{}
 	err = pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, st.sql(`-- store.DeclareGroupConfig
@@ -22,14 +33,14 @@ SELECT id FROM %[1]s.consumer_group_config WHERE id = $1 FOR UPDATE`), groupID);
 		for name, doc := range docs {
 			var id int64
 			var stored []byte
-			var same bool
+			var same, unset bool
 			if err := tx.QueryRow(ctx, st.sql(`-- store.DeclareGroupConfig
-SELECT id, metadata::text, metadata = $3::jsonb FROM %[1]s.worker_config WHERE consumer_group_id = $1 AND name = $2`),
-				groupID, name, string(doc)).Scan(&id, &stored, &same); err != nil {
+SELECT id, metadata::text, metadata = $3::jsonb, metadata = '{}'::jsonb FROM %[1]s.worker_config WHERE consumer_group_id = $1 AND name = $2`),
+				groupID, name, string(doc)).Scan(&id, &stored, &same, &unset); err != nil {
 				return fmt.Errorf("read worker %s: %w", name, err)
 			}
 			old[name] = stored
-			if same {
+			if same || (seed && !unset) {
 				continue
 			}
 			changed = true
