@@ -383,11 +383,12 @@ func TestProcessesShareTheWork(t *testing.T) {
 func TestChildConsumer(t *testing.T) {
 	schema := os.Getenv("SQLSTREAMS_CHILD_SCHEMA")
 	if schema == "" {
-		t.Skip("helper process of TestKilledProcessRangeIsReclaimed and TestProcessesShareTheWork")
+		t.Skip("helper process of TestKilledProcessRangeIsReclaimed, TestProcessesShareTheWork and TestAStalledProcessComesBackAsANewIncarnation")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	client, err := NewClient(ctx, pgtest.Pool(t), &ClientConfig{Schema: schema})
+	pool := pgtest.Pool(t)
+	client, err := NewClient(ctx, pool, &ClientConfig{Schema: schema})
 	require.NoError(t, err)
 	c, err := Stream[order](client, "orders").Consumer("g").Register(ctx, nil)
 	require.NoError(t, err)
@@ -400,6 +401,8 @@ func TestChildConsumer(t *testing.T) {
 			once.Do(func() { fmt.Println("HANDLING " + o.OrderID) })
 			select {} // until killed
 		}, &ConsumeOptions{BatchLimit: 20, MessageConcurrency: 1, test: hooks})
+	case "stall":
+		require.NoError(t, childStall(ctx, c, pool, schema, hooks))
 	case "share":
 		goSignal := make(chan struct{})
 		go func() { // the parent says GO once it is handling a range too
