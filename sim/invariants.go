@@ -147,7 +147,8 @@ func (w *World) WaitingInstanceNeverClaims(ctx context.Context) error {
 }
 
 // ConfigConvergesWithinOneRefresh: once a refresh interval has passed since
-// the last declaration, every consuming instance runs under it.
+// the last declaration, every consuming instance runs under it (a stalled
+// one refreshes as it resumes, before it runs anything).
 func (w *World) ConfigConvergesWithinOneRefresh(context.Context) error {
 	if w.clock.Now().Sub(w.declaredAt) <= w.opts.RefreshInterval {
 		return nil
@@ -157,7 +158,7 @@ func (w *World) ConfigConvergesWithinOneRefresh(context.Context) error {
 		return err
 	}
 	for _, in := range w.inst {
-		if in.state != consuming {
+		if in.state != consuming || in.stalled { // a stalled instance runs nothing until it resumes
 			continue
 		}
 		got, err := in.snap.Declared().Docs()

@@ -74,8 +74,21 @@ var steps = []step{
 		}
 		return nil
 	}},
+	{1, "stall", func(ctx context.Context, w *World) error {
+		if in := w.pick(w.consumers()); in != nil {
+			// Mostly past the TTL (the instance lapses and must come back
+			// as a new incarnation), sometimes within it (it goes on).
+			ttl := w.opts.TTL
+			d := ttl/2 + time.Duration(w.rng.Int64N(int64(ttl/2)))
+			if w.rng.IntN(10) < 7 {
+				d = ttl + time.Duration(w.rng.Int64N(int64(2*ttl)))
+			}
+			w.Stall(in, d.Round(100*time.Millisecond))
+		}
+		return nil
+	}},
 	{1, "stop", func(ctx context.Context, w *World) error {
-		if in := w.pick(w.live()); in != nil {
+		if in := w.pick(w.awake()); in != nil {
 			return w.Stop(ctx, in)
 		}
 		return nil

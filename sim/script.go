@@ -23,6 +23,7 @@ import (
 //	runretry iN [result] [all]                  run the oldest handed-out retry job(s)
 //	advance D                                   move the clock; due beats, refreshes and binding attempts run
 //	crash iN | stop iN                          kill without a hand-back | stop gracefully
+//	stall iN D                                  the instance's actors take no step for D of mock time
 //	settle                                      run every consuming instance until all is handled or dead
 //	check                                       run the invariants and trace a summary
 //
@@ -132,6 +133,19 @@ func (w *World) Exec(ctx context.Context, line string) error {
 			return fmt.Errorf("advance: %w", err)
 		}
 		err = w.Advance(ctx, d, 0)
+	case "stall":
+		var in *instance
+		if in, err = inst(); err != nil {
+			break
+		}
+		if len(words) < 2 {
+			return fmt.Errorf("stall: for how long?")
+		}
+		var d time.Duration
+		if d, err = time.ParseDuration(words[1]); err != nil {
+			return fmt.Errorf("stall: %w", err)
+		}
+		w.Stall(in, d)
 	case "crash":
 		var in *instance
 		if in, err = inst(); err == nil {

@@ -44,8 +44,10 @@ type Options struct {
 	// Broken switches on deliberately broken variants of the engine.
 	Broken claimer.Broken
 	// SkipRefresh breaks config convergence (instances never refresh);
-	// ClaimWhileWaiting lets waiting instances claim.
-	SkipRefresh, ClaimWhileWaiting bool
+	// ClaimWhileWaiting lets waiting instances claim; IgnoreLapse lets an
+	// instance resumed from a stall past its TTL go on with its old state
+	// instead of registering again as a new incarnation.
+	SkipRefresh, ClaimWhileWaiting, IgnoreLapse bool
 	// Only, if set, checks that one invariant alone (the broken-variant
 	// tests show each one catches its own fault).
 	Only string
@@ -86,6 +88,9 @@ type World struct {
 	// Chained counts exception rows started by the settlement of the row
 	// before them in an ordered chain (no claim between).
 	Chained int
+	// Stalls counts stalls; Lapses those an instance came back from as a
+	// new incarnation (its row had expired while it slept).
+	Stalls, Lapses int
 
 	st       *store.Store
 	opts     Options
@@ -144,6 +149,14 @@ type instance struct {
 	jobs, exJobs []claimer.Job // handed out, not yet run
 	lastTry      time.Time     // last binding attempt while waiting
 	stats        *claimer.Stats
+	// A stalled instance's actors take no step until stalledUntil (a GC
+	// pause, a frozen VM); its handlers in flight at the freeze wait in
+	// frozen and frozenExc, out of the in-flight count (nothing can recall
+	// them, and the invariants exclude them).
+	stalled           bool
+	stalledUntil      time.Time
+	frozen, frozenExc []claimer.Job
+	incarnation       int
 }
 
 // New sets up a world on st (a fresh schema): the stream "sim" and its group
@@ -401,9 +414,23 @@ func (w *World) live() []*instance {
 	return out
 }
 
+// awake lists the live instances that are not stalled.
+func (w *World) awake() []*instance {
+	var out []*instance
+	for _, in := range w.live() {
+		if !in.stalled {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
 func (w *World) consumers() []*instance {
 	var out []*instance
 	for _, in := range w.inst {
+		if in.stalled {
+			continue
+		}
 		if in.state == consuming || (in.state == waiting && in.cl != nil && w.opts.ClaimWhileWaiting) {
 			out = append(out, in)
 		}
@@ -579,6 +606,7 @@ func (w *World) Crash(in *instance) {
 		w.finish(j)
 	}
 	in.jobs, in.exJobs, in.state = nil, nil, gone
+	in.frozen, in.frozenExc, in.stalled = nil, nil, false
 	w.tracef("%s crashes", in.name)
 }
 
@@ -607,14 +635,89 @@ func (w *World) Stop(ctx context.Context, in *instance) error {
 	return nil
 }
 
+// Stall freezes an instance for d of mock time: its actors take no step
+// while the others go on (a long GC pause, a frozen VM, SIGSTOP). Its
+// handlers in flight stay where they are, frozen.
+func (w *World) Stall(in *instance, d time.Duration) {
+	for _, j := range in.jobs {
+		w.finish(j)
+	}
+	for _, j := range in.exJobs {
+		w.finish(j)
+	}
+	in.frozen, in.frozenExc, in.jobs, in.exJobs = in.jobs, in.exJobs, nil, nil
+	in.stalled, in.stalledUntil = true, w.clock.Now().Add(d)
+	w.Stalls++
+	w.tracef("%s stalls for %s", in.name, d)
+}
+
+// resume wakes a stalled instance as the engine does: nothing of it starts
+// before a renewal says whether its incarnation is still valid. A valid one
+// goes on with its frozen handlers; a lapsed one (its row expired while it
+// slept: the fleet may have taken its work) drops every in-memory state and
+// registers again under new ids, binding check included, then refreshes
+// its config. IgnoreLapse (a broken variant) goes on regardless.
+func (w *World) resume(ctx context.Context, in *instance) error {
+	in.stalled = false
+	thaw := func() {
+		for _, j := range append(in.frozen, in.frozenExc...) {
+			if m := w.byID[j.Delivery.Msg.ID]; j.Delivery.Concurrency.Keyed() && m.key != "" {
+				w.inFlight[m.key]++
+			}
+		}
+		in.jobs, in.exJobs = append(in.frozen, in.jobs...), append(in.frozenExc, in.exJobs...)
+		in.frozen, in.frozenExc = nil, nil
+	}
+	if in.state != consuming || w.opts.IgnoreLapse {
+		w.tracef("%s resumes", in.name)
+		thaw()
+		return nil
+	}
+	if err := w.Beat(ctx, in); err != nil {
+		return err
+	}
+	if !in.beat.Lost() && !in.exBeat.Lost() {
+		w.tracef("%s resumes", in.name)
+		thaw()
+		return nil
+	}
+	// The frozen handlers are abandoned: their outcomes would settle
+	// nothing (the token fence), and the tree that ran them is gone.
+	in.frozen, in.frozenExc = nil, nil
+	in.incarnation++
+	w.Lapses++
+	in.msgID, in.excID = engine.NewID(), engine.NewID()
+	in.reg.SetInstances([]store.InstanceInsert{
+		{ID: in.msgID, WorkerConfigID: w.workers[store.WorkerMessageConsumer], TTL: w.opts.TTL},
+		{ID: in.excID, WorkerConfigID: w.workers[store.WorkerExceptionConsumer], TTL: w.opts.TTL},
+	})
+	in.cl, in.ex, in.beat, in.exBeat, in.state = nil, nil, nil, nil, waiting
+	w.tracef("%s resumes lapsed: registers again as incarnation %d", in.name, in.incarnation+1)
+	if _, err := in.ref.Step(ctx); err != nil {
+		return err
+	}
+	in.lastRefresh = w.clock.Now()
+	return w.attempt(ctx, in)
+}
+
 // Advance moves the clock by d and runs what falls due: heartbeats,
 // refreshes, and the binding attempts of waiting instances. A beat is
 // skipped with probability skip as long as the instance stays well inside
-// its TTL (a slow beat, not a partition).
+// its TTL (a slow beat, not a partition). A stalled instance takes no step
+// until its stall is over; then it resumes.
 func (w *World) Advance(ctx context.Context, d time.Duration, skip float64) error {
 	w.clock.Add(d)
 	now := w.clock.Now()
 	for _, in := range w.live() {
+		if in.stalled {
+			if now.Before(in.stalledUntil) {
+				continue
+			}
+			if err := w.resume(ctx, in); err != nil {
+				return err
+			}
+			// Then whatever fell due while it slept (its refresh first of all).
+		}
 		if in.state == waiting {
 			if now.Sub(in.lastTry) >= w.opts.BindingRetryInterval {
 				if err := w.attempt(ctx, in); err != nil {

@@ -86,10 +86,12 @@ const randomSteps = 150
 // Random runs: each seed takes randomSteps steps with every invariant
 // checked after each, then settles.
 func TestRandomSeeds(t *testing.T) {
-	chained := 0
+	chained, stalls, lapses := 0, 0, 0
 	defer func() {
 		if !t.Failed() && len(seeds(t)) >= 50 {
 			require.Positive(t, chained, "the random runs never ran an ordered chain: they no longer cover it")
+			require.Positive(t, lapses, "no random run stalled an instance past its TTL: they no longer cover incarnations")
+			t.Logf("%d seeds: %d ordered chains, %d stalls, %d of them past the TTL (a new incarnation)", len(seeds(t)), chained, stalls, lapses)
 		}
 	}()
 	for _, seed := range seeds(t) {
@@ -103,6 +105,8 @@ func TestRandomSeeds(t *testing.T) {
 					seed, err, seed, tail(w.Trace(), 40))
 			}
 			chained += w.Chained
+			stalls += w.Stalls
+			lapses += w.Lapses
 		})
 	}
 }
@@ -160,6 +164,11 @@ func TestBrokenVariantsAreCaught(t *testing.T) {
 			script: "start i1 a.*\nproduce 1 rk=a.x\nproduce 1 rk=b.x\nclaim i1\n"},
 		{invariant: "WaitingInstanceNeverClaims", opts: Options{ClaimWhileWaiting: true},
 			script: "start i1 a.*\nstart i2 b.*\nproduce 2 rk=a.x\nclaim i2\n"},
+		// A stalled instance that resumes on its old state after its lease
+		// lapsed runs a key the fleet took over meanwhile.
+		{invariant: "ExclusiveKeyAtMostOneInFlight", opts: Options{IgnoreLapse: true},
+			script: "start i1\nstart i2\nproduce 3 key=x conc=exclusive\nclaim i1\nstall i1 10s\nadvance 7s\nclaim i2\nadvance 4s\nrun i1 ok\n"},
+		{invariant: "ExclusiveKeyAtMostOneInFlight", opts: Options{IgnoreLapse: true, Only: "ExclusiveKeyAtMostOneInFlight"}, run: random},
 		{invariant: "ConfigConvergesWithinOneRefresh", opts: Options{SkipRefresh: true},
 			script: "start i1\nconfig max_retries=1\nadvance 1s\nadvance 1500ms\n"},
 	}
