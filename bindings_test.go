@@ -259,20 +259,22 @@ func TestConcurrentInstallersEndWithExactlyOneSet(t *testing.T) {
 
 	const n = 6
 	results := make([]store.BindingResult, n)
+	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			set, rx := compileBindings([]string{fmt.Sprintf("set%d.#", i)})
-			r, err := g2.db().DeclareBindings(ctx, store.BindingRequest{
+			results[i], errs[i] = g2.db().DeclareBindings(ctx, store.BindingRequest{
 				Patterns: set, Regexes: rx, DeclaredBy: fmt.Sprint("installer-", i),
 				Instances: []store.InstanceInsert{{ID: engine.NewID(), WorkerConfigID: g2.group.Workers[store.WorkerMessageConsumer], TTL: time.Minute}}})
-			require.NoError(t, err)
-			results[i] = r
 		}()
 	}
 	wg.Wait()
+	for _, err := range errs { // checked on the test's goroutine
+		require.NoError(t, err)
+	}
 	installedCount := 0
 	var winner []string
 	for i, r := range results {

@@ -246,14 +246,19 @@ func TestOverrideIsPinnedAtClaimAcrossARefresh(t *testing.T) {
 	require.NoError(t, err)
 	var seen []Concurrency
 	var in *instance
+	bad := newFailures(t)
 	in = newInstance(t, e, c, mock, func(_ context.Context, d *claimer.Delivery) error {
 		seen = append(seen, d.Concurrency)
 		if len(seen) == 1 {
-			_, err := s.Consumer("g").Register(ctx, &ConsumerConfig{ConcurrencyOverride: Parallel})
-			require.NoError(t, err)
-			_, err = in.ref.Step(ctx)
-			require.NoError(t, err)
-			require.Equal(t, Parallel, in.snap.Group().Override, "the refresh landed mid-message")
+			if _, err := s.Consumer("g").Register(ctx, &ConsumerConfig{ConcurrencyOverride: Parallel}); err != nil {
+				bad.add("redeclare: %v", err)
+			}
+			if _, err := in.ref.Step(ctx); err != nil {
+				bad.add("refresh: %v", err)
+			}
+			if got := in.snap.Group().Override; got != Parallel {
+				bad.add("the refresh did not land mid-message: override %q", got)
+			}
 			return errors.New("retry me")
 		}
 		return nil
@@ -264,6 +269,7 @@ func TestOverrideIsPinnedAtClaimAcrossARefresh(t *testing.T) {
 	require.NoError(t, err)
 	mock.Add(time.Hour)
 	require.Equal(t, 1, in.retry(t))
+	bad.check(t)
 	require.Equal(t, []Concurrency{Exclusive, Exclusive}, seen)
 }
 

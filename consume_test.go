@@ -131,27 +131,49 @@ func TestSeveralInstancesShareTheWork(t *testing.T) {
 
 	const n = 1000
 	col := newCollector(n)
-	h := func(ctx context.Context, o *order) error {
-		info, ok := MetaFromContext(ctx)
-		require.True(t, ok)
-		require.Equal(t, "billing", info.Group)
-		col.add(o.OrderID)
-		return nil
+	bad := newFailures(t)
+	// Each instance's first handler waits until the other is handling too,
+	// so the split does not depend on timing.
+	handling := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
+	var once [2]sync.Once
+	h := func(me int) Handler[order] {
+		return func(ctx context.Context, o *order) error {
+			info, ok := MetaFromContext(ctx)
+			if !ok || info.Group != "billing" {
+				bad.add("handler meta: %+v, %v", info, ok)
+			}
+			once[me].Do(func() { close(handling[me]) })
+			select {
+			case <-handling[1-me]:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			col.add(o.OrderID)
+			return nil
+		}
 	}
-	a := consume(t, c, h, fast())
-	b := consume(t, c, h, fast())
+	sa, sb := NewSession(), NewSession()
+	optsA, optsB := fast(), fast()
+	optsA.Session, optsB.Session = sa, sb
+	optsA.QueueSize, optsB.QueueSize = 100, 100 // neither can hold the whole backlog
+	a := consume(t, c, h(0), optsA)
+	b := consume(t, c, h(1), optsB)
 	for i := range 10 {
 		e.produceN(s, fmt.Sprint("batch", i), n/10)
 	}
 	within(t, col.done, "all messages")
 	require.NoError(t, a.stop(t))
 	require.NoError(t, b.stop(t))
+	bad.check(t)
 
 	require.Zero(t, col.duplicates(), "no overlap between instances in the steady state")
+	require.Positive(t, sa.Stats().Succeeded, "the first instance did some of the work")
+	require.Positive(t, sb.Stats().Succeeded, "the second instance did some of the work")
 	require.Empty(t, e.leases(c), "every range committed")
 	require.Zero(t, e.exceptions(c))
 	st := c.Stats()
 	require.EqualValues(t, n, st.Succeeded)
+	require.Equal(t, sa.Stats().Succeeded+sb.Stats().Succeeded, st.Succeeded)
 	require.Zero(t, st.LeasesLost)
 	require.Empty(t, e.logs.messages(slog.LevelWarn), "steady state logs nothing at warn")
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -185,28 +186,56 @@ func keyedBatch(n, keys int) []BatchItem[order] {
 }
 
 func TestExclusiveKeysNeverOverlapAcrossInstances(t *testing.T) {
-	e, s, c := setup(t, nil, "g", 0)
+	_, s, c := setup(t, nil, "g", 0)
 	const n, keys = 300, 5
 	_, err := s.ProduceBatch(context.Background(), keyedBatch(n, keys), &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}})
 	require.NoError(t, err)
 	kt := newKeyTracker(n)
-	h := func(ctx context.Context, o *order) error {
-		meta, _ := MetaFromContext(ctx)
-		require.Equal(t, Exclusive, meta.Concurrency)
-		kt.start(meta.Key)
-		work()
-		kt.stop(meta.Key, o, true)
-		return nil
+	bad := newFailures(t)
+	// Each instance's first handler holds its keys until the other has
+	// made a claim, so the other's claim meets busy keys whatever the
+	// timing: the contention the test is about always happens.
+	claimed := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
+	var claims [2]atomic.Int32
+	var first [2]sync.Once
+	opts := func(me int) *ConsumeOptions {
+		return &ConsumeOptions{BatchLimit: 20, QueueSize: 40, MessageConcurrency: 8, ClaimPollRate: 5 * time.Millisecond,
+			test: &testHooks{fault: func(site string) error {
+				// Room for two batches: the second claim starts as soon as
+				// the first is done, whatever its handlers do.
+				if site == "claimer" && claims[me].Add(1) == 2 {
+					close(claimed[me])
+				}
+				return nil
+			}}}
 	}
-	opts := &ConsumeOptions{BatchLimit: 20, MessageConcurrency: 8, ClaimPollRate: 5 * time.Millisecond}
-	consume(t, c, h, opts)
-	consume(t, c, h, opts)
+	h := func(me int) Handler[order] {
+		return func(ctx context.Context, o *order) error {
+			meta, _ := MetaFromContext(ctx)
+			if meta.Concurrency != Exclusive {
+				bad.add("%s ran as %s, want exclusive", o.OrderID, meta.Concurrency)
+			}
+			kt.start(meta.Key)
+			var err error
+			first[me].Do(func() {
+				select {
+				case <-claimed[1-me]:
+				case <-ctx.Done():
+					err = ctx.Err()
+				}
+			})
+			work()
+			kt.stop(meta.Key, o, err == nil)
+			return err
+		}
+	}
+	consume(t, c, h(0), opts(0))
+	consume(t, c, h(1), opts(1))
 	within(t, kt.done, "every keyed message")
 	kt.mu.Lock()
 	defer kt.mu.Unlock()
 	require.Zero(t, kt.overlaps, "two messages of one exclusive key ran at once")
-	require.Positive(t, c.Stats().Deferred, "the other instance found keys busy and parked messages")
-	_ = e
+	require.Positive(t, c.Stats().Deferred, "an instance found keys busy and parked messages")
 }
 
 func TestOrderedKeysRunInPositionOrderEvenWhenAnEarlierMessageRetries(t *testing.T) {

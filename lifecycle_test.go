@@ -196,23 +196,39 @@ func TestGracefulShutdownDrains(t *testing.T) {
 
 	release := make(chan struct{})
 	started := make(chan struct{}, 4)
+	alive := make(chan error, 4) // each handler's context when it is let go
 	col := newCollector(4)
+	ready := NewReadiness()
 	a := consume(t, c, func(ctx context.Context, o *order) error {
 		started <- struct{}{}
 		<-release
+		alive <- ctx.Err()
 		col.add(o.OrderID)
 		return nil
-	}, &ConsumeOptions{BatchLimit: 4, MessageConcurrency: 4, ClaimPollRate: 5 * time.Millisecond})
+	}, &ConsumeOptions{BatchLimit: 4, MessageConcurrency: 4, ClaimPollRate: 5 * time.Millisecond, Readiness: ready})
 	for range 4 {
 		within(t, started, "handlers to start")
 	}
+	within(t, ready.Done(), "the session to be ready")
 	a.cancel()
+	for ready.Ready() { // the session stops consuming: the drain begins
+		within(t, ready.Changed(), "the session to stop being ready")
+	}
+	select {
+	case err := <-a.done:
+		t.Fatalf("Consume returned (%v) while its handlers were still running: nothing drained", err)
+	default:
+	}
 	close(release)
+	for range 4 {
+		require.NoError(t, within(t, alive, "a handler let go"), "a draining handler keeps its context")
+	}
 	require.NoError(t, within(t, a.done, "Consume to drain and return"))
 	a.done <- nil
 	require.Empty(t, e.leases(c), "drained range committed")
 	require.Zero(t, e.exceptions(c))
 	within(t, col.done, "all handled")
+	require.EqualValues(t, 4, c.Stats().Succeeded, "the drained handlers' outcomes were settled")
 
 	var live int
 	require.NoError(t, e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.client.Schema()+".worker_instance").Scan(&live))
