@@ -598,3 +598,44 @@ func TestSystemRegisterKeepsAnAlertGroupsConfig(t *testing.T) {
 		require.NotContains(t, m, "redeclared")
 	}
 }
+
+// A session that waited for its binding set reads the group config again
+// before its first claim (seed 001: the staleness window is the refresh
+// interval): a Timeout redeclared during a two-hour wait applies to the
+// first message, though the next periodic refresh is an hour away.
+func TestTheConfigIsReadAgainWhenABindingWaitEnds(t *testing.T) {
+	mock := clock.NewMock()
+	mock.Set(time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC))
+	e := newEnv(t, &ClientConfig{Clock: mock})
+	ctx := context.Background()
+	s := e.stream("orders")
+	s1, s2 := []string{"orders.eu.#"}, []string{"orders.us.#"}
+	c1, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: s1})
+	require.NoError(t, err)
+	a, _ := e.incumbentTTL(t, c1, mock, s1, 3*time.Hour)
+	_, err = s.Produce(ctx, order{OrderID: "us-1"}, &ProduceOptions{RoutingKey: "orders.us.card"})
+	require.NoError(t, err)
+
+	c2, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: s2, Message: &MessageOptions{Timeout: 5 * time.Second}})
+	require.NoError(t, err)
+	timeouts := make(chan time.Duration, 1)
+	first := e.logs.next(waitingLog)
+	b := consume(t, c2, func(ctx context.Context, _ *order) error {
+		meta, _ := MetaFromContext(ctx)
+		timeouts <- meta.Timeout
+		return nil
+	}, &ConsumeOptions{BindingRetryInterval: 10 * time.Second, ConfigRefreshInterval: time.Hour})
+	within(t, first, "the first waiting attempt")
+	for range 6 * 60 * 2 { // two hours of waiting
+		next := e.logs.next(waitingLog)
+		mock.Add(10 * time.Second)
+		within(t, next, "a waiting attempt")
+	}
+	// Meanwhile the group's config is redeclared.
+	_, err = s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: s2, Message: &MessageOptions{Timeout: 9 * time.Second}})
+	require.NoError(t, err)
+	require.NoError(t, e.client.store.DeleteInstance(ctx, a.id)) // the incumbent leaves
+	mock.Add(10 * time.Second)                                   // the next attempt installs
+	require.Equal(t, 9*time.Second, within(t, timeouts, "the first message"), "the first claim runs the config declared during the wait")
+	require.NoError(t, b.stop(t))
+}
