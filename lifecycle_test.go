@@ -23,6 +23,7 @@ import (
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/store/storetest"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -418,7 +419,19 @@ func TestChildConsumer(t *testing.T) {
 			select {} // until killed
 		}, &ConsumeOptions{BatchLimit: 20, MessageConcurrency: 1, test: hooks})
 	case "stall":
+		cfg, err := pgxpool.ParseConfig(pgtest.URL())
+		require.NoError(t, err)
+		deadlocks := &deadlockCounter{}
+		cfg.ConnConfig.Tracer = deadlocks
+		traced, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		defer traced.Close()
+		client, err := NewClient(ctx, traced, &ClientConfig{Schema: schema})
+		require.NoError(t, err)
+		c, err := Stream[order](client, "orders").Consumer("g").Register(ctx, nil)
+		require.NoError(t, err)
 		require.NoError(t, childStall(ctx, c, pool, schema, hooks))
+		fmt.Printf("DEADLOCKS %d\n", deadlocks.n.Load())
 	case "share":
 		goSignal := make(chan struct{})
 		go func() { // the parent says GO once it is handling a range too

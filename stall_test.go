@@ -48,9 +48,13 @@ func TestAStalledProcessComesBackAsANewIncarnation(t *testing.T) {
 	col := newCollector(n)
 	frozenGot := 0
 	var incarnations []string
+	deadlockLines := 0
 	line := func(ch *child, l string, ok bool) {
 		require.True(t, ok, "a child exited early")
-		if id, found := strings.CutPrefix(l, "GOT "); found {
+		if n, found := strings.CutPrefix(l, "DEADLOCKS "); found {
+			deadlockLines++
+			require.Equal(t, "0", n, "a child's statements hit `deadlock detected`")
+		} else if id, found := strings.CutPrefix(l, "GOT "); found {
 			col.add(id)
 			if ch == frozen {
 				frozenGot++
@@ -105,9 +109,12 @@ func TestAStalledProcessComesBackAsANewIncarnation(t *testing.T) {
 		require.NoError(t, ch.cmd.Process.Signal(syscall.SIGTERM))
 		require.NoError(t, ch.cmd.Wait(), "the child stops gracefully")
 	}
-	for l := range frozen.lines { // what it printed while stopping
-		line(frozen, l, true)
+	for _, ch := range []*child{frozen, other} { // what they printed while stopping
+		for l := range ch.lines {
+			line(ch, l, true)
+		}
 	}
+	require.Equal(t, 2, deadlockLines, "both children report their deadlock count")
 	require.NotEmpty(t, incarnations, "the resumed process registered again as a new incarnation")
 	require.NotEqual(t, frozenID, incarnations[0], "under a new instance id")
 	require.Empty(t, e.leases(c), "both stopped gracefully: nothing is held")
@@ -137,7 +144,16 @@ func TestAStalledProcessComesBackAsANewIncarnation(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.Positive(t, tookOver, "the other process worked while the first was frozen")
-	inFlightAtFreeze := func(r run) bool { return r.pid == frozenPID && r.entered.Before(stopAt) && r.finished.After(stopAt) }
+	// In flight at the freeze: running when SIGSTOP landed. Nothing of the
+	// frozen process runs between the stop and SIGCONT, so a handler of it
+	// entered before SIGCONT was entered before the stop landed (which can
+	// be a little after stopAt); the millisecond after SIGCONT covers a
+	// handler dispatched before the freeze whose first line ran after it (a
+	// new start needs a renewal round trip first, and a lapsed instance
+	// none until it has registered again).
+	inFlightAtFreeze := func(r run) bool {
+		return r.pid == frozenPID && r.entered.Before(contAt.Add(time.Millisecond)) && r.finished.After(stopAt)
+	}
 	var overlaps []string
 	for key, runs := range byKey {
 		sort.Slice(runs, func(i, j int) bool { return runs[i].entered.Before(runs[j].entered) })
