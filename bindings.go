@@ -32,19 +32,26 @@ type BindingListing struct {
 // installed one has been resolved and is not listed. staleAfter (0: three
 // default retry intervals) marks waiters that stopped retrying.
 func (c *Consumer[T]) Bindings(ctx context.Context, staleAfter time.Duration) (*BindingListing, error) {
+	return c.admin().Bindings(ctx, staleAfter)
+}
+
+// Bindings lists the group's newest installed declaration and the
+// declarers still waiting to change it; see Consumer.Bindings. It writes
+// nothing.
+func (g *Group) Bindings(ctx context.Context, staleAfter time.Duration) (*BindingListing, error) {
 	if staleAfter <= 0 {
 		staleAfter = 3 * DefaultBindingRetryInterval
 	}
-	inst, waits, err := c.db().BindingLedger(ctx)
+	inst, waits, err := g.db().BindingLedger(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("bindings of %q: %w", c.group.Name, err)
+		return nil, fmt.Errorf("bindings of %q: %w", g.row.Name, err)
 	}
 	out := &BindingListing{}
 	if inst != nil {
 		out.Installed = &BindingDeclaration{Patterns: inst.Patterns, DeclaredBy: inst.DeclaredBy,
 			DeclaredAt: inst.DeclaredAt, AttemptAt: inst.AttemptAt, Status: "installed"}
 	}
-	now := c.s.c.cfg.Clock.Now()
+	now := g.c.cfg.Clock.Now()
 	for _, w := range waits {
 		if inst != nil && topic.SameSet(w.Patterns, inst.Patterns) {
 			continue

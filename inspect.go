@@ -16,6 +16,10 @@ import (
 type Inspection struct {
 	Group  string
 	Stream string
+	// Config is the declared config as one document with the installed
+	// binding set: the shape Group.Declare and `sqlstreams groups declare`
+	// take, so that what Inspect shows can be edited and declared again.
+	Config ConsumerConfig
 	// Declared is each worker's stored document, sparse: only what the last
 	// declaration set.
 	Declared map[string]json.RawMessage
@@ -54,30 +58,39 @@ type Instance struct {
 }
 
 // Inspect reads the group's config as stored now (not this process's copy).
-func (c *Consumer[T]) Inspect(ctx context.Context) (*Inspection, error) {
-	st := c.s.c.store
-	docs, err := st.ReadGroupConfig(ctx, c.group.ID)
+func (c *Consumer[T]) Inspect(ctx context.Context) (*Inspection, error) { return c.admin().Inspect(ctx) }
+
+// Inspect reads the group's config as stored now: the declared document,
+// every effective value with its source, the declaration history (newest
+// first, at most 100) and the group's instances. It writes nothing.
+func (g *Group) Inspect(ctx context.Context) (*Inspection, error) {
+	st := g.c.store
+	docs, err := st.ReadGroupConfig(ctx, g.row.ID)
 	if err != nil {
-		return nil, fmt.Errorf("inspect %q: %w", c.group.Name, err)
+		return nil, fmt.Errorf("inspect %q: %w", g.row.Name, err)
 	}
 	d, err := groupconfig.FromDocs(docs)
 	if err != nil {
-		return nil, fmt.Errorf("inspect %q: %w", c.group.Name, err)
+		return nil, fmt.Errorf("inspect %q: %w", g.row.Name, err)
 	}
-	out := &Inspection{Group: c.group.Name, Stream: c.s.name, Declared: map[string]json.RawMessage{}, Effective: effective(d)}
+	_, installed, err := g.db().BindingsInForce(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("inspect %q: %w", g.row.Name, err)
+	}
+	out := &Inspection{Group: g.row.Name, Stream: g.stream, Config: configOf(d, installed), Declared: map[string]json.RawMessage{}, Effective: effective(d)}
 	for w, doc := range docs {
 		out.Declared[w] = json.RawMessage(doc)
 	}
-	log, err := st.GroupConfigLog(ctx, c.group.ID, 100)
+	log, err := st.GroupConfigLog(ctx, g.row.ID, 100)
 	if err != nil {
-		return nil, fmt.Errorf("inspect %q: %w", c.group.Name, err)
+		return nil, fmt.Errorf("inspect %q: %w", g.row.Name, err)
 	}
 	for _, l := range log {
 		out.Log = append(out.Log, ConfigChange{Worker: l.Worker, Document: json.RawMessage(l.Document), DeclaredBy: l.DeclaredBy, DeclaredAt: l.DeclaredAt})
 	}
-	inst, err := st.GroupInstances(ctx, c.group.ID, c.s.c.dbNow())
+	inst, err := st.GroupInstances(ctx, g.row.ID, g.c.dbNow())
 	if err != nil {
-		return nil, fmt.Errorf("inspect %q: %w", c.group.Name, err)
+		return nil, fmt.Errorf("inspect %q: %w", g.row.Name, err)
 	}
 	for _, i := range inst {
 		out.Instances = append(out.Instances, Instance(i))

@@ -94,3 +94,10 @@ func Deliveries(ctx context.Context, st *store.Store, streamID, groupID int64, m
 		return d, err
 	})
 }
+
+// DeleteLogBelow deletes a stream's messages with ids below id: a test's
+// stand-in for retention having dropped the start of the log.
+func DeleteLogBelow(ctx context.Context, st *store.Store, streamID, id int64) error {
+	_, err := st.Pool().Exec(ctx, "-- storetest.DeleteLogBelow\nDELETE FROM "+st.StreamTable(streamID, "log")+" WHERE id < $1", id)
+	return err
+}
