@@ -32,7 +32,9 @@ func (c *Consumer[T]) Redrive(ctx context.Context, messageID int64) (bool, error
 
 // RedriveAll puts every dead letter of the group back on the curve and
 // returns how many.
-func (c *Consumer[T]) RedriveAll(ctx context.Context) (int64, error) { return c.admin().RedriveAll(ctx) }
+func (c *Consumer[T]) RedriveAll(ctx context.Context) (int64, error) {
+	return c.admin().RedriveAll(ctx)
+}
 
 // admin is the consumer's group as the operator's handle sees it.
 func (c *Consumer[T]) admin() *Group { return &Group{c: c.s.c, stream: c.s.name, row: c.group} }

@@ -372,12 +372,12 @@ func TestDeclareRoundTripsWhatInspectShows(t *testing.T) {
 
 func TestConsumerConfigDocumentIsStrict(t *testing.T) {
 	for doc, want := range map[string]string{
-		`{"messge":{}}`:                                   `unknown field "messge"`,
-		`{"message":{"timeout":"1s","retries":3}}`:        `message: json: unknown field "retries"`,
-		`{"message":{"retry":{"max_retry":1}}}`:           `unknown field "max_retry"`,
-		`{"exception_initial_backoff":"soon"}`:            `exception_initial_backoff "soon"`,
-		`{"message":{"timeout":"ten"}}`:                   `timeout`,
-		`{"bindings":"orders.#"}`:                         `bindings`,
+		`{"messge":{}}`: `unknown field "messge"`,
+		`{"message":{"timeout":"1s","retries":3}}`:       `message: json: unknown field "retries"`,
+		`{"message":{"retry":{"max_retry":1}}}`:          `unknown field "max_retry"`,
+		`{"exception_initial_backoff":"soon"}`:           `exception_initial_backoff "soon"`,
+		`{"message":{"timeout":"ten"}}`:                  `timeout`,
+		`{"bindings":"orders.#"}`:                        `bindings`,
 		`{"start":"beginning","max_range_reclaims":"2"}`: `max_range_reclaims`,
 	} {
 		var c ConsumerConfig

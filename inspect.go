@@ -58,7 +58,9 @@ type Instance struct {
 }
 
 // Inspect reads the group's config as stored now (not this process's copy).
-func (c *Consumer[T]) Inspect(ctx context.Context) (*Inspection, error) { return c.admin().Inspect(ctx) }
+func (c *Consumer[T]) Inspect(ctx context.Context) (*Inspection, error) {
+	return c.admin().Inspect(ctx)
+}
 
 // Inspect reads the group's config as stored now: the declared document,
 // every effective value with its source, the declaration history (newest

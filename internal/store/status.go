@@ -145,11 +145,11 @@ type StatusRow struct {
 	LagCapped bool
 	// Oldest is the produced_at of the first position after Committed
 	// (zero when there is none).
-	Oldest                     time.Time
-	Ranges, ExpiredRanges      int64
+	Oldest                      time.Time
+	Ranges, ExpiredRanges       int64
 	Retrying, Quarantined, Dead int64
-	Bindings                   int64 // installed binding patterns (0: the whole stream)
-	Instances                  []InstanceRow
+	Bindings                    int64 // installed binding patterns (0: the whole stream)
+	Instances                   []InstanceRow
 }
 
 // Status reads the group's state in one snapshot. lagCap bounds the
