@@ -10,21 +10,21 @@ import (
 
 // BindingDeclaration is one row of a group's binding ledger as listed.
 type BindingDeclaration struct {
-	Patterns   []string
-	DeclaredBy string
+	Patterns   []string `json:"patterns"`
+	DeclaredBy string   `json:"declared_by"`
 	// DeclaredAt is when the declarer first stated the set; on the row that
 	// ended a wait, the wait began then.
-	DeclaredAt time.Time
-	AttemptAt  time.Time
+	DeclaredAt time.Time `json:"declared_at"`
+	AttemptAt  time.Time `json:"attempt_at"`
 	// Status is "installed", "waiting", or "stale" (a waiter whose newest
 	// attempt is older than the listing's staleAfter: probably gone).
-	Status string
+	Status string `json:"status"`
 }
 
 // BindingListing is a group's effective declaration and its open waiters.
 type BindingListing struct {
-	Installed *BindingDeclaration // nil: never declared (the whole stream)
-	Waiting   []BindingDeclaration
+	Installed *BindingDeclaration  `json:"installed"` // nil: never declared (the whole stream)
+	Waiting   []BindingDeclaration `json:"waiting"`
 }
 
 // Bindings lists the group's newest installed declaration and the

@@ -8,14 +8,14 @@ import (
 // DeadLetter is a message that ran out of retries (or failed terminally)
 // for a group. Its payload stays in the log; its row stays until redriven.
 type DeadLetter struct {
-	MessageID  int64
-	Attempts   int
-	LastError  string
-	DiedAt     time.Time
-	Key        string
-	RoutingKey string
-	Version    int
-	ProducedAt time.Time
+	MessageID  int64     `json:"message_id"`
+	Attempts   int       `json:"attempts"`
+	LastError  string    `json:"last_error"`
+	DiedAt     time.Time `json:"died_at"`
+	Key        string    `json:"key"`
+	RoutingKey string    `json:"routing_key"`
+	Version    int       `json:"version"`
+	ProducedAt time.Time `json:"produced_at"`
 }
 
 // DeadLetters lists the group's dead letters in message id order, after

@@ -209,10 +209,10 @@ type DeadLetterDetail struct {
 
 // Delivery is one recorded attempt.
 type Delivery struct {
-	Attempt int
-	Outcome string
-	Error   string
-	At      time.Time
+	Attempt int       `json:"attempt"`
+	Outcome string    `json:"outcome"`
+	Error   string    `json:"error"`
+	At      time.Time `json:"at"`
 }
 
 // MaxDeliveriesShown bounds the delivery history DeadLetter returns.
@@ -258,6 +258,22 @@ func (g *Group) Redrive(ctx context.Context, messageID int64) (bool, error) {
 		return false, fmt.Errorf("redrive message %d of %q: %w", messageID, g.row.Name, err)
 	}
 	return n > 0, nil
+}
+
+// MaxRedriveIDs bounds one RedriveIDs call.
+const MaxRedriveIDs = 1000
+
+// RedriveIDs is an action: it redrives the dead letters among ids (at most
+// MaxRedriveIDs) and returns how many were dead.
+func (g *Group) RedriveIDs(ctx context.Context, ids []int64) (int64, error) {
+	if len(ids) > MaxRedriveIDs {
+		return 0, fmt.Errorf("%w: RedriveIDs takes at most %d ids, got %d", ErrInvalidConfig, MaxRedriveIDs, len(ids))
+	}
+	n, err := g.db().RedriveIDs(ctx, ids, g.c.dbNow())
+	if err != nil {
+		return 0, fmt.Errorf("redrive %d messages of %q: %w", len(ids), g.row.Name, err)
+	}
+	return n, nil
 }
 
 // RedriveAll is an action: it puts every dead letter of the group back on

@@ -14,47 +14,47 @@ import (
 // Inspection shows a group's config in both layers — what was declared and
 // what is in effect — with its declaration history and its live instances.
 type Inspection struct {
-	Group  string
-	Stream string
+	Group  string `json:"group"`
+	Stream string `json:"stream"`
 	// Config is the declared config as one document with the installed
 	// binding set: the shape Group.Declare and `sqlstreams groups declare`
 	// take, so that what Inspect shows can be edited and declared again.
-	Config ConsumerConfig
+	Config ConsumerConfig `json:"config"`
 	// Declared is each worker's stored document, sparse: only what the last
 	// declaration set.
-	Declared map[string]json.RawMessage
+	Declared map[string]json.RawMessage `json:"declared"`
 	// Effective lists every setting with its value and where it came from.
-	Effective []Setting
+	Effective []Setting `json:"effective"`
 	// Log is the declaration history, newest first.
-	Log []ConfigChange
+	Log []ConfigChange `json:"log"`
 	// Instances are the group's worker instances, live ones first.
-	Instances []Instance
+	Instances []Instance `json:"instances"`
 }
 
 // Setting is one effective value.
 type Setting struct {
-	Field  string
-	Value  string
-	Source string // "declared", "default", or "clamped" (moved by MessageMin/MessageMax)
+	Field  string `json:"field"`
+	Value  string `json:"value"`
+	Source string `json:"source"` // "declared", "default", or "clamped" (moved by MessageMin/MessageMax)
 }
 
 // ConfigChange is one stored declaration of one worker's document.
 type ConfigChange struct {
-	Worker     string
-	Document   json.RawMessage
-	DeclaredBy string
-	DeclaredAt time.Time
+	Worker     string          `json:"worker"`
+	Document   json.RawMessage `json:"document"`
+	DeclaredBy string          `json:"declared_by"`
+	DeclaredAt time.Time       `json:"declared_at"`
 }
 
 // Instance is a process doing one of the group's jobs.
 type Instance struct {
-	ID          string
-	Worker      string
-	DeclaredBy  string
-	StartedAt   time.Time
-	HeartbeatAt time.Time
-	ExpiresAt   time.Time
-	Live        bool
+	ID          string    `json:"id"`
+	Worker      string    `json:"worker"`
+	DeclaredBy  string    `json:"declared_by"`
+	StartedAt   time.Time `json:"started_at"`
+	HeartbeatAt time.Time `json:"heartbeat_at"`
+	ExpiresAt   time.Time `json:"expires_at"`
+	Live        bool      `json:"live"`
 }
 
 // Inspect reads the group's config as stored now (not this process's copy).

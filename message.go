@@ -206,8 +206,8 @@ type Meta struct {
 // Position is a message's place in its stream's log: the producing
 // transaction's id, then the message id. Log order is Position order.
 type Position struct {
-	Xid int64
-	ID  int64
+	Xid int64 `json:"xid"`
+	ID  int64 `json:"id"`
 }
 
 type metaKey struct{}

@@ -103,6 +103,51 @@ func openClient(ctx context.Context, out io.Writer, verb string, cfg *sqlstreams
 	return client, done, nil
 }
 
+// migrateStatus prints a schema's applied versions; it writes nothing.
+func migrateStatus(ctx context.Context, out io.Writer, schema, format string) error {
+	if os.Getenv("SQLSTREAMS_DATABASE_URL") == "" {
+		return errors.New("migrate status needs SQLSTREAMS_DATABASE_URL")
+	}
+	pool, _, done, err := connect(ctx, out)
+	if err != nil {
+		return fmt.Errorf("migrate status: %w", err)
+	}
+	defer done()
+	m, err := sqlstreams.MigrationStatus(ctx, pool, schema)
+	if err != nil {
+		return fmt.Errorf("migrate status: %w", err)
+	}
+	if format == "json" {
+		if m.Streams == nil {
+			m.Streams = []sqlstreams.StreamMigration{}
+		}
+		return writeJSON(out, map[string]any{"schema": m.Schema, "exists": m.Exists, "applied": m.Applied, "latest": m.Latest,
+			"stream_latest": m.StreamLatest, "streams": m.Streams})
+	}
+	state := "up to date"
+	switch {
+	case !m.Exists:
+		state = "not migrated (run sqlstreams migrate up)"
+	case m.Applied < m.Latest:
+		state = "behind (run sqlstreams migrate up)"
+	case m.Applied > m.Latest:
+		state = "ahead of this binary (a newer version migrated it)"
+	}
+	fmt.Fprintf(out, "schema %s: version %d of %d, %s\n", schema, m.Applied, m.Latest, state)
+	var rows [][]string
+	for _, s := range m.Streams {
+		st := "up to date"
+		if s.Applied < m.StreamLatest {
+			st = "behind (brought up to date when a client registers the stream)"
+		}
+		rows = append(rows, []string{s.Stream, fmt.Sprintf("%d of %d", s.Applied, m.StreamLatest), st})
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	return table(out, []string{"STREAM", "VERSION", "STATE"}, rows)
+}
+
 // migrate is the verb that creates a schema: its client migrates.
 func migrate(ctx context.Context, out io.Writer, schema string) error {
 	_, done, err := openClient(ctx, out, "migrate", &sqlstreams.ClientConfig{Schema: schema})
@@ -197,6 +242,8 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 		fmt.Fprintf(out, "dropped schema %s\n", schema)
 	}()
 	fmt.Fprintf(out, "schema %s (created by this run, dropped when it ends)\n", schema)
+	fmt.Fprintf(out, "watch it from another terminal while it runs:\n  SQLSTREAMS_DATABASE_URL='%s' sqlstreams groups describe orders.placed -schema %s\n",
+		redactURL(url), schema)
 	clk := clock.New()
 	client, err := sqlstreams.NewClient(ctx, pool, &sqlstreams.ClientConfig{Schema: schema, Logger: logger, Clock: clk})
 	if err != nil {

@@ -1,24 +1,27 @@
 // Command sqlstreams is the sqlstreams command line: a demo that shows
-// messages flowing, the schema migration verb, a standalone manager, and the
+// messages flowing, the operator's verbs (streams, groups, inspect,
+// bindings, dead letters), schema migrations, a standalone manager, and the
 // explanation of the log codes.
 //
 //	sqlstreams demo [-duration 10s] [-rate 2000] [-backlog 20000] [-schema NAME]
-//	                                  produce and consume in a schema of its own, dropped at its end
-//	sqlstreams migrate [-schema sqlstreams]
-//	                                  create a schema's tables or bring them up to date
+//	sqlstreams streams ls
+//	sqlstreams groups ls [-stream S] | describe S [G] | seek S G -to-… [-execute] | declare S G -f FILE
+//	sqlstreams inspect S G
+//	sqlstreams bindings S G [-stale-after 30s]
+//	sqlstreams dlq ls S G [-limit N] | show S G ID | redrive S G ID... | -all [-dry-run]
+//	sqlstreams migrate [up|status|sql] [-schema sqlstreams]
 //	sqlstreams manager [-schema sqlstreams] [-instance-ttl 30s]
-//	                                  run the maintenance workers of a migrated schema until stopped
 //	sqlstreams explain [-o text|json] [CODE]
-//	                                  what a log code (code=SQLnnnn) means and what to do; all codes without CODE
 //
-// SQLSTREAMS_DATABASE_URL names the database. migrate and manager need it;
-// the demo starts a private throwaway PostgreSQL from the installed binaries
-// when it is unset. The demo never touches a schema it did not create: by
-// default it creates sqlstreams_demo_<random hex>, and it refuses a -schema
-// that already exists; it drops its schema when it ends, also on failure or
-// Ctrl-C. manager never creates a schema: one that migrate has not set up is
-// an error. Every verb takes -h; an error is one line on stderr and exit
-// status 1.
+// SQLSTREAMS_DATABASE_URL names the database; every verb but demo and
+// explain needs it. The demo starts a private throwaway PostgreSQL from the
+// installed binaries when it is unset, and prints the URL and schema it
+// uses so that the other verbs can watch it. The demo never touches a schema
+// it did not create. The operator verbs take -schema (default sqlstreams)
+// and -o table|json; the reads never write (their client runs no DDL and
+// every statement is a read), and the actions (groups seek -execute, groups
+// declare, dlq redrive) say so in their names. Every verb takes -h; an error
+// is one line on stderr and exit status 1.
 //
 // It is a tool for users (operators), built on the public API.
 package main
@@ -54,10 +57,18 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 func usage(w io.Writer) {
 	fmt.Fprintln(w, `usage:
   sqlstreams demo [-duration 10s] [-rate 2000] [-backlog 20000] [-schema NAME]
-  sqlstreams migrate [-schema sqlstreams]
+  sqlstreams streams ls
+  sqlstreams groups ls [-stream S] | describe S [G] | seek S G -to-... [-execute] | declare S G -f FILE
+  sqlstreams inspect S G
+  sqlstreams bindings S G [-stale-after 30s]
+  sqlstreams dlq ls S G [-limit N] | show S G ID | redrive S G ID... | -all [-dry-run]
+  sqlstreams migrate [up|status|sql] [-schema sqlstreams]
   sqlstreams manager [-schema sqlstreams] [-instance-ttl 30s]
   sqlstreams explain [-o text|json] [CODE]
   sqlstreams help [VERB]
+
+The operator verbs (streams, groups, inspect, bindings, dlq) take -schema
+(default sqlstreams) and -o table|json; their reads never write.
 
 SQLSTREAMS_DATABASE_URL names the database; the demo starts a private
 PostgreSQL from the installed binaries when it is unset. The demo works in
@@ -73,17 +84,27 @@ func run(args []string, out io.Writer) error {
 }
 
 // verbs are the commands, in the order usage lists them.
-var verbs = []string{"demo", "migrate", "manager", "explain"}
+var verbs = []string{"demo", "streams", "groups", "inspect", "bindings", "dlq", "migrate", "manager", "explain"}
 
 func runCtx(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
 		usage(out)
-		return errors.New("missing command (one of demo, migrate, manager, explain, help)")
+		return fmt.Errorf("missing command (one of %s, help)", strings.Join(verbs, ", "))
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	switch args[0] {
 	case "demo":
 		return demoVerb(ctx, args[1:], out, logger)
+	case "streams":
+		return streamsVerb(ctx, args[1:], out)
+	case "groups":
+		return groupsVerb(ctx, args[1:], out)
+	case "inspect":
+		return inspectVerb(ctx, args[1:], out)
+	case "bindings":
+		return bindingsVerb(ctx, args[1:], out)
+	case "dlq":
+		return dlqVerb(ctx, args[1:], out)
 	case "migrate":
 		return migrateVerb(ctx, args[1:], out)
 	case "manager":
@@ -202,27 +223,50 @@ func demoVerb(ctx context.Context, args []string, out io.Writer, logger *slog.Lo
 }
 
 var migrateUsage = verbUsage{
-	synopsis: "migrate [-schema sqlstreams]",
-	about: `Creates the schema and its tables, or brings them up to this version's
-(an up-to-date schema is left as it is). Run it as a role that may create
-tables, before the first client with DisableMigrate or manager starts.
-SQLSTREAMS_DATABASE_URL must name the database.`,
+	synopsis: "migrate [up|status|sql] [-schema sqlstreams] [-o table|json]",
+	about: `up (the default) creates the schema and its tables, or brings them up to this
+version's (an up-to-date schema is left as it is). Run it as a role that may
+create tables, before the first client with DisableMigrate or manager starts.
+status reads the applied versions next to this version's, changing nothing.
+sql prints the shared tables' DDL for goose, golang-migrate or Atlas users
+(each version guarded, so it may run again); the library still creates a
+stream's own tables when the stream is first registered, and its manager
+adds and drops log partitions. SQLSTREAMS_DATABASE_URL must name the
+database (not for sql).`,
 }
 
 func migrateVerb(ctx context.Context, args []string, out io.Writer) error {
 	fs := newFlags("migrate")
 	schema := fs.String("schema", "sqlstreams", "schema to create or migrate")
-	rest, help, err := parse(fs, args, out, migrateUsage)
+	format := fs.String("o", "table", "output of status: table or json")
+	rest, help, err := parseVerb(fs, args, out, migrateUsage, 0, 1)
 	if help || err != nil {
 		return err
-	}
-	if len(rest) > 0 {
-		return unexpected("migrate", rest)
 	}
 	if err := validSchemaFlag("migrate", *schema); err != nil {
 		return err
 	}
-	return migrate(ctx, out, *schema)
+	if *format != "table" && *format != "json" {
+		return fmt.Errorf("migrate: -o %q: want table or json", *format)
+	}
+	sub := "up"
+	if len(rest) == 1 {
+		sub = rest[0]
+	}
+	switch sub {
+	case "up":
+		return migrate(ctx, out, *schema)
+	case "status":
+		return migrateStatus(ctx, out, *schema, *format)
+	case "sql":
+		sql, err := sqlstreams.SchemaSQL(*schema)
+		if err != nil {
+			return fmt.Errorf("migrate sql: %w", err)
+		}
+		_, err = io.WriteString(out, sql)
+		return err
+	}
+	return fmt.Errorf("migrate: unknown subcommand %q (one of: up, status, sql)", sub)
 }
 
 var managerUsage = verbUsage{

@@ -76,8 +76,8 @@ func TestEveryVerbRejectsUnexpectedArguments(t *testing.T) {
 	for _, args := range [][]string{
 		{"demo", "typo"},
 		{"demo", "-rate", "10", "typo"},
-		{"migrate", "typo"},
-		{"migrate", "-schema", "sqlstreams", "typo"},
+		{"migrate", "up", "typo"},
+		{"migrate", "-schema", "sqlstreams", "status", "typo"},
 		{"manager", "typo"},
 		{"manager", "-schema", "sqlstreams", "typo"},
 		{"explain", "SQL0059", "typo"},

@@ -212,14 +212,20 @@ func clampCount(v, lo, hi int) int {
 // Validate rejects values no layer may hold.
 func (o Options) Validate(field string) error {
 	switch {
-	case o.Timeout < 0 || o.BaseDelay < 0 || o.MaxDelay < 0:
-		return fmt.Errorf("%s: durations must not be negative", field)
-	case o.MaxRetries < None || o.MaxDelays < None:
-		return fmt.Errorf("%s: MaxRetries and MaxDelays must be positive, 0 (unset) or None (-1)", field)
+	case o.Timeout < 0:
+		return fmt.Errorf("%s.Timeout %s: durations must not be negative", field, o.Timeout)
+	case o.BaseDelay < 0:
+		return fmt.Errorf("%s.Retry.BaseDelay %s: durations must not be negative", field, o.BaseDelay)
+	case o.MaxDelay < 0:
+		return fmt.Errorf("%s.Retry.MaxDelay %s: durations must not be negative", field, o.MaxDelay)
+	case o.MaxRetries < None:
+		return fmt.Errorf("%s.Retry.MaxRetries %d: must be positive, 0 (unset) or None (-1)", field, o.MaxRetries)
+	case o.MaxDelays < None:
+		return fmt.Errorf("%s.Retry.MaxDelays %d: must be positive, 0 (unset) or None (-1)", field, o.MaxDelays)
 	case o.Exponent < 0 || math.IsNaN(o.Exponent) || math.IsInf(o.Exponent, 0):
 		return fmt.Errorf("%s: Exponent must be a finite number ≥ 0", field)
 	case !o.Concurrency.Valid():
-		return fmt.Errorf("%s: unknown Concurrency %q (want parallel, exclusive or ordered)", field, o.Concurrency)
+		return fmt.Errorf("%s.Concurrency %q: unknown (want parallel, exclusive or ordered)", field, o.Concurrency)
 	case o.BaseDelay > 0 && o.MaxDelay > 0 && o.MaxDelay < o.BaseDelay:
 		return fmt.Errorf("%s: Retry.MaxDelay %s is below Retry.BaseDelay %s (MaxDelay caps the curve BaseDelay starts)", field, o.MaxDelay, o.BaseDelay)
 	}

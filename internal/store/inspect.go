@@ -90,6 +90,16 @@ func (g Group) Redrive(ctx context.Context, messageID *int64, now Now) (int64, e
 	return tag.RowsAffected(), nil
 }
 
+// RedriveIDs redrives the dead letters among ids and returns how many were
+// dead.
+func (g Group) RedriveIDs(ctx context.Context, ids []int64, now Now) (int64, error) {
+	tag, err := g.st.pool.Exec(ctx, g.sql(redriveIDsSQL), g.GroupID, ids, now)
+	if err != nil {
+		return 0, fmt.Errorf("redrive: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 // ExceptionState is an exception row as tests and inspection see it.
 type ExceptionState struct {
 	MessageID   int64
@@ -155,6 +165,12 @@ UPDATE {s}.{t}_exception
 SET status = 'pending', attempts = 0, delays = 0, can_run_after = coalesce($3, now()),
     last_error = 'redriven after: ' || last_error, updated_at = coalesce($3, now())
 WHERE group_id = $1 AND status = 'dead' AND ($2::bigint IS NULL OR message_id = $2)`)
+
+var redriveIDsSQL = perStream(`-- store.RedriveIDs
+UPDATE {s}.{t}_exception
+SET status = 'pending', attempts = 0, delays = 0, can_run_after = coalesce($3, now()),
+    last_error = 'redriven after: ' || last_error, updated_at = coalesce($3, now())
+WHERE group_id = $1 AND status = 'dead' AND message_id = ANY($2::bigint[])`)
 
 var exceptionStateSQL = perStream(`-- store.ExceptionStates
 SELECT x.message_id, x.status, x.attempts, x.delays, x.last_error, x.can_run_after, x.concurrency

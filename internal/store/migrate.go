@@ -147,3 +147,102 @@ INSERT INTO %[1]s.stream_migration (stream_id, version) VALUES ($1, $2)`), strea
 	}
 	return nil
 }
+
+// MigrationState is what a schema holds, next to what this version needs.
+type MigrationState struct {
+	Applied, Latest int // shared tables: newest applied and newest embedded version
+	// Streams are the registered streams' template versions.
+	Streams       []StreamMigration
+	StreamLatest  int
+	SchemaMissing bool // no schema, or one without sqlstreams tables
+}
+
+// StreamMigration is one stream's applied template version.
+type StreamMigration struct {
+	Name    string
+	Applied int
+}
+
+// MigrationStatus reads the applied versions, in a READ ONLY transaction. A
+// schema without sqlstreams tables is SchemaMissing, not an error.
+func (st *Store) MigrationStatus(ctx context.Context) (MigrationState, error) {
+	var s MigrationState
+	shared, err := migrations.Schema()
+	if err != nil {
+		return s, err
+	}
+	stream, err := migrations.Stream()
+	if err != nil {
+		return s, err
+	}
+	s.Latest, s.StreamLatest = shared[len(shared)-1].Version, stream[len(stream)-1].Version
+	var exists bool
+	err = st.readOnly(ctx, "migration status", func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `-- store.MigrationStatus
+SELECT to_regclass(format('%I.schema_migration', $1::text)) IS NOT NULL`, st.schema).Scan(&exists); err != nil {
+			return err
+		}
+		if !exists {
+			return nil
+		}
+		if err := tx.QueryRow(ctx, st.sql(`-- store.MigrationStatus
+SELECT coalesce(max(version), 0) FROM %[1]s.schema_migration`)).Scan(&s.Applied); err != nil {
+			return err
+		}
+		if s.Applied == 0 {
+			return nil
+		}
+		rows, err := tx.Query(ctx, st.sql(`-- store.MigrationStatus
+SELECT s.name, coalesce(max(m.version), 0)
+FROM %[1]s.stream_config s LEFT JOIN %[1]s.stream_migration m ON m.stream_id = s.id
+GROUP BY s.name ORDER BY s.name
+LIMIT 10000`))
+		if err != nil {
+			return err
+		}
+		s.Streams, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (StreamMigration, error) {
+			var m StreamMigration
+			err := r.Scan(&m.Name, &m.Applied)
+			return m, err
+		})
+		return err
+	})
+	s.SchemaMissing = !exists
+	return s, err
+}
+
+// SchemaSQL renders the shared tables' DDL as Migrate applies it, with the
+// bookkeeping rows CheckSchema reads, for users who run their migrations
+// with their own tool (goose, golang-migrate, Atlas). It is one script,
+// safe to run once per version step: each migration is guarded by the
+// version recorded in schema_migration.
+func (st *Store) SchemaSQL() (string, error) {
+	ms, err := migrations.Schema()
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- sqlstreams shared tables for schema %s, versions 1 to %d.\n", st.schema, ms[len(ms)-1].Version)
+	b.WriteString("-- Run it as the role that owns the schema. Per-stream tables are not here: the library\n")
+	b.WriteString("-- creates them when a stream is first registered (Stream.Register), and its manager adds\n")
+	b.WriteString("-- and drops a stream's log partitions at run time (retention).\n\n")
+	b.WriteString("BEGIN;\n")
+	fmt.Fprintf(&b, "-- store.SchemaSQL\nSELECT pg_advisory_xact_lock(%d);\n", lockKey(st.schema))
+	b.WriteString(st.sql("-- store.SchemaSQL\nCREATE SCHEMA IF NOT EXISTS %[1]s;\n"))
+	b.WriteString(st.sql(`-- store.SchemaSQL
+CREATE TABLE IF NOT EXISTS %[1]s.schema_migration (
+    version     int         PRIMARY KEY,
+    name        text        NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+`))
+	for _, m := range ms {
+		fmt.Fprintf(&b, "\n-- %s\n", m.Name)
+		// Each step runs only when its version is not recorded yet.
+		fmt.Fprintf(&b, "DO $sqlstreams$ BEGIN\nIF NOT EXISTS (SELECT 1 FROM %s.schema_migration WHERE version = %d) THEN\n", st.s, m.Version)
+		b.WriteString(strings.TrimSpace(st.render(m.SQL, "")) + "\n")
+		fmt.Fprintf(&b, "-- store.SchemaSQL\nINSERT INTO %s.schema_migration (version, name) VALUES (%d, '%s');\nEND IF;\nEND $sqlstreams$;\n", st.s, m.Version, m.Name)
+	}
+	b.WriteString("\nCOMMIT;\n")
+	return b.String(), nil
+}
