@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -449,4 +450,38 @@ func TestTheBuiltBinary(t *testing.T) {
 	require.Contains(t, errOut, `"biling"`)
 	_, _, err = cmd("groups", "-h")
 	require.NoError(t, err, "-h exits 0")
+
+	// Every verb, once, as the binary.
+	id := strconv.FormatInt(f.dead[0], 10)
+	file := filepath.Join(t.TempDir(), "config.json")
+	require.NoError(t, os.WriteFile(file, []byte(`{"message":{"timeout":"10s"},"delivery_log":"all"}`), 0o600))
+	for _, args := range [][]string{
+		{"streams", "ls"}, {"groups", "ls"}, {"groups", "describe", "orders"}, {"inspect", "orders", "billing"},
+		{"bindings", "orders", "billing"}, {"dlq", "ls", "orders", "billing"}, {"dlq", "show", "orders", "billing", id},
+		{"dlq", "redrive", "orders", "billing", id, "-dry-run"}, {"dlq", "redrive", "orders", "billing", id},
+		{"groups", "seek", "orders", "billing", "-to-head"}, {"groups", "seek", "orders", "billing", "-to-head", "-execute"},
+		{"groups", "declare", "orders", "billing", "-f", file}, {"migrate", "status"}, {"migrate", "sql"}, {"migrate", "up"},
+	} {
+		out, errOut, err := cmd(args...)
+		require.NoError(t, err, "%q: %s", args, errOut)
+		require.NotEmpty(t, out, "%q", args)
+	}
+	explain, err := exec.Command(bin, "explain", "SQL0059").Output()
+	require.NoError(t, err)
+	require.Contains(t, string(explain), "SQL0059")
+	demo := exec.Command(bin, demoArgs...)
+	demo.Env = append(os.Environ(), "SQLSTREAMS_DATABASE_URL="+pgtest.URL())
+	demoOut, err := demo.CombinedOutput()
+	require.NoError(t, err, "%s", demoOut)
+	require.Contains(t, string(demoOut), "sqlstreams groups describe orders.placed -schema sqlstreams_demo_")
+	manager := exec.Command(bin, "manager", "-schema", f.schema)
+	manager.Env = append(os.Environ(), "SQLSTREAMS_DATABASE_URL="+pgtest.URL())
+	stdout, err := manager.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, manager.Start())
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err)
+	require.Contains(t, line, "manager running on schema "+f.schema)
+	require.NoError(t, manager.Process.Signal(os.Interrupt))
+	require.NoError(t, manager.Wait(), "SIGINT stops the manager cleanly")
 }
