@@ -51,6 +51,11 @@ type ClientConfig struct {
 	// owner migrates it (`sqlstreams migrate`, or a client without this
 	// flag) and registers the streams. Default false: NewClient migrates.
 	DisableMigrate bool
+	// AllowDestroy permits DestroyStream and DestroyGroup, which remove a
+	// stream or a group with everything it holds. Default false: they are
+	// refused (ErrDestroyNotAllowed), so that a client an application builds
+	// for producing and consuming cannot destroy anything by mistake.
+	AllowDestroy bool
 }
 
 // Backoff is a retry curve for the client's own store calls: the first

@@ -137,12 +137,18 @@ func bytesHuman(n int64) string {
 // ---- streams ----
 
 var streamsUsage = verbUsage{
-	synopsis: "streams ls [-schema sqlstreams] [-o table|json]",
-	about: `Lists the registered streams with their config, the on-disk size of their
-retained log and their consumer groups. Reads only.`,
+	synopsis: "streams ls | streams rm STREAM [-execute] [-schema sqlstreams] [-o table|json]",
+	about: `ls lists the registered streams with their config, the on-disk size of their
+retained log and their consumer groups; it reads only. rm removes a stream
+with its tables, messages, consumer groups and schedules: a dry run that
+lists what would go unless -execute is given, refused while an instance of
+one of its groups is live.`,
 }
 
 func streamsVerb(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) > 0 && args[0] == "rm" {
+		return rmVerb(ctx, "streams rm", args[1:], out)
+	}
 	fs := newFlags("streams")
 	var c common
 	c.register(fs)
@@ -151,7 +157,7 @@ func streamsVerb(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	if pos[0] != "ls" {
-		return fmt.Errorf("streams: unknown subcommand %q (one of: ls)", pos[0])
+		return fmt.Errorf("streams: unknown subcommand %q (one of: ls, rm)", pos[0])
 	}
 	if err := c.check("streams"); err != nil {
 		return err
@@ -192,7 +198,7 @@ func streamsVerb(ctx context.Context, args []string, out io.Writer) error {
 
 var groupsUsage = verbUsage{
 	synopsis: `groups ls [-stream S] | groups describe S [G] | groups seek S G -to-… [-execute] | groups declare S G -f FILE
-                  [-schema sqlstreams] [-o table|json]`,
+                  | groups rm S G [-execute]   [-schema sqlstreams] [-o table|json]`,
 	about: `ls lists consumer groups (of one stream with -stream). describe shows one row per
 group, Kafka's columns: committed and head positions (message ids), lag (log
 positions after the committed one; ">=N" past the count's cap), the age of
@@ -206,12 +212,16 @@ that prints before and after unless -execute is given.
 declare stores a whole consumer config document (-f FILE, or - for stdin):
 the "config" object of 'sqlstreams inspect -o json', in ConsumerConfig's
 JSON shape; it prints the fields it changed (SQL0059). It does not change
-the binding set.`,
+the binding set.
+
+rm removes a group with its cursor, retries, dead letters, delivery log,
+bindings, config and history, leaving the stream and its other groups: a dry
+run unless -execute is given, refused while an instance of the group is live.`,
 }
 
 func groupsVerb(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("groups: missing subcommand (one of: ls, describe, seek, declare; see sqlstreams groups -h)")
+		return errors.New("groups: missing subcommand (one of: ls, describe, seek, declare, rm; see sqlstreams groups -h)")
 	}
 	switch args[0] {
 	case "ls":
@@ -222,11 +232,13 @@ func groupsVerb(ctx context.Context, args []string, out io.Writer) error {
 		return groupsSeek(ctx, args[1:], out)
 	case "declare":
 		return groupsDeclare(ctx, args[1:], out)
+	case "rm":
+		return rmVerb(ctx, "groups rm", args[1:], out)
 	case "-h", "-help", "--help":
 		printVerbUsage(newFlags("groups"), out, groupsUsage)
 		return nil
 	}
-	return fmt.Errorf("groups: unknown subcommand %q (one of: ls, describe, seek, declare)", args[0])
+	return fmt.Errorf("groups: unknown subcommand %q (one of: ls, describe, seek, declare, rm)", args[0])
 }
 
 func groupsLs(ctx context.Context, args []string, out io.Writer) error {
@@ -881,4 +893,75 @@ progress. -dry-run changes nothing and says what would be redriven.`}, 2, -1)
 	}
 	fmt.Fprintf(out, "redrove %d dead letter(s) of group %s\n", n, pos[1])
 	return nil
+}
+
+// rmVerb is streams rm and groups rm: a dry run unless -execute, whose
+// client alone is built with AllowDestroy.
+func rmVerb(ctx context.Context, verb string, args []string, out io.Writer) error {
+	fs := newFlags(verb)
+	var c common
+	c.register(fs)
+	execute := fs.Bool("execute", false, "remove (without it, a dry run that lists what would go)")
+	n, synopsis := 1, "streams rm STREAM [-execute] [-schema sqlstreams] [-o table|json]"
+	if verb == "groups rm" {
+		n, synopsis = 2, "groups rm STREAM GROUP [-execute] [-schema sqlstreams] [-o table|json]"
+	}
+	pos, help, err := parseVerb(fs, args, out, verbUsage{synopsis: synopsis,
+		about: `An action: removes a stream (with its tables, messages, groups and schedules) or
+one consumer group (with everything it holds), in one transaction. Without
+-execute it is a dry run that lists what would go and changes nothing. It is
+refused while an instance of the stream's groups (or of the group) is live.`}, n, n)
+	if help || err != nil {
+		return err
+	}
+	if err := c.check(verb); err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	client, done, err := openClient(ctx, out, verb, &sqlstreams.ClientConfig{Schema: c.schema, DisableMigrate: true,
+		AllowDestroy: *execute, Logger: logger})
+	if err != nil {
+		return err
+	}
+	defer done()
+	opts := &sqlstreams.DestroyOptions{DryRun: !*execute}
+	var res *sqlstreams.DestroyResult
+	if n == 1 {
+		res, err = client.DestroyStream(ctx, pos[0], opts)
+	} else {
+		res, err = client.DestroyGroup(ctx, pos[0], pos[1], opts)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", verb, err)
+	}
+	if c.format == "json" {
+		return writeJSON(out, map[string]any{"stream": res.Stream, "group": res.Group, "dry_run": res.DryRun,
+			"relations": orEmpty(res.Relations), "rows": res.Rows, "groups": orEmpty(res.Groups)})
+	}
+	what := "stream " + res.Stream
+	if res.Group != "" {
+		what = "group " + res.Group + " of stream " + res.Stream
+	}
+	if res.DryRun {
+		fmt.Fprintf(out, "dry run: would remove %s (-execute removes it):\n", what)
+	} else {
+		fmt.Fprintf(out, "removed %s:\n", what)
+	}
+	if res.Group == "" {
+		fmt.Fprintf(out, "  %d message(s), %d table(s) and partition(s): %s\n", res.Rows["log"], len(res.Relations), strings.Join(res.Relations, " "))
+		fmt.Fprintf(out, "  %d consumer group(s): %s\n", len(res.Groups), strings.Join(res.Groups, " "))
+		return nil
+	}
+	var rows [][]string
+	for _, t := range []string{"cursor", "range", "exception", "key_lease", "delivery", "binding", "binding_declaration"} {
+		rows = append(rows, []string{t, strconv.FormatInt(res.Rows[t], 10)})
+	}
+	return table(out, []string{"TABLE", "ROWS"}, rows)
+}
+
+func orEmpty(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }

@@ -387,7 +387,9 @@ func TestOperatorVerbsCheckTheirArguments(t *testing.T) {
 		want string
 	}{
 		{[]string{"streams"}, "streams: missing arguments"},
-		{[]string{"streams", "rm"}, `streams: unknown subcommand "rm"`},
+		{[]string{"streams", "drop"}, `streams: unknown subcommand "drop"`},
+		{[]string{"streams", "rm"}, "streams rm: missing arguments"},
+		{[]string{"groups", "rm", "s"}, "groups rm: missing arguments"},
 		{[]string{"streams", "ls", "typo"}, `streams: unexpected argument "typo"`},
 		{[]string{"groups"}, "groups: missing subcommand"},
 		{[]string{"groups", "delete"}, `groups: unknown subcommand "delete"`},
@@ -484,4 +486,31 @@ func TestTheBuiltBinary(t *testing.T) {
 	require.Contains(t, line, "manager running on schema "+f.schema)
 	require.NoError(t, manager.Process.Signal(os.Interrupt))
 	require.NoError(t, manager.Wait(), "SIGINT stops the manager cleanly")
+}
+
+func TestRmVerbs(t *testing.T) {
+	f := newOpsFixture(t, 3, 1)
+	ctx := context.Background()
+	_, err := f.stream.Consumer("audit").Register(ctx, nil)
+	require.NoError(t, err)
+
+	out := f.ok(t, "groups", "rm", "orders", "billing")
+	require.Contains(t, out, "dry run: would remove group billing of stream orders")
+	require.Regexp(t, `(?m)^exception\s+1$`, out)
+	f.describe(t) // still there
+	out = f.ok(t, "groups", "rm", "orders", "billing", "-execute")
+	require.Contains(t, out, "removed group billing of stream orders")
+	_, err = f.cli(t, "groups", "describe", "orders", "billing")
+	require.ErrorIs(t, err, sqlstreams.ErrNotRegistered)
+	require.Contains(t, f.ok(t, "groups", "ls"), "audit")
+
+	out = f.ok(t, "streams", "rm", "orders")
+	require.Contains(t, out, "dry run: would remove stream orders")
+	require.Contains(t, out, "3 message(s)")
+	require.Contains(t, out, "1 consumer group(s): audit")
+	require.Contains(t, f.ok(t, "streams", "ls"), "orders")
+	require.Contains(t, f.ok(t, "streams", "rm", "orders", "-execute", "-o", "json"), `"dry_run": false`)
+	require.NotContains(t, f.ok(t, "streams", "ls"), "orders")
+	_, err = f.cli(t, "streams", "rm", "orders", "-execute")
+	require.ErrorIs(t, err, sqlstreams.ErrNotRegistered)
 }

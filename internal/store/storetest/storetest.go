@@ -101,3 +101,59 @@ func DeleteLogBelow(ctx context.Context, st *store.Store, streamID, id int64) er
 	_, err := st.Pool().Exec(ctx, "-- storetest.DeleteLogBelow\nDELETE FROM "+st.StreamTable(streamID, "log")+" WHERE id < $1", id)
 	return err
 }
+
+// StreamRelations lists every relation of the schema (tables, partitions,
+// indexes, sequences) named for stream streamID.
+func StreamRelations(ctx context.Context, st *store.Store, streamID int64) ([]string, error) {
+	rows, err := st.Pool().Query(ctx, `-- storetest.StreamRelations
+SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND starts_with(c.relname, $2) ORDER BY c.relname`, st.Schema(), fmt.Sprintf("stream_%d_", streamID))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// SharedRows counts the shared tables' rows that belong to stream
+// streamID, by table.
+func SharedRows(ctx context.Context, st *store.Store, streamID int64) (map[string]int64, error) {
+	out := map[string]int64{}
+	for table, where := range map[string]string{
+		"stream_config": "id = $1", "stream_config_log": "stream_id = $1", "stream_migration": "stream_id = $1",
+		"consumer_group_config": "stream_id = $1", "schedule": "stream_id = $1",
+		"worker_config": "consumer_group_id IN (SELECT id FROM " + st.SharedTable("consumer_group_config") + " WHERE stream_id = $1)",
+	} {
+		var n int64
+		if err := st.Pool().QueryRow(ctx, "-- storetest.SharedRows\nSELECT count(*) FROM "+st.SharedTable(table)+" WHERE "+where, streamID).Scan(&n); err != nil {
+			return nil, fmt.Errorf("%s: %w", table, err)
+		}
+		out[table] = n
+	}
+	return out, nil
+}
+
+// GroupRows counts group groupID's rows in its stream's tables and the
+// shared ones, by table.
+func GroupRows(ctx context.Context, st *store.Store, streamID, groupID int64) (map[string]int64, error) {
+	out := map[string]int64{}
+	for _, t := range []string{"cursor", "range", "exception", "key_lease", "delivery", "binding", "binding_declaration"} {
+		var n int64
+		if err := st.Pool().QueryRow(ctx, "-- storetest.GroupRows\nSELECT count(*) FROM "+st.StreamTable(streamID, t)+" WHERE group_id = $1", groupID).Scan(&n); err != nil {
+			return nil, fmt.Errorf("%s: %w", t, err)
+		}
+		out[t] = n
+	}
+	for table, where := range map[string]string{
+		"consumer_group_config": "id = $1",
+		"worker_config":         "consumer_group_id = $1",
+		"worker_config_log":     "worker_config_id IN (SELECT id FROM " + st.SharedTable("worker_config") + " WHERE consumer_group_id = $1)",
+		"worker_instance":       "worker_config_id IN (SELECT id FROM " + st.SharedTable("worker_config") + " WHERE consumer_group_id = $1)",
+	} {
+		var n int64
+		if err := st.Pool().QueryRow(ctx, "-- storetest.GroupRows\nSELECT count(*) FROM "+st.SharedTable(table)+" WHERE "+where, groupID).Scan(&n); err != nil {
+			return nil, fmt.Errorf("%s: %w", table, err)
+		}
+		out[table] = n
+	}
+	return out, nil
+}
