@@ -417,3 +417,6 @@ func (g *Group) Declare(ctx context.Context, cfg ConsumerConfig) (*Declared, err
 	}
 	return out, nil
 }
+
+// Status reads the group's progress (see Group.Status).
+func (c *Consumer[T]) Status(ctx context.Context) (*GroupStatus, error) { return c.admin().Status(ctx) }

@@ -130,6 +130,35 @@ var errNilClient = fmt.Errorf("%w: the stream handle was made from a nil *Client
 // Name returns the stream's name.
 func (s *StreamHandle[T]) Name() string { return s.name }
 
+// MaxProducedIn bounds ProducedIn.
+const MaxProducedIn = 10000
+
+// ProducedIn returns the messages tx has produced to this stream so far,
+// visible in tx and not yet committed, oldest first (at most
+// MaxProducedIn), decoded into T. It is for tests of code that produces in
+// its caller's transaction (sqlstreamstest.RequireProduced); it writes
+// nothing, and a transaction that has written nothing gets none.
+func (s *StreamHandle[T]) ProducedIn(ctx context.Context, tx pgx.Tx) ([]T, error) {
+	if tx == nil {
+		return nil, fmt.Errorf("%w: ProducedIn needs a transaction", ErrInvalidConfig)
+	}
+	row, _, err := s.resolve(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	raws, err := s.c.store.ProducedIn(ctx, tx, row.ID, MaxProducedIn)
+	if err != nil {
+		return nil, fmt.Errorf("stream %q: %w", s.name, err)
+	}
+	out := make([]T, len(raws))
+	for i, raw := range raws {
+		if err := json.Unmarshal(raw, &out[i]); err != nil {
+			return nil, fmt.Errorf("%w: a message of stream %q into %T", ErrDecode, s.name, out[i])
+		}
+	}
+	return out, nil
+}
+
 // Register creates the stream and its tables, or reuses them, and stores cfg
 // (nil declares the defaults). A declaration that changes the stored config
 // is logged as a warning naming the change.

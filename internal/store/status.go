@@ -283,3 +283,24 @@ SELECT attempt, outcome, error, at FROM {s}.{t}_delivery
 WHERE group_id = $1 AND message_id = $2
 ORDER BY id
 LIMIT $3`)
+
+// ProducedIn returns the payloads q's transaction has produced to the stream
+// so far (visible in it, committed or not), oldest first, at most limit. A
+// transaction that has written nothing has no xid and gets none.
+func (st *Store) ProducedIn(ctx context.Context, q Querier, streamID int64, limit int) ([][]byte, error) {
+	rows, err := q.Query(ctx, st.stream(streamID).sql(producedInSQL), limit)
+	if err != nil {
+		return nil, fmt.Errorf("messages produced in the transaction: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) ([]byte, error) {
+		var b []byte
+		err := r.Scan(&b)
+		return b, err
+	})
+}
+
+var producedInSQL = perStream(`-- store.ProducedIn
+SELECT payload FROM {s}.{t}_log
+WHERE xid = pg_current_xact_id_if_assigned()::text::bigint
+ORDER BY id
+LIMIT $1`)
