@@ -20,7 +20,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// TestMain starts the tests' PostgreSQL, and hands its URL to the runnable
+// examples as SQLSTREAMS_DATABASE_URL (they import no test helper); their
+// example_ schemas are dropped afterwards.
+func TestMain(m *testing.M) { pgtest.MainExporting(m, "SQLSTREAMS_DATABASE_URL", "example_") }
 
 // env is one test's client on its own schema.
 type env struct {

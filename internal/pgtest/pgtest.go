@@ -38,12 +38,26 @@ var (
 // before any test runs and stops it afterwards even when tests fail, so the
 // server's lifetime is exactly the test binary's.
 func Main(m *testing.M) {
-	os.Exit(run(m))
+	os.Exit(run(m, ""))
 }
 
-func run(m *testing.M) int {
+// MainExporting is Main that also sets the environment variable env to the
+// database's URL (unless it is set already) before the tests run: for
+// runnable examples, which read it as a user's program would
+// (SQLSTREAMS_DATABASE_URL) and import no test helper. After the tests it
+// drops every schema whose name starts with dropPrefix (the examples'), so
+// that an external database is left as it was.
+func MainExporting(m *testing.M, env, dropPrefix string) {
+	os.Exit(run(m, env, dropPrefix))
+}
+
+func run(m *testing.M, export ...string) int {
+	if len(export) == 2 {
+		defer exportURL(export[0], export[1])()
+	}
 	if u := os.Getenv(EnvURL); u != "" {
 		dbURL = u
+		exportHook()
 		return m.Run()
 	}
 	// Fail loudly and at once: skipping every test when PostgreSQL is not
@@ -80,8 +94,56 @@ func run(m *testing.M) int {
 
 	dbURL = c.URL("postgres")
 	cluster = c
+	exportHook()
 	return m.Run()
 }
+
+// exportURL arranges for env to hold dbURL once it is known (m.Run reads
+// it lazily through os.Getenv) and returns the cleanup that drops the
+// schemas starting with prefix.
+func exportURL(env, prefix string) func() {
+	exported := false
+	exportHook = func() {
+		if os.Getenv(env) == "" {
+			_ = os.Setenv(env, dbURL)
+			exported = true
+		}
+	}
+	return func() {
+		if exported {
+			_ = os.Unsetenv(env)
+		}
+		if prefix == "" || dbURL == "" || cluster != nil {
+			return // a private cluster goes whole
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, dbURL)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: drop example schemas:", err)
+			return
+		}
+		defer conn.Close(ctx)
+		rows, err := conn.Query(ctx, "-- pgtest.exportURL\nSELECT nspname FROM pg_catalog.pg_namespace WHERE starts_with(nspname, $1)", prefix)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: drop example schemas:", err)
+			return
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: drop example schemas:", err)
+			return
+		}
+		for _, n := range names {
+			if _, err := conn.Exec(ctx, "-- pgtest.exportURL\nDROP SCHEMA IF EXISTS "+pgx.Identifier{n}.Sanitize()+" CASCADE"); err != nil {
+				fmt.Fprintln(os.Stderr, "pgtest: drop example schemas:", err)
+			}
+		}
+	}
+}
+
+// exportHook, when set, runs once dbURL is known, before the tests.
+var exportHook = func() {}
 
 // ErrExternal reports that the tests run on a server the harness did not
 // start (SQLSTREAMS_TEST_DATABASE_URL), which it must not restart.
