@@ -27,6 +27,7 @@ const defaultDemoDuration = 10 * time.Second
 
 type demoOptions struct {
 	duration time.Duration
+	linger   time.Duration
 	rate     int
 	schema   string
 	backlog  int
@@ -194,6 +195,9 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 	if o.backlog < 0 {
 		return errors.New("demo: -backlog must not be negative")
 	}
+	if o.linger < 0 {
+		return errors.New("demo: -linger must not be negative")
+	}
 	if o.schema != "" {
 		if err := validSchemaFlag("demo", o.schema); err != nil {
 			return err
@@ -337,6 +341,15 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 				fmt.Fprintf(out, "ranges committed %d, failures %d, reclaims %d\n", st.Committed, st.Failed, st.Reclaimed)
 				if c != p {
 					return fmt.Errorf("consumed %d of %d", c, p)
+				}
+				if o.linger > 0 {
+					// The consumers stopped with everything committed: the
+					// other verbs can see the final state (lag 0) meanwhile.
+					fmt.Fprintf(out, "keeping schema %s for %s so that other verbs can look at it (Ctrl-C ends it)\n", schema, o.linger)
+					select {
+					case <-clk.After(o.linger):
+					case <-ctx.Done():
+					}
 				}
 				return nil
 			}

@@ -3,7 +3,7 @@
 // bindings, dead letters), schema migrations, a standalone manager, and the
 // explanation of the log codes.
 //
-//	sqlstreams demo [-duration 10s] [-rate 2000] [-backlog 20000] [-schema NAME]
+//	sqlstreams demo [-duration 10s] [-rate 2000] [-backlog 20000] [-linger 5s] [-schema NAME]
 //	sqlstreams streams ls
 //	sqlstreams groups ls [-stream S] | describe S [G] | seek S G -to-… [-execute] | declare S G -f FILE
 //	sqlstreams inspect S G
@@ -56,7 +56,7 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, `usage:
-  sqlstreams demo [-duration 10s] [-rate 2000] [-backlog 20000] [-schema NAME]
+  sqlstreams demo [-duration 10s] [-rate 2000] [-backlog 20000] [-linger 5s] [-schema NAME]
   sqlstreams streams ls
   sqlstreams groups ls [-stream S] | describe S [G] | seek S G -to-... [-execute] | declare S G -f FILE
   sqlstreams inspect S G
@@ -194,7 +194,7 @@ func validSchemaFlag(verb, schema string) error {
 }
 
 var demoUsage = verbUsage{
-	synopsis: "demo [-duration 10s] [-rate 2000] [-backlog 20000] [-schema NAME]",
+	synopsis: "demo [-duration 10s] [-rate 2000] [-backlog 20000] [-linger 5s] [-schema NAME]",
 	about: `Produces to a stream at a steady rate and consumes it with two instances of
 one consumer group, printing progress and a summary. It works in a schema it
 creates itself and drops at its end, also when the run fails or is
@@ -211,6 +211,7 @@ func demoVerb(ctx context.Context, args []string, out io.Writer, logger *slog.Lo
 	fs.DurationVar(&o.duration, "duration", defaultDemoDuration, "how long to produce")
 	fs.IntVar(&o.rate, "rate", 2000, "messages produced per second")
 	fs.IntVar(&o.backlog, "backlog", 20000, "messages produced before the consumers start")
+	fs.DurationVar(&o.linger, "linger", 5*time.Second, "after the run, keep its schema this long so that other verbs (groups describe) can look at the final state")
 	fs.StringVar(&o.schema, "schema", "", "a new schema for the demo's tables, created and dropped by the run (default: a fresh sqlstreams_demo_<random hex>)")
 	rest, help, err := parse(fs, args, out, demoUsage)
 	if help || err != nil {

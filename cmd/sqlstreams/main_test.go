@@ -24,7 +24,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 const unreachableURL = "postgres://nobody:secret@127.0.0.1:1/none?connect_timeout=1"
 
 // demoArgs make a demo run that ends within about a second.
-var demoArgs = []string{"demo", "-duration", "300ms", "-rate", "200", "-backlog", "50"}
+var demoArgs = []string{"demo", "-duration", "300ms", "-rate", "200", "-backlog", "50", "-linger", "0s"}
 
 func TestUsageAndBadCommands(t *testing.T) {
 	var out bytes.Buffer
