@@ -87,7 +87,7 @@ func (c *Client) destroy(ctx context.Context, stream, group string, opts *Destro
 	}
 	d, err := c.store.Destroy(ctx, req)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+		return nil, fmt.Errorf("%s: %w", what, ownerOnly(err, "destroying"))
 	}
 	return &DestroyResult{Stream: stream, Group: group, Relations: d.Relations, Rows: d.Rows, Groups: d.Groups, DryRun: o.DryRun}, nil
 }

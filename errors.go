@@ -3,6 +3,8 @@ package sqlstreams
 import (
 	"errors"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/topic"
 )
@@ -47,3 +49,15 @@ var (
 	// the client. Nothing was written; make new handles.
 	ErrStreamChanged = store.ErrStreamChanged
 )
+
+// ownerOnly turns a missing privilege (SQLSTATE 42501) met by a step that
+// runs DDL into a permanent error saying who may run it; other errors pass
+// through.
+func ownerOnly(err error, step string) error {
+	var pg *pgconn.PgError
+	if err == nil || !errors.As(err, &pg) || pg.Code != "42501" {
+		return err
+	}
+	return &store.PermanentError{Err: err, Remedy: step + " runs DDL on the schema: run it as the schema's owner " +
+		"(README, Privileges), or GRANT CREATE ON SCHEMA to this role"}
+}

@@ -182,7 +182,7 @@ func (s *StreamHandle[T]) Register(ctx context.Context, cfg *StreamConfig) error
 	}
 	row, old, changed, created, err := s.c.store.RegisterStream(ctx, s.name, doc, declaredBy(), s.c.dbNow())
 	if err != nil {
-		return err
+		return ownerOnly(err, "registering a stream (creating or upgrading its tables)")
 	}
 	if changed && !created {
 		changes, err := groupconfig.DiffDoc(old, doc)

@@ -276,3 +276,8 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	t.Cleanup(pool.Close)
 	return pool
 }
+
+// External reports whether the tests run on a server the harness did not
+// start (SQLSTREAMS_TEST_DATABASE_URL): there a test may lack privileges
+// the private cluster's superuser has.
+func External() bool { return cluster == nil }
