@@ -59,7 +59,9 @@ type ConsumerConfig struct {
 	// syntax: words split on '.', '*' one word, '#' zero or more). nil or
 	// empty is the whole stream; a group with any binding never receives a
 	// message produced without a routing key. Compared as a set. A changed
-	// set waits until no live instance holds the installed one (seed 0511).
+	// set waits until no live instance holds the installed one (seed 0511);
+	// once swapped in, it filters every later claim, including the messages
+	// already in the log after the cursor (see the package doc).
 	Bindings []string
 	// DeliveryLog says which attempts the delivery log records, in the
 	// transaction that settles them: DeliveryLogFailures (default: failed
