@@ -91,3 +91,25 @@ func (c *Client) destroy(ctx context.Context, stream, group string, opts *Destro
 	}
 	return &DestroyResult{Stream: stream, Group: group, Relations: d.Relations, Rows: d.Rows, Groups: d.Groups, DryRun: o.DryRun}, nil
 }
+
+// Destroy is an action: DestroyStream of this stream (see there).
+func (s *StreamHandle[T]) Destroy(ctx context.Context, opts *DestroyOptions) (*DestroyResult, error) {
+	if s.c == nil {
+		return nil, errNilClient
+	}
+	res, err := s.c.DestroyStream(ctx, s.name, opts)
+	if err == nil && !res.DryRun {
+		s.forget()
+	}
+	return res, err
+}
+
+// Destroy is an action: DestroyGroup of this group (see there).
+func (g *Group) Destroy(ctx context.Context, opts *DestroyOptions) (*DestroyResult, error) {
+	return g.c.DestroyGroup(ctx, g.stream, g.row.Name, opts)
+}
+
+// Destroy is an action: DestroyGroup of this group (see there).
+func (c *Consumer[T]) Destroy(ctx context.Context, opts *DestroyOptions) (*DestroyResult, error) {
+	return c.admin().Destroy(ctx, opts)
+}

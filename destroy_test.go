@@ -136,3 +136,26 @@ func TestDestroyIsRefusedWhileAnInstanceIsLive(t *testing.T) {
 	_, err = e.client.DestroyGroup(ctx, "orders", "audit", nil)
 	require.NoError(t, err, "another group of the stream has no live instance")
 }
+
+func TestDestroyFromTheHandles(t *testing.T) {
+	e, st, refunds := destroyFixture(t, true)
+	ctx := context.Background()
+	res, err := st.c.Destroy(ctx, &DestroyOptions{DryRun: true})
+	require.NoError(t, err)
+	require.True(t, res.DryRun)
+	_, err = st.c.Destroy(ctx, nil)
+	require.NoError(t, err)
+	_, err = e.client.Group(ctx, "orders", "g")
+	require.ErrorIs(t, err, ErrNotRegistered)
+
+	row, _, err := refunds.resolve(ctx, nil)
+	require.NoError(t, err)
+	_, err = refunds.Destroy(ctx, nil)
+	require.NoError(t, err)
+	rels, err := storetest.StreamRelations(ctx, e.client.store, row.ID)
+	require.NoError(t, err)
+	require.Empty(t, rels)
+	_, err = refunds.Produce(ctx, order{OrderID: "late"}, nil)
+	require.ErrorIs(t, err, ErrNotRegistered, "the stream is gone; its handle says so")
+	require.NoError(t, refunds.Register(ctx, nil), "and the name can be registered again")
+}

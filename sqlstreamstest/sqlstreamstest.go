@@ -108,8 +108,14 @@ type DrainOptions struct {
 // ctx ends first (naming the lag left) or when Consume fails. A handler
 // that keeps failing with retries left keeps the backlog from emptying
 // until its retries run out: give the test's messages short retry curves,
-// or make the handler return sqlstreams.Terminal.
-func Drain[T any](ctx context.Context, t testing.TB, consumer *sqlstreams.Consumer[T], handler sqlstreams.Handler[T], opts *DrainOptions) {
+// or make the handler return sqlstreams.Terminal. DrainWith takes options.
+func Drain[T any](ctx context.Context, t testing.TB, consumer *sqlstreams.Consumer[T], handler sqlstreams.Handler[T]) {
+	t.Helper()
+	DrainWith(ctx, t, consumer, handler, nil)
+}
+
+// DrainWith is Drain with options (nil: the defaults).
+func DrainWith[T any](ctx context.Context, t testing.TB, consumer *sqlstreams.Consumer[T], handler sqlstreams.Handler[T], opts *DrainOptions) {
 	t.Helper()
 	var o DrainOptions
 	if opts != nil {

@@ -109,7 +109,7 @@ func TestDrainReturnsOnceTheBacklogIsEmpty(t *testing.T) {
 		total.Add(i.Cents)
 		handled.Add(1)
 		return nil
-	}, nil)
+	})
 	require.EqualValues(t, 49, handled.Load())
 	require.EqualValues(t, 49*50/2-7, total.Load())
 	st, err := c.Status(ctx)
@@ -132,7 +132,7 @@ func TestDrainFailsWhenTheBacklogDoesNotEmpty(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		sqlstreamstest.Drain(ctx, r, c, func(hctx context.Context, _ *invoice) error {
+		sqlstreamstest.DrainWith(ctx, r, c, func(hctx context.Context, _ *invoice) error {
 			once.Do(func() { close(entered) })
 			<-hctx.Done() // never finishes on its own
 			return hctx.Err()
