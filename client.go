@@ -56,6 +56,9 @@ type ClientConfig struct {
 	// refused (ErrDestroyNotAllowed), so that a client an application builds
 	// for producing and consuming cannot destroy anything by mistake.
 	AllowDestroy bool
+	// Observer, if set, receives the client's events for metrics and traces
+	// (see Observer). Default none.
+	Observer Observer
 }
 
 // Backoff is a retry curve for the client's own store calls: the first
@@ -177,7 +180,7 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg *ClientConfig) (*Cli
 	if err != nil {
 		return nil, fmt.Errorf("new client: %w", err)
 	}
-	return &Client{cfg: c, store: st, hub: engine.NewHub(st, c.Clock, c.Logger)}, nil
+	return &Client{cfg: c, store: st, hub: engine.NewHub(st, c.Clock, c.Logger, c.Observer)}, nil
 }
 
 // Schema returns the schema the client works in.

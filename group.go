@@ -257,6 +257,7 @@ func (g *Group) Redrive(ctx context.Context, messageID int64) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("redrive message %d of %q: %w", messageID, g.row.Name, err)
 	}
+	g.redriven(n)
 	return n > 0, nil
 }
 
@@ -273,6 +274,7 @@ func (g *Group) RedriveIDs(ctx context.Context, ids []int64) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("redrive %d messages of %q: %w", len(ids), g.row.Name, err)
 	}
+	g.redriven(n)
 	return n, nil
 }
 
@@ -283,7 +285,15 @@ func (g *Group) RedriveAll(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("redrive dead letters of %q: %w", g.row.Name, err)
 	}
+	g.redriven(n)
 	return n, nil
+}
+
+// redriven counts redriven dead letters for the observer.
+func (g *Group) redriven(n int64) {
+	if n > 0 {
+		g.c.observer().Count(g.stream, g.row.Name, EventRedriven, int(n))
+	}
 }
 
 // SeekTo names where Seek moves a group's cursor. Make one with

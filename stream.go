@@ -389,8 +389,15 @@ func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *
 		s.c.wake(ctx, s.name, row.ID, msgs)
 	}
 	out := make([]Produced, len(res))
+	written := 0
 	for i, r := range res {
 		out[i] = Produced{ID: r.ID, Duplicate: r.Duplicate}
+		if !r.Duplicate {
+			written++
+		}
+	}
+	if written > 0 {
+		s.c.observer().Produced(s.name, written)
 	}
 	return out, nil
 }

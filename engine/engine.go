@@ -30,6 +30,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/c1702965/sqlstreams/internal/observe"
 	"log/slog"
 	"time"
 
@@ -89,7 +90,11 @@ type Config struct {
 	StreamID   int64
 	GroupID    int64
 	GroupName  string
+	StreamName string
 	Workers    map[string]int64 // worker name → worker_config id
+	// Observer, if set, receives the session's attempts, claims and counted
+	// events (ClientConfig.Observer).
+	Observer   observe.Observer
 	DeclaredBy string
 	Handler    claimer.Handler
 	Options    Options
@@ -185,6 +190,9 @@ func Run(ctx context.Context, cfg Config) error {
 	s := &session{cfg: cfg, o: o, dbNow: dbNow, logger: logger, health: health, plan: shutdown.New(cfg.Clock)}
 	if cfg.Alerts != nil { // the alerts actor runs for the whole session, the binding wait included
 		s.queue = alerts.NewQueue(&cfg.Stats.AlertsDropped)
+		if obs := cfg.Observer; obs != nil {
+			s.queue.OnDrop = func() { obs.Count(cfg.StreamName, cfg.GroupName, observe.AlertDropped, 1) }
+		}
 		actx, stopAlerts := context.WithCancel(context.WithoutCancel(ctx))
 		stopped := make(chan struct{})
 		go func() {
@@ -206,7 +214,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, GroupName: cfg.GroupName,
 		Patterns: cfg.Patterns, Regexes: cfg.Regexes, DeclaredBy: cfg.DeclaredBy,
 		Interval: o.BindingRetryInterval, Clock: cfg.Clock, Logger: logger, DBNow: dbNow, Alerts: s.queue, Retry: cfg.Retry,
-		DeclaredAt: cfg.DeclaredAt, Fault: cfg.Fault,
+		DeclaredAt: cfg.DeclaredAt, Fault: cfg.Fault, Observer: cfg.Observer, StreamName: cfg.StreamName,
 	})
 	if cfg.Hub != nil {
 		ch, unsubscribe := cfg.Hub.Subscribe(cfg.StreamID, cfg.Patterns)
@@ -283,7 +291,7 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		Concurrency: o.MessageConcurrency, PollRate: o.ClaimPollRate, Lease: o.InstanceTTL,
 		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: ShutdownBudget(o, s.snap),
 		Clock: cfg.Clock, Logger: logger, DBNow: s.dbNow, Stats: cfg.Stats, Drain: s.plan, Fault: cfg.Fault,
-		Health: s.health, Retry: cfg.Retry,
+		Health: s.health, Retry: cfg.Retry, Observer: cfg.Observer, StreamName: cfg.StreamName, GroupName: cfg.GroupName,
 	}
 	rc := common
 	rc.InstanceID, rc.Liveness = msgID, msgLive

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"github.com/c1702965/sqlstreams/internal/codes"
+	"github.com/c1702965/sqlstreams/internal/observe"
 	"log/slog"
 	"slices"
 	"sync"
@@ -24,10 +25,11 @@ import (
 // The hub's goroutine is started by the first subscription and stopped, and
 // waited for, by the last unsubscribe.
 type Hub struct {
-	store  *store.Store
-	clock  clock.Clock
-	logger *slog.Logger
-	retry  time.Duration
+	store    *store.Store
+	clock    clock.Clock
+	logger   *slog.Logger
+	observer observe.Observer // counts reconnects
+	retry    time.Duration
 
 	mu     sync.Mutex
 	subs   map[int64]map[chan struct{}][]string // per stream: each subscriber's binding patterns
@@ -45,8 +47,8 @@ type HubSignals struct {
 }
 
 // NewHub returns a hub; nothing runs until Subscribe.
-func NewHub(st *store.Store, clk clock.Clock, logger *slog.Logger) *Hub {
-	return &Hub{store: st, clock: clk, logger: logger, retry: time.Second, subs: map[int64]map[chan struct{}][]string{}}
+func NewHub(st *store.Store, clk clock.Clock, logger *slog.Logger, obs observe.Observer) *Hub {
+	return &Hub{store: st, clock: clk, logger: logger, observer: observe.Or(obs), retry: time.Second, subs: map[int64]map[chan struct{}][]string{}}
 }
 
 // Subscribe returns a channel that receives a value when streamID is
@@ -124,6 +126,7 @@ func (h *Hub) run(ctx context.Context, done chan struct{}) {
 		if err == nil {
 			if lost {
 				h.logger.Info("notification listener reconnected")
+				h.observer.Count("", "", observe.ListenerReconnect, 1)
 				lost = false
 				h.wakeAll()
 			}

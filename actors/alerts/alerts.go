@@ -52,6 +52,9 @@ type Event struct {
 type Queue struct {
 	ch      chan Event
 	dropped *atomic.Int64
+	// OnDrop, if set before the queue is used, is called for each dropped
+	// event (the observer's count).
+	OnDrop func()
 }
 
 // NewQueue returns a queue of QueueSize events; dropped, if set, counts the
@@ -69,6 +72,9 @@ func (q *Queue) Send(e Event) {
 	select {
 	case q.ch <- e:
 	default:
+		if q.OnDrop != nil {
+			q.OnDrop()
+		}
 		if q.dropped != nil {
 			q.dropped.Add(1)
 		}

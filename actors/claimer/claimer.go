@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/c1702965/sqlstreams/internal/codes"
+	"github.com/c1702965/sqlstreams/internal/observe"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -90,6 +91,10 @@ type Common struct {
 	Logger          *slog.Logger
 	DBNow           func() store.Now
 	Stats           *Stats
+	// Observer receives attempts, claims and their durations (nil: none),
+	// labelled with StreamName and GroupName.
+	Observer              observe.Observer
+	StreamName, GroupName string
 	// Fault, if set, is called at the top of every claim: chaos tests make
 	// it panic or fail to show the supervisor restarts the actor.
 	Fault func(site string) error
@@ -258,19 +263,28 @@ func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
 	}
 	group := a.cfg.Group()
 	args := store.ClaimParams{Owner: a.cfg.InstanceID, Limit: a.cfg.BatchLimit, Lease: a.cfg.Lease, Now: a.cfg.DBNow()}
+	obs := a.cfg.observer()
+	began := a.cfg.Clock.Now()
 	r, ok, err := a.db.ReclaimRange(ctx, args)
+	obs.ClaimDuration(a.cfg.StreamName, a.cfg.GroupName, a.cfg.Clock.Since(began))
 	if err != nil {
 		return nil, err
 	}
 	if ok {
 		a.cfg.Stats.Reclaimed.Add(1)
+		obs.Count(a.cfg.StreamName, a.cfg.GroupName, observe.RangeReclaimed, 1)
 		if limit := group.MaxRangeReclaimsOrDefault(); r.Reclaims > limit {
 			return nil, a.quarantine(ctx, r, group, limit)
 		}
 		a.cfg.Logger.Info("reclaimed an expired range", "range", r.ID, "reclaims", r.Reclaims, "messages", len(r.Messages))
 		return a.dispatch(ctx, r, group)
 	}
+	began = a.cfg.Clock.Now()
 	r, ok, err = a.db.ClaimRange(ctx, args)
+	obs.ClaimDuration(a.cfg.StreamName, a.cfg.GroupName, a.cfg.Clock.Since(began))
+	if ok {
+		obs.Count(a.cfg.StreamName, a.cfg.GroupName, observe.RangeClaimed, 1)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -303,6 +317,7 @@ func (a *Actor) quarantine(ctx context.Context, r store.Range, group policy.Grou
 		return err
 	}
 	a.cfg.Stats.Quarantined.Add(1)
+	a.cfg.observer().Count(a.cfg.StreamName, a.cfg.GroupName, observe.RangeQuarantined, 1)
 	codes.RangeQuarantined.Log(ctx, a.cfg.Logger, "range quarantined: its messages are retried one by one", "range", r.ID,
 		"reclaims", r.Reclaims, "messages", len(r.Messages))
 	return nil
@@ -494,6 +509,7 @@ func (a *Actor) checkGate(ctx context.Context) error {
 	}
 	a.stalled = true
 	a.cfg.Stats.Stalls.Add(1)
+	a.cfg.observer().Count(a.cfg.StreamName, a.cfg.GroupName, observe.DeliveryStall, 1)
 	blockers, err := a.cfg.Store.GateBlockers(ctx, g.Xmin)
 	if err != nil {
 		return err
@@ -533,6 +549,7 @@ func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 	e := atWrite(in.eff[i], m, group)
 	next := policy.Decide(e, group.InitialBackoffOrDefault(), 0, 0, o.Err)
 	a.cfg.Stats.count(next, o.Err, 0)
+	a.cfg.observeAttempt(o, next, 0, m.ProducedAt)
 	if outcome := policy.OutcomeOf(next, o.Err, 0); group.Logs(outcome) {
 		in.log = append(in.log, store.DeliveryWrite{Position: m.Position, Attempt: 1, Outcome: outcome, Error: errText(o.Err)})
 	}
@@ -565,6 +582,32 @@ func errText(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+func (c *Common) observer() observe.Observer { return observe.Or(c.Observer) }
+
+// observeAttempt hands one finished attempt to the observer; attempts is
+// the count before it.
+func (c *Common) observeAttempt(o Outcome, next policy.Next, attempts int, producedAt time.Time) {
+	if c.Observer == nil {
+		return
+	}
+	out := observe.Error
+	kind, _ := policy.Classify(o.Err)
+	switch {
+	case o.Err == nil:
+		out = observe.Success
+	case kind == policy.Terminal:
+		out = observe.Terminal
+	case kind == policy.Delay && next.Attempts == attempts:
+		out = observe.Delay
+	case errors.Is(o.Err, policy.ErrTimeout):
+		out = observe.Timeout
+	case errors.Is(o.Err, policy.ErrPanic):
+		out = observe.Panic
+	}
+	c.Observer.AttemptDone(observe.Attempt{Stream: c.StreamName, Group: c.GroupName, Outcome: out, Attempt: attempts + 1,
+		Dead: next.Status == policy.StatusDead, Duration: o.Duration, SinceProduced: max(0, o.Started.Sub(producedAt))})
 }
 
 // count records an attempt's result; attempts is the count before it.

@@ -193,6 +193,7 @@ func (a *ExceptionActor) Outcome(ctx context.Context, o Outcome) ([]Job, error) 
 	group := a.cfg.Group()
 	next := policy.Decide(atWrite(r.eff, &r.run.Message, group), group.InitialBackoffOrDefault(), r.run.Attempts, r.run.Delays, o.Err)
 	a.cfg.Stats.count(next, o.Err, r.run.Attempts)
+	a.cfg.observeAttempt(o, next, r.run.Attempts, r.run.Message.ProducedAt)
 	s := store.Settlement{Delete: next.Delete, Status: next.Status, Attempts: next.Attempts, Delays: next.Delays,
 		After: next.After, Error: errText(o.Err), Attempt: r.run.Attempts + 1}
 	if outcome := policy.OutcomeOf(next, o.Err, r.run.Attempts); group.Logs(outcome) {

@@ -44,6 +44,10 @@ type Outcome struct {
 	Ref      Ref
 	Err      error
 	Canceled bool
+	// Started is when the handler was called, Duration how long it ran
+	// (until its result, or until it was abandoned).
+	Started  time.Time
+	Duration time.Duration
 }
 
 // errNotLive is the outcome of a job the runner did not start because the
@@ -145,10 +149,15 @@ func (r *runner) run(ctx context.Context, j Job, slot **executor) Outcome {
 		}
 		ex = *slot
 	}
+	started := r.clock.Now()
 	ex.calls <- execCall{ctx: hctx, d: &d}
+	timed := func(o Outcome) Outcome {
+		o.Started, o.Duration = started, r.clock.Since(started)
+		return o
+	}
 	select {
 	case err := <-ex.done:
-		return r.outcome(ctx, hctx, j, err)
+		return timed(r.outcome(ctx, hctx, j, err))
 	case <-hctx.Done():
 	}
 	if ctx.Err() != nil {
@@ -158,7 +167,7 @@ func (r *runner) run(ctx context.Context, j Job, slot **executor) Outcome {
 		// session's shutdown deadline.
 		select {
 		case err := <-ex.done:
-			return r.outcome(ctx, hctx, j, err)
+			return timed(r.outcome(ctx, hctx, j, err))
 		default:
 		}
 		if slot != nil {
@@ -171,7 +180,7 @@ func (r *runner) run(ctx context.Context, j Job, slot **executor) Outcome {
 	defer grace.Stop()
 	select {
 	case err := <-ex.done:
-		return r.outcome(ctx, hctx, j, err)
+		return timed(r.outcome(ctx, hctx, j, err))
 	case <-grace.C:
 		if slot != nil { // the handler still runs on it: never hand it another
 			close(ex.calls)
@@ -181,8 +190,8 @@ func (r *runner) run(ctx context.Context, j Job, slot **executor) Outcome {
 			return Outcome{Ref: j.Ref, Err: ctx.Err(), Canceled: true}
 		}
 		r.stats.Abandoned.Add(1)
-		return Outcome{Ref: j.Ref, Err: fmt.Errorf("%w after %s; the handler ignored its context for %s more and was abandoned",
-			policy.ErrTimeout, d.Timeout, r.grace)}
+		return timed(Outcome{Ref: j.Ref, Err: fmt.Errorf("%w after %s; the handler ignored its context for %s more and was abandoned",
+			policy.ErrTimeout, d.Timeout, r.grace)})
 	}
 }
 
@@ -202,7 +211,7 @@ func (r *runner) call(ctx context.Context, d *Delivery) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			r.stats.Panics.Add(1)
-			err = fmt.Errorf("handler panic: %v\n%s", p, debug.Stack())
+			err = fmt.Errorf("%w: %v\n%s", policy.ErrPanic, p, debug.Stack())
 		}
 	}()
 	return r.handler(ctx, d)

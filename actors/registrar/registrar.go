@@ -17,6 +17,7 @@ import (
 	"github.com/c1702965/sqlstreams/actors/alerts"
 	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/codes"
+	"github.com/c1702965/sqlstreams/internal/observe"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"log/slog"
 	"time"
@@ -51,6 +52,10 @@ type Config struct {
 	// Fault, if set, is called at the top of every attempt (tests make it
 	// panic to show the supervisor restarts the actor).
 	Fault func(site string) error
+	// Observer, if set, counts each wait once (observe.BindingWait),
+	// labelled with StreamName and GroupName.
+	Observer   observe.Observer
+	StreamName string
 }
 
 // Actor is the registrar.
@@ -144,6 +149,7 @@ func (a *Actor) Run(ctx context.Context) (store.BindingResult, error) {
 		default:
 			rep.Report(ctx, nil)
 			a.waited = true
+			observe.Or(a.cfg.Observer).Count(a.cfg.StreamName, a.cfg.GroupName, observe.BindingWait, 1)
 			a.cfg.Alerts.Send(alerts.Event{Kind: alerts.BindingWaiting, Since: a.since, Binding: res})
 			codes.BindingWaiting.Log(ctx, a.cfg.Logger, "WAITING: consumer group binding set differs from the installed one while live instances hold it; "+
 				"this instance will not consume until they are gone",

@@ -21,6 +21,9 @@ func (e *DelayError) Error() string { return fmt.Sprintf("delayed %s", e.D) }
 // ErrTimeout is a handler attempt that outlived its Timeout.
 var ErrTimeout = errors.New("handler timed out")
 
+// ErrPanic is a handler attempt that panicked.
+var ErrPanic = errors.New("handler panic")
+
 // Kind is what a handler's result means.
 type Kind int
 

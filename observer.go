@@ -1,0 +1,53 @@
+package sqlstreams
+
+import "github.com/c1702965/sqlstreams/internal/observe"
+
+// Observer receives the engine's events as they happen, for metrics and
+// traces: messages produced, every handler attempt (outcome, duration,
+// produce-to-handler latency), claims and their statements' durations,
+// and counted events (ranges claimed, reclaimed and quarantined, delivery
+// stalls, binding waits, redrives). Set it on ClientConfig.Observer; the
+// Prometheus collector (module github.com/c1702965/sqlstreams/prometheus)
+// implements it. Its methods run on the engine's goroutines, on the claim
+// and handler paths: they must be safe for concurrent use and return at
+// once. Its labels are stream and group names only, never keys or ids.
+// Embed NopObserver to implement only some methods.
+type Observer = observe.Observer
+
+// NopObserver does nothing; embed it in an Observer to implement only the
+// methods you need (and stay compiling when methods are added).
+type NopObserver = observe.Nop
+
+// AttemptEvent is one finished handler attempt.
+type AttemptEvent = observe.Attempt
+
+// AttemptOutcome is how a handler attempt ended.
+type AttemptOutcome = observe.Outcome
+
+// Attempt outcomes.
+const (
+	OutcomeSuccess  = observe.Success
+	OutcomeError    = observe.Error
+	OutcomePanic    = observe.Panic
+	OutcomeTimeout  = observe.Timeout
+	OutcomeTerminal = observe.Terminal
+	OutcomeDelay    = observe.Delay
+)
+
+// ObservedEvent names a counted occurrence.
+type ObservedEvent = observe.Event
+
+// Counted events.
+const (
+	EventRangeClaimed      = observe.RangeClaimed
+	EventRangeReclaimed    = observe.RangeReclaimed
+	EventRangeQuarantined  = observe.RangeQuarantined
+	EventDeliveryStall     = observe.DeliveryStall
+	EventBindingWait       = observe.BindingWait
+	EventRedriven          = observe.Redriven
+	EventAlertDropped      = observe.AlertDropped
+	EventListenerReconnect = observe.ListenerReconnect
+)
+
+// observer is the client's Observer, never nil.
+func (c *Client) observer() Observer { return observe.Or(c.cfg.Observer) }
