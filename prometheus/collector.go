@@ -46,8 +46,8 @@ type Collector struct {
 	opts Options
 
 	produced, attempts, dead, redrives, claimed, reclaimed, quarantined, stalls, waits, dropped *prometheus.CounterVec
-	reconnects                                                                                   prometheus.Counter
-	handlerDuration, latency, claimDuration                                                      *prometheus.HistogramVec
+	reconnects                                                                                  prometheus.Counter
+	handlerDuration, latency, claimDuration                                                     *prometheus.HistogramVec
 
 	lag, oldest, deadNow, instances, waiters *prometheus.Desc
 

@@ -194,20 +194,20 @@ func TestEveryFamilyAfterFailuresARetryADeadLetterAndARedrive(t *testing.T) {
 	}
 	require.EqualValues(t, 6, value(t, fs, "sqlstreams_messages_produced_total", map[string]string{"stream": "orders"}))
 	for name, want := range map[string]float64{
-		"sqlstreams_dead_letters_total":                 1,
-		"sqlstreams_redrives_total":                     1,
-		"sqlstreams_ranges_reclaimed_total":             0,
-		"sqlstreams_ranges_quarantined_total":           0,
-		"sqlstreams_delivery_stalls_total":              0,
-		"sqlstreams_binding_waits_total":                0,
-		"sqlstreams_alerts_dropped_total":               0,
-		"sqlstreams_handler_duration_seconds":           11, // every attempt
-		"sqlstreams_produce_to_handler_seconds":         11,
-		"sqlstreams_group_lag":                          0,
+		"sqlstreams_dead_letters_total":                  1,
+		"sqlstreams_redrives_total":                      1,
+		"sqlstreams_ranges_reclaimed_total":              0,
+		"sqlstreams_ranges_quarantined_total":            0,
+		"sqlstreams_delivery_stalls_total":               0,
+		"sqlstreams_binding_waits_total":                 0,
+		"sqlstreams_alerts_dropped_total":                0,
+		"sqlstreams_handler_duration_seconds":            11, // every attempt
+		"sqlstreams_produce_to_handler_seconds":          11,
+		"sqlstreams_group_lag":                           0,
 		"sqlstreams_group_oldest_unconsumed_age_seconds": 0,
-		"sqlstreams_group_dead_letters":                 0,
-		"sqlstreams_group_live_instances":               0,
-		"sqlstreams_group_waiting_declarers":            0,
+		"sqlstreams_group_dead_letters":                  0,
+		"sqlstreams_group_live_instances":                0,
+		"sqlstreams_group_waiting_declarers":             0,
 	} {
 		require.Equal(t, want, value(t, fs, name, labels), name)
 	}
