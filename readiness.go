@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/c1702965/sqlstreams/internal/outage"
 )
@@ -125,5 +126,51 @@ func (r *Readiness) Handler() http.Handler {
 		}
 		w.WriteHeader(http.StatusServiceUnavailable)
 		_, _ = w.Write([]byte("not ready: not consuming, or the database has been unreachable for longer than InstanceTTL\n"))
+	})
+}
+
+// WedgedAfter is how long a session's claim loop may stay inside one step
+// (a claim, a settlement, a flush) before the liveness probe calls the
+// process wedged. A database outage does not wedge anything: store calls
+// fail and the loops keep turning, backing off. The bound is long because a
+// statement may wait for a row lock that long before the process is truly
+// stuck; an orchestrator that restarts on it restarts a process no longer
+// doing its work.
+const WedgedAfter = 5 * time.Minute
+
+// Live reports whether no session handed this Readiness has a claim loop
+// stuck in one step for longer than WedgedAfter. Unlike Ready it never
+// depends on the database, and a Readiness with no session is live.
+func (r *Readiness) Live() bool {
+	_, ok := r.wedged()
+	return !ok
+}
+
+func (r *Readiness) wedged() (string, bool) {
+	if r == nil {
+		return "", false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for h := range r.sessions {
+		if key, since, ok := h.Wedged(WedgedAfter); ok {
+			return key + " busy since " + since.UTC().Format(time.RFC3339), true
+		}
+	}
+	return "", false
+}
+
+// LiveHandler serves a liveness probe (/livez): 200 unless a claim loop is
+// wedged (see Live), 503 naming it then. Wire it to Kubernetes'
+// livenessProbe and Handler to its readinessProbe (README, Monitoring).
+func (r *Readiness) LiveHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if what, wedged := r.wedged(); wedged {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("wedged: " + what + "\n"))
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("live\n"))
 	})
 }

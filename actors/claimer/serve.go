@@ -107,7 +107,10 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		retryHandBack(sctx, c, l.what(), l.handBack)
 		return ErrDrained
 	}
+	key := l.what()
+	defer c.Health.Waiting(key)
 	for {
+		c.Health.Working(key)
 		if !draining {
 			select { // a drain begun while this actor restarted: no claims
 			case <-drainC:
@@ -140,6 +143,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			absorb(sctx, l, p, report, send) // keep outcomes flowing while claims are full
 		}
 		due = l.eager()
+		c.Health.Waiting(key)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -151,6 +155,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			cancelHandlers()
 			return finish()
 		case o := <-p.out:
+			c.Health.Working(key)
 			jobs, err := l.outcome(sctx, o)
 			report(err)
 			send(jobs)
@@ -158,6 +163,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		case <-wake: // produced to: claim now
 			due = true
 		case <-poll.C:
+			c.Health.Working(key)
 			if begun && holdoff == nil {
 				jobs, err := l.flush(sctx)
 				report(err)
@@ -165,6 +171,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			}
 			due = true
 		case <-reconcile.C:
+			c.Health.Working(key)
 			if begun && !draining && holdoff == nil {
 				report(l.reconcile(ctx))
 			}

@@ -92,6 +92,9 @@ type Health struct {
 	watchers  map[int]func()
 	nextWatch int
 	closed    bool
+
+	bmu  sync.Mutex           // guards busy (hot: the claim loops' every turn)
+	busy map[string]time.Time // actor → busy since
 }
 
 // NewHealth returns the health of a session whose instance lapses ttl after
@@ -238,4 +241,49 @@ func (h *Health) permanent(err error) {
 	case h.fatal <- err:
 	default: // the first one is what the session returns
 	}
+}
+
+// Working marks the actor named key as busy from now (if it was waiting);
+// Waiting marks it waiting for its next event. A loop that stays busy for
+// longer than a bound is wedged (Wedged): the liveness probe's one reason to
+// fail. A store call that fails at once (a database outage) keeps the loop
+// turning, so an outage never makes the process look wedged.
+func (h *Health) Working(key string) {
+	if h == nil {
+		return
+	}
+	h.bmu.Lock()
+	if h.busy == nil {
+		h.busy = map[string]time.Time{}
+	}
+	if _, ok := h.busy[key]; !ok {
+		h.busy[key] = h.clock.Now()
+	}
+	h.bmu.Unlock()
+}
+
+// Waiting marks the actor named key as waiting for its next event.
+func (h *Health) Waiting(key string) {
+	if h == nil {
+		return
+	}
+	h.bmu.Lock()
+	delete(h.busy, key)
+	h.bmu.Unlock()
+}
+
+// Wedged reports an actor that has been busy for longer than bound, if any.
+func (h *Health) Wedged(bound time.Duration) (key string, since time.Time, wedged bool) {
+	if h == nil {
+		return "", time.Time{}, false
+	}
+	now := h.clock.Now()
+	h.bmu.Lock()
+	defer h.bmu.Unlock()
+	for k, t := range h.busy {
+		if now.Sub(t) > bound {
+			return k, t, true
+		}
+	}
+	return "", time.Time{}, false
 }
