@@ -589,7 +589,7 @@ func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
 		}
 		meta := &Meta{ID: m.ID, Stream: c.s.name, Group: c.group.Name, RoutingKey: m.RoutingKey, Key: m.Key,
 			Version: m.Version, ProducedAt: m.ProducedAt, Attempt: d.Attempt, Delays: d.Delays,
-			Concurrency: d.Concurrency, Timeout: d.Timeout, Position: Position{Xid: m.Xid, ID: m.ID}}
+			Concurrency: d.Concurrency, Timeout: d.Timeout, Position: Position{Xid: m.Xid, ID: m.ID}, Headers: decodeHeaders(m.Headers)}
 		var msg T
 		if raw, ok := any(&msg).(*json.RawMessage); ok {
 			// The bytes as stored: PostgreSQL validated them as JSON when

@@ -201,6 +201,8 @@ type Meta struct {
 	Concurrency Concurrency
 	// Timeout is this attempt's timeout.
 	Timeout time.Duration
+	// Headers are the message's headers as produced (nil: none).
+	Headers Headers
 }
 
 // Position is a message's place in its stream's log: the producing

@@ -258,6 +258,10 @@ type ProduceOptions struct {
 	// curve, key concurrency), stored with it, sparse: unset fields take
 	// the group's and the library's defaults.
 	Message *MessageOptions
+	// Headers are the message's headers (trace context, a correlation
+	// id): bounded and validated (see Headers), stored with it, handed to
+	// consumers in Meta.Headers, never logged.
+	Headers Headers
 	// Tx, if set, produces inside the caller's transaction: the message
 	// exists exactly when it commits, and everything the produce needs runs
 	// on that transaction (no second connection is taken from the pool). A
@@ -295,6 +299,8 @@ type BatchItem[T any] struct {
 	IdempotencyKey string
 	// Message is the item's own options, over BatchOptions.Message.
 	Message *MessageOptions
+	// Headers are the item's headers (see Headers).
+	Headers Headers
 }
 
 // Produce writes one message.
@@ -303,7 +309,7 @@ func (s *StreamHandle[T]) Produce(ctx context.Context, msg T, opts *ProduceOptio
 	if opts != nil {
 		o = *opts
 	}
-	item := BatchItem[T]{Msg: msg, RoutingKey: o.RoutingKey, Key: o.Key, IdempotencyKey: o.IdempotencyKey, Message: o.Message}
+	item := BatchItem[T]{Msg: msg, RoutingKey: o.RoutingKey, Key: o.Key, IdempotencyKey: o.IdempotencyKey, Message: o.Message, Headers: o.Headers}
 	out, err := s.produce(ctx, []BatchItem[T]{item}, &BatchOptions{Tx: o.Tx}, "ProduceOptions.Message")
 	if err != nil {
 		return Produced{}, err
@@ -357,6 +363,13 @@ func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *
 		if err := it.Message.validate(itemField); err != nil {
 			return nil, fmt.Errorf("produce to %q: message %d: %w", s.name, i, err)
 		}
+		if err := it.Headers.validate(); err != nil {
+			return nil, fmt.Errorf("produce to %q: message %d: %w", s.name, i, err)
+		}
+		headers, err := it.Headers.encode()
+		if err != nil {
+			return nil, fmt.Errorf("produce to %q: message %d: encode headers: %w", s.name, i, err)
+		}
 		merged := it.Message.merge(o.Message)
 		if c := merged.layer().Concurrency; c.Keyed() && it.Key == "" {
 			return nil, fmt.Errorf("produce to %q: message %d: %w: concurrency %q needs a message key", s.name, i, ErrInvalidKey, c)
@@ -374,7 +387,7 @@ func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *
 		}
 		msgs[i] = store.NewMessage{
 			Version: s.version, RoutingKey: it.RoutingKey, Key: it.Key,
-			IdempotencyKey: it.IdempotencyKey, Payload: payload, Options: opts,
+			IdempotencyKey: it.IdempotencyKey, Payload: payload, Options: opts, Headers: headers,
 		}
 	}
 	enc.finish(msgs)

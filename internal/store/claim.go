@@ -29,6 +29,7 @@ type Message struct {
 	Key        string
 	Payload    []byte // nil when the message does not match the group's bindings
 	Options    []byte
+	Headers    []byte // a JSON object of strings, or nil
 	// Matched is false for a message the group's binding set does not
 	// route to it: it is settled without being delivered.
 	Matched bool
@@ -87,8 +88,8 @@ func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool,
 	// The range's columns repeat on every row: scanned from the first only
 	// (a token string per row was the claim's largest allocation). Payload
 	// and options are copied into the slab.
-	first := []any{&r.ID, &r.Token, &m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, nil, nil, &m.Matched, &r.Bindings}
-	rest := []any{nil, nil, &m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, nil, nil, &m.Matched, nil}
+	first := []any{&r.ID, &r.Token, &m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, nil, nil, &m.Matched, &r.Bindings, nil}
+	rest := []any{nil, nil, &m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, nil, nil, &m.Matched, nil, nil}
 	for rows.Next() {
 		m = Message{}
 		dst := rest
@@ -102,6 +103,9 @@ func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool,
 		m.Payload = slab.copy(raw[8], 2*(a.Limit-len(r.Messages)))
 		if len(raw[9]) > 0 {
 			m.Options = slab.copy(raw[9], 2*(a.Limit-len(r.Messages)))
+		}
+		if len(raw[12]) > 0 {
+			m.Headers = slab.copy(raw[12], 2*(a.Limit-len(r.Messages)))
 		}
 		r.Messages = append(r.Messages, m)
 	}
@@ -127,7 +131,7 @@ func (g Group) ReclaimRange(ctx context.Context, a ClaimParams) (r Range, ok boo
 			mxid, mid *int64
 			at        *time.Time
 		)
-		if err := rows.Scan(&r.ID, &r.Token, &r.Reclaims, &mxid, &mid, &at, &ver, &rk, &key, nil, &m.Options, &m.Matched, &r.Bindings); err != nil {
+		if err := rows.Scan(&r.ID, &r.Token, &r.Reclaims, &mxid, &mid, &at, &ver, &rk, &key, nil, &m.Options, &m.Matched, &r.Bindings, &m.Headers); err != nil {
 			return r, false, fmt.Errorf("reclaim range: scan: %w", err)
 		}
 		ok = true
@@ -233,7 +237,8 @@ WITH cur AS (
 )
 SELECT (SELECT id FROM rng), (SELECT token::text FROM rng), b.xid, b.id, b.produced_at, b.version,
        coalesce(b.routing_key, ''), coalesce(b.message_key, ''),
-       CASE WHEN mt.matched THEN b.payload::text END, coalesce(b.options::text, ''), mt.matched, (SELECT decl FROM binds)
+       CASE WHEN mt.matched THEN b.payload::text END, coalesce(b.options::text, ''), mt.matched, (SELECT decl FROM binds),
+       CASE WHEN mt.matched THEN b.headers::text END
 FROM {s}.{t}_log b,
      LATERAL (SELECT (SELECT rx FROM binds) IS NULL
                   OR (b.routing_key IS NOT NULL
@@ -262,11 +267,12 @@ WITH r AS (
 )
 SELECT upd.id, upd.token::text, upd.reclaims, m.xid, m.id, m.produced_at, m.version,
        coalesce(m.routing_key, ''), coalesce(m.message_key, ''),
-       CASE WHEN mt.matched THEN m.payload::text END, coalesce(m.options::text, ''), coalesce(mt.matched, false), binds.decl
+       CASE WHEN mt.matched THEN m.payload::text END, coalesce(m.options::text, ''), coalesce(mt.matched, false), binds.decl,
+       CASE WHEN mt.matched THEN m.headers::text END
 FROM upd
 CROSS JOIN binds
 LEFT JOIN (
-    SELECT l.xid, l.id, l.produced_at, l.version, l.routing_key, l.message_key, l.payload, l.options
+    SELECT l.xid, l.id, l.produced_at, l.version, l.routing_key, l.message_key, l.payload, l.options, l.headers
     FROM {s}.{t}_log l
     WHERE (l.xid, l.id) > ((SELECT lo_xid FROM upd), (SELECT lo_id FROM upd))
       AND (l.xid, l.id) <= ((SELECT hi_xid FROM upd), (SELECT hi_id FROM upd))

@@ -43,7 +43,7 @@ func (g Group) ClaimExceptions(ctx context.Context, c ClaimExceptions) ([]Except
 		var r ExceptionRun
 		m := &r.Message
 		if err := rows.Scan(&r.Token, &r.Concurrency, &r.Attempts, &r.Delays, &r.Expired, &r.Queued,
-			&m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, &m.Payload, &m.Options); err != nil {
+			&m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, &m.Payload, &m.Options, &m.Headers); err != nil {
 			return nil, fmt.Errorf("claim exceptions: scan: %w", err)
 		}
 		m.Matched = true // routed to the group when its range was claimed
@@ -252,7 +252,7 @@ WITH RECURSIVE keys AS (
 )
 SELECT upd.token::text, upd.concurrency, upd.attempts, upd.delays, upd.expired, upd.status = 'queued',
        m.xid, m.id, m.produced_at, m.version, coalesce(m.routing_key, ''), coalesce(m.message_key, ''),
-       m.payload::text, coalesce(m.options::text, '')
+       m.payload::text, coalesce(m.options::text, ''), coalesce(m.headers::text, '')
 FROM upd JOIN {s}.{t}_log m ON m.xid = upd.message_xid AND m.id = upd.message_id
 ORDER BY m.xid, m.id`)
 

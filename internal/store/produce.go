@@ -19,6 +19,7 @@ type NewMessage struct {
 	IdempotencyKey string
 	Payload        []byte // JSON
 	Options        []byte // JSON or empty
+	Headers        []byte // a JSON object of strings, or empty
 }
 
 // StreamRef names the stream a produce writes to: its id, and its name for
@@ -91,7 +92,7 @@ func (st *Store) Produce(ctx context.Context, q Querier, stream StreamRef, msgs 
 	for i := 0; i < len(msgs); {
 		if msgs[i].IdempotencyKey != "" {
 			m := &msgs[i]
-			batch.Queue(r.sql(insertKeyedSQL), now, m.IdempotencyKey, m.Version, m.RoutingKey, m.Key, m.Payload, m.Options, stream.Name)
+			batch.Queue(r.sql(insertKeyedSQL), now, m.IdempotencyKey, m.Version, m.RoutingKey, m.Key, m.Payload, m.Options, stream.Name, m.Headers)
 			runs = append(runs, []int{i})
 			i++
 			continue
@@ -172,6 +173,7 @@ func plainParams(now Now, msgs []NewMessage, idx []int, guard string) []any {
 		column(func(m *NewMessage) []byte { return []byte(m.Key) }),
 		column(func(m *NewMessage) []byte { return m.Payload }),
 		column(func(m *NewMessage) []byte { return m.Options }),
+		column(func(m *NewMessage) []byte { return m.Headers }),
 		guard}
 }
 
@@ -281,7 +283,7 @@ var insertBatchWakeSQL = perStream(`-- store.Produce
 WITH ins AS (
 ` + insertBatchText + `
 )
-SELECT ins.id FROM ins, (SELECT pg_notify($8, $9)) AS wake(x)`)
+SELECT ins.id FROM ins, (SELECT pg_notify($9, $10)) AS wake(x)`)
 
 const notifySQL = `-- store.Produce
 SELECT pg_notify($1, $2)`
@@ -299,9 +301,10 @@ WITH g AS (
     ON CONFLICT (key) DO NOTHING
     RETURNING message_id
 ), ins AS (
-    INSERT INTO {s}.{t}_log (id, produced_at, version, routing_key, message_key, payload, options)
+    INSERT INTO {s}.{t}_log (id, produced_at, version, routing_key, message_key, payload, options, headers)
     OVERRIDING SYSTEM VALUE
-    SELECT k.message_id, coalesce($1, now()), $3, nullif($4, ''), nullif($5, ''), $6::text::json, nullif($7, '')::jsonb
+    SELECT k.message_id, coalesce($1, now()), $3, nullif($4, ''), nullif($5, ''), $6::text::json, nullif($7, '')::jsonb,
+           nullif($9::text, '')::jsonb
     FROM k
     RETURNING id
 )
@@ -311,13 +314,13 @@ SELECT coalesce((SELECT message_id FROM {s}.{t}_idempotency WHERE key = $2), 0),
 WHERE NOT EXISTS (SELECT 1 FROM k)`)
 
 // insertBatchText writes a produce call's unkeyed messages, ids in item order.
-// The guard ($7, the stream's name, or ” for none) is a one-time filter:
+// The guard ($8, the stream's name, or ” for none) is a one-time filter:
 // when the stream's row no longer carries that name, nothing is written.
-const insertBatchText = `INSERT INTO {s}.{t}_log (produced_at, version, routing_key, message_key, payload, options)
+const insertBatchText = `INSERT INTO {s}.{t}_log (produced_at, version, routing_key, message_key, payload, options, headers)
 SELECT coalesce($1, now()), m.version, nullif(m.routing_key, ''), nullif(m.message_key, ''),
-       m.payload::json, nullif(m.options, '')::jsonb
-FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[])
-     WITH ORDINALITY AS m(version, routing_key, message_key, payload, options, n)
-WHERE $7::text = '' OR (SELECT s.name FROM {s}.stream_config s WHERE s.id = {id}) = $7::text
+       m.payload::json, nullif(m.options, '')::jsonb, nullif(m.headers, '')::jsonb
+FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+     WITH ORDINALITY AS m(version, routing_key, message_key, payload, options, headers, n)
+WHERE $8::text = '' OR (SELECT s.name FROM {s}.stream_config s WHERE s.id = {id}) = $8::text
 ORDER BY m.n
 RETURNING id`

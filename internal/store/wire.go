@@ -41,13 +41,13 @@ var paramBufs = sync.Pool{New: func() any { return new([]byte) }}
 // options) of msgs[idx...] into buf. Empty keys and options are sent as NULL
 // elements.
 func produceParams(buf []byte, now Now, msgs []NewMessage, idx []int) ([][]byte, []byte) {
-	size := 8 + 5*20 + 8*len(idx) // produced_at, array headers, the int4 elements
+	size := 8 + 6*20 + 8*len(idx) // produced_at, array headers, the int4 elements
 	for _, i := range idx {
 		m := &msgs[i]
-		size += 4*4 + len(m.RoutingKey) + len(m.Key) + len(m.Payload) + len(m.Options)
+		size += 5*4 + len(m.RoutingKey) + len(m.Key) + len(m.Payload) + len(m.Options) + len(m.Headers)
 	}
 	buf = slices.Grow(buf[:0], size)
-	var spans [6][2]int
+	var spans [7][2]int
 	if now != nil {
 		spans[0][0] = len(buf)
 		buf = binary.BigEndian.AppendUint64(buf, uint64(now.UnixMicro()-pgEpochMicros))
@@ -60,12 +60,13 @@ func produceParams(buf []byte, now Now, msgs []NewMessage, idx []int) ([][]byte,
 		buf = binary.BigEndian.AppendUint32(buf, uint32(int32(msgs[i].Version)))
 	}
 	spans[1][1] = len(buf)
-	// The four text arrays, in parameter order ($3..$6).
-	columns := [4]func(m *NewMessage, buf []byte) []byte{
+	// The five text arrays, in parameter order ($3..$7).
+	columns := [5]func(m *NewMessage, buf []byte) []byte{
 		func(m *NewMessage, buf []byte) []byte { return appendText(buf, m.RoutingKey) },
 		func(m *NewMessage, buf []byte) []byte { return appendText(buf, m.Key) },
 		func(m *NewMessage, buf []byte) []byte { return appendText(buf, m.Payload) },
 		func(m *NewMessage, buf []byte) []byte { return appendText(buf, m.Options) },
+		func(m *NewMessage, buf []byte) []byte { return appendText(buf, m.Headers) },
 	}
 	for c, column := range columns {
 		k := 2 + c
@@ -76,7 +77,7 @@ func produceParams(buf []byte, now Now, msgs []NewMessage, idx []int) ([][]byte,
 		}
 		spans[k][1] = len(buf)
 	}
-	values := make([][]byte, 6)
+	values := make([][]byte, len(spans))
 	for k, sp := range spans {
 		if k == 0 && now == nil {
 			continue // NULL: the database's clock
@@ -119,7 +120,7 @@ var binaryFormat = []int16{1}
 
 // insertPrepared runs insert (prepared as name by prepare, on conn) with
 // msgs[idx...] and assigns the returned ids. extra are the statement's text
-// parameters after the six produceParams encodes.
+// parameters after the seven produceParams encodes.
 func insertPrepared(ctx context.Context, conn *pgx.Conn, prepare func(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error),
 	name, insert string, now Now, msgs []NewMessage, idx []int, out []Produced, extra ...string) error {
 	sd, err := prepare(ctx, name, insert)
