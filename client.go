@@ -59,6 +59,10 @@ type ClientConfig struct {
 	// Observer, if set, receives the client's events for metrics and traces
 	// (see Observer). Default none.
 	Observer Observer
+	// Tracer, if set, opens a span around every produce call and handler
+	// attempt and carries trace context in the messages' headers (see
+	// Tracer). Default none.
+	Tracer Tracer
 }
 
 // Backoff is a retry curve for the client's own store calls: the first

@@ -582,6 +582,15 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 
 // adapt decodes a stored message into T and hands the handler its Meta.
 func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
+	if tr := c.s.c.cfg.Tracer; tr != nil {
+		inner := h
+		h = func(ctx context.Context, msg *T) (err error) {
+			meta, _ := MetaFromContext(ctx)
+			ctx, end := tr.StartProcess(ctx, meta)
+			defer func() { end(err) }()
+			return inner(ctx, msg)
+		}
+	}
 	return func(ctx context.Context, d *claimer.Delivery) error {
 		m := d.Msg
 		if m.Version != c.version {

@@ -1,6 +1,10 @@
 package sqlstreams
 
-import "github.com/c1702965/sqlstreams/internal/observe"
+import (
+	"context"
+
+	"github.com/c1702965/sqlstreams/internal/observe"
+)
 
 // Observer receives the engine's events as they happen, for metrics and
 // traces: messages produced, every handler attempt (outcome, duration,
@@ -51,3 +55,21 @@ const (
 
 // observer is the client's Observer, never nil.
 func (c *Client) observer() Observer { return observe.Or(c.cfg.Observer) }
+
+// Tracer opens spans around produces and handler attempts, carrying the
+// producer's trace context to the consumer in the message's headers. Set
+// it on ClientConfig.Tracer; the OpenTelemetry module
+// (github.com/c1702965/sqlstreams/otel) implements it. Nil means none.
+type Tracer interface {
+	// StartSend runs once per Produce or ProduceBatch call, before the
+	// insert: it returns the context of its span, the headers to add to
+	// every message of the call (trace context: a message's own header of
+	// the same name wins), and the function that ends the span with the
+	// call's error.
+	StartSend(ctx context.Context, stream string, messages int) (context.Context, Headers, func(error))
+	// StartProcess runs before each handler attempt, with the message's
+	// Meta (its Headers carry the producer's context): it returns the
+	// handler's context and the function that ends the span with the
+	// attempt's result.
+	StartProcess(ctx context.Context, meta Meta) (context.Context, func(error))
+}

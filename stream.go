@@ -334,7 +334,39 @@ func (s *StreamHandle[T]) ProduceBatch(ctx context.Context, items []BatchItem[T]
 
 // produce validates and encodes everything before writing anything;
 // itemField names an item's options in errors.
-func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *BatchOptions, itemField string) ([]Produced, error) {
+func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *BatchOptions, itemField string) (out []Produced, err error) {
+	if s.c != nil && s.c.cfg.Tracer != nil {
+		var trace Headers
+		var end func(error)
+		ctx, trace, end = s.c.cfg.Tracer.StartSend(ctx, s.name, len(items))
+		defer func() { end(err) }()
+		items = withHeaders(items, trace)
+	}
+	return s.produceItems(ctx, items, o, itemField)
+}
+
+// withHeaders returns items with add merged into each one's headers (an
+// item's own header of the same name wins), copying what it changes.
+func withHeaders[T any](items []BatchItem[T], add Headers) []BatchItem[T] {
+	if len(add) == 0 {
+		return items
+	}
+	out := make([]BatchItem[T], len(items))
+	for i, it := range items {
+		h := make(Headers, len(add)+len(it.Headers))
+		for k, v := range add {
+			h[k] = v
+		}
+		for k, v := range it.Headers {
+			h[k] = v
+		}
+		it.Headers = h
+		out[i] = it
+	}
+	return out
+}
+
+func (s *StreamHandle[T]) produceItems(ctx context.Context, items []BatchItem[T], o *BatchOptions, itemField string) ([]Produced, error) {
 	var q store.Querier
 	if o.Tx != nil {
 		q = o.Tx
