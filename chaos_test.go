@@ -163,6 +163,7 @@ func TestChaos(t *testing.T) {
 		calm   atomic.Int64 // messages handled after the faults stopped
 	}
 	var calm atomic.Bool
+	runs := &successfulRuns{byID: map[string][]int{}}
 	var mu sync.Mutex
 	var running []*inst
 	var all []*inst
@@ -176,6 +177,10 @@ func TestChaos(t *testing.T) {
 			err := handler(ctx, o)
 			if err == nil && calm.Load() {
 				in.calm.Add(1)
+			}
+			if err == nil {
+				meta, _ := MetaFromContext(ctx)
+				runs.add(o.OrderID, meta.Attempt)
 			}
 			return err
 		}
@@ -452,6 +457,11 @@ FROM (SELECT concurrency, status, count(*) n FROM %s.stream_%d_exception GROUP B
 	})
 	t.Logf("chaos: produced %d, handled %d, dead %d, missing %d, duplicates %d (%.1f%%), deadlocks %d; faults: %s",
 		produced.Load(), handled, dead, missing, dups, 100*float64(dups)/float64(max(produced.Load(), 1)), deadlocks.n.Load(), strings.Join(report, " "))
+	st := c.Stats()
+	firstAgain, retryAgain := runs.repeats()
+	t.Logf("chaos: repeated successful runs as seen by handlers: %d on the range path (attempt 1 again), %d on the exception path; "+
+		"ranges reclaimed %d, committed %d, progress records %d, leases lost %d, handlers abandoned %d",
+		firstAgain, retryAgain, st.Reclaimed, st.Committed, st.ProgressRecorded, st.LeasesLost, st.Abandoned)
 	require.Positive(t, produced.Load())
 	require.Zero(t, missing)
 	require.Zero(t, deadlocks.n.Load(), "statements that hit `deadlock detected`: the lock order (internal/store/locks.go) is broken")
@@ -560,3 +570,34 @@ func (d *deadlockCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data p
 }
 
 func (d *deadlockCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// successfulRuns records, per message, the attempt number of each handler
+// run that succeeded: where the chaos run's duplicates come from.
+type successfulRuns struct {
+	mu   sync.Mutex
+	byID map[string][]int
+}
+
+func (r *successfulRuns) add(id string, attempt int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.byID[id] = append(r.byID[id], attempt)
+}
+
+// repeats counts the successful runs after a message's first, by the path
+// that ran them again: attempt 1 (a range delivered again: a reclaim or a
+// hand-back) or a later attempt (an exception row run again).
+func (r *successfulRuns) repeats() (rangePath, exceptionPath int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, attempts := range r.byID {
+		for _, a := range attempts[1:] {
+			if a <= 1 {
+				rangePath++
+			} else {
+				exceptionPath++
+			}
+		}
+	}
+	return rangePath, exceptionPath
+}

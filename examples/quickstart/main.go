@@ -16,6 +16,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync"
 	"sync/atomic"
 	"syscall"
 
@@ -93,8 +94,11 @@ func run(ctx context.Context, url, schema string, n int, out io.Writer) error {
 	cctx, done := context.WithCancel(ctx)
 	defer done()
 	var consumed atomic.Int64
+	var mu sync.Mutex // handlers run concurrently (ConsumeOptions.MessageConcurrency, 10 by default)
 	err = billing.Consume(cctx, func(ctx context.Context, o *OrderPlaced) error {
+		mu.Lock()
 		fmt.Fprintf(out, "billing %s: %d cents\n", o.OrderID, o.Cents)
+		mu.Unlock()
 		if consumed.Add(1) == int64(n) {
 			done() // a service would run until SIGTERM; the quick start stops here
 		}
