@@ -9,6 +9,7 @@
 //	sqlstreams inspect S G
 //	sqlstreams bindings S G [-stale-after 30s]
 //	sqlstreams dlq ls S G [-limit N] | show S G ID | redrive S G ID... | -all [-dry-run]
+//	sqlstreams console [-http 127.0.0.1:8080] [-allow-payloads] [-allow-actions]
 //	sqlstreams migrate [up|status|sql] [-schema sqlstreams]
 //	sqlstreams manager [-schema sqlstreams] [-instance-ttl 30s]
 //	sqlstreams explain [-o text|json] [CODE]
@@ -62,6 +63,7 @@ func usage(w io.Writer) {
   sqlstreams inspect S G
   sqlstreams bindings S G [-stale-after 30s]
   sqlstreams dlq ls S G [-limit N] | show S G ID | redrive S G ID... | -all [-dry-run]
+  sqlstreams console [-http 127.0.0.1:8080] [-allow-payloads] [-allow-actions]
   sqlstreams migrate [up|status|sql] [-schema sqlstreams]
   sqlstreams manager [-schema sqlstreams] [-instance-ttl 30s]
   sqlstreams explain [-o text|json] [CODE]
@@ -84,7 +86,7 @@ func run(args []string, out io.Writer) error {
 }
 
 // verbs are the commands, in the order usage lists them.
-var verbs = []string{"demo", "streams", "groups", "inspect", "bindings", "dlq", "migrate", "manager", "explain"}
+var verbs = []string{"demo", "streams", "groups", "inspect", "bindings", "dlq", "console", "migrate", "manager", "explain"}
 
 func runCtx(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
@@ -105,6 +107,8 @@ func runCtx(ctx context.Context, args []string, out io.Writer) error {
 		return bindingsVerb(ctx, args[1:], out)
 	case "dlq":
 		return dlqVerb(ctx, args[1:], out)
+	case "console":
+		return consoleVerb(ctx, args[1:], out)
 	case "migrate":
 		return migrateVerb(ctx, args[1:], out)
 	case "manager":

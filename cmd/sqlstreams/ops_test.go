@@ -7,9 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -513,4 +516,34 @@ func TestRmVerbs(t *testing.T) {
 	require.NotContains(t, f.ok(t, "streams", "ls"), "orders")
 	_, err = f.cli(t, "streams", "rm", "orders", "-execute")
 	require.ErrorIs(t, err, sqlstreams.ErrNotRegistered)
+}
+
+// The console verb serves on loopback only, read-only unless told.
+func TestConsoleVerb(t *testing.T) {
+	f := newOpsFixture(t, 2, 1)
+	_, err := f.cli(t, "console", "-http", "0.0.0.0:0")
+	require.ErrorContains(t, err, "only a loopback address")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		err := runCtx(ctx, []string{"console", "-http", "127.0.0.1:0", "-schema", f.schema}, pw)
+		_ = pw.Close()
+		done <- err
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	require.NoError(t, err)
+	m := regexp.MustCompile(`console on (http://127\.0\.0\.1:\d+) `).FindStringSubmatch(line)
+	require.NotNil(t, m, line)
+	res, err := http.Get(m[1] + "/streams/orders/groups/billing")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, string(body), `id="dead">1<`)
+	require.NotContains(t, string(body), "redrive-all", "read-only without -allow-actions")
+	cancel()
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	require.NoError(t, <-done)
 }
