@@ -5,14 +5,15 @@ SEEDS ?= 200
 DURATION ?= 5m
 RATE ?= 100
 
-.PHONY: test demo vet bench bench-200k bench-1m bench-quick chaos sim check-postgres
+.PHONY: test demo vet bench bench-200k bench-1m bench-quick chaos sim check-postgres check-chromium
 
 ## test: vet, then the whole suite with the race detector, on a private PostgreSQL, then a
 ## benchmark smoke run (bench-quick: it keeps the bench module building; it asserts nothing about speed)
-test: check-postgres vet
+test: check-postgres check-chromium vet
 	$(GO) test -race -count=1 -timeout 15m ./...
 	cd prometheus && $(GO) test -race -count=1 -timeout 5m ./...
 	cd otel && $(GO) test -race -count=1 -timeout 5m ./...
+	cd browsertest && $(GO) test -race -count=1 -timeout 5m ./...
 	$(MAKE) bench-quick
 
 vet:
@@ -20,6 +21,7 @@ vet:
 	cd bench && $(GO) vet ./...
 	cd prometheus && $(GO) vet ./...
 	cd otel && $(GO) vet ./...
+	cd browsertest && $(GO) vet ./...
 
 ## demo: produce and consume on a local PostgreSQL (SQLSTREAMS_DATABASE_URL, or a private one)
 demo: check-postgres
@@ -55,6 +57,14 @@ bench-quick: check-postgres
 		-only raw,produce,burndown,latency,fanout,selective,keys,growth,river,watermill -results $${TMPDIR:-/tmp}/sqlstreams-bench-quick
 
 # Fail at once, with the command that fixes it, when there is no PostgreSQL to use.
+## check-chromium: the console's browser tests drive Debian's chromium (the system binary)
+check-chromium:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  echo "Chromium not found on PATH (the console's browser tests need it);"; \
+	  echo "install it with: apt-get update && apt-get install -y chromium"; \
+	  exit 1; \
+	fi
+
 check-postgres:
 	@if [ -z "$$SQLSTREAMS_TEST_DATABASE_URL$$SQLSTREAMS_DATABASE_URL" ] && ! command -v initdb >/dev/null 2>&1 \
 	    && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	neturl "net/url"
 	"os"
 	"regexp"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams"
+	"github.com/c1702965/sqlstreams/console"
 	"github.com/c1702965/sqlstreams/internal/pgcluster"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -261,6 +264,13 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 	if err != nil {
 		return err
 	}
+	// The console, read-only, on a free loopback port for as long as the
+	// demo runs.
+	stopConsole, err := demoConsole(client, out)
+	if err != nil {
+		return err
+	}
+	defer stopConsole()
 
 	var produced, consumed atomic.Int64
 	// A backlog first, so the two instances visibly burn it down.
@@ -435,4 +445,27 @@ func redactURL(s string) string {
 		u.RawQuery = q.Encode()
 	}
 	return u.Redacted()
+}
+
+// demoConsole serves the web console (read-only) on a free loopback port
+// and prints its URL; the returned func stops it.
+func demoConsole(client *sqlstreams.Client, out io.Writer) (func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("demo: console: %w", err)
+	}
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: console.New(client, &console.Options{
+		Authorize: func(*http.Request) console.Access { return console.Access{Read: true} }})}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(ln) // ends with ErrServerClosed at the demo's end
+	}()
+	fmt.Fprintf(out, "console (read-only) on http://%s/ while the demo runs\n", ln.Addr())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-served
+	}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net/http"
 	"regexp"
 	"strings"
 	"testing"
@@ -192,6 +193,15 @@ func TestDemoDropsItsSchemaWhenInterrupted(t *testing.T) {
 	}
 	schema := announcedSchema(t, seen.String())
 	require.True(t, schemaExists(t, pool, schema), "the demo runs in the schema it announced")
+	// The console is up while the demo runs.
+	m := regexp.MustCompile(`console \(read-only\) on (http://127\.0\.0\.1:\d+/)`).FindStringSubmatch(seen.String())
+	require.NotNil(t, m, seen.String())
+	res, err := http.Get(m[1])
+	require.NoError(t, err)
+	page, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, string(page), "orders.placed")
 	cancel()
 	rest, err := io.ReadAll(r)
 	require.NoError(t, err)
