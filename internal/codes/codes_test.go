@@ -101,6 +101,9 @@ func TestEveryWarningGoesThroughACode(t *testing.T) {
 				if !ok || inCodes || len(n.Args) == 0 {
 					return true
 				}
+				if x, ok := sel.X.(*ast.Ident); ok && x.Name == "http" {
+					return true // http.Error writes a response, it logs nothing
+				}
 				switch sel.Sel.Name {
 				case "Warn", "Error", "WarnContext", "ErrorContext":
 					bad = append(bad, fset.Position(n.Pos()).String()+": "+sel.Sel.Name+" called directly; log through a codes.Code")
