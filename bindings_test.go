@@ -453,11 +453,15 @@ func TestSystemProducesAlerts(t *testing.T) {
 	c2, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: []string{"b.#"}})
 	require.NoError(t, err)
 	first := e.logs.next(waitingLog)
-	consume(t, c2, func(context.Context, *order) error { return nil }, &ConsumeOptions{BindingRetryInterval: time.Minute})
+	// The mock clock moves minutes ahead below (the stall): the waiting
+	// session must not retry, swap and start a manager meanwhile, whose
+	// retention DDL on the alert stream would race the watcher's claims, and
+	// whose backoff timers would then wait on the mock clock.
+	consume(t, c2, func(context.Context, *order) error { return nil }, &ConsumeOptions{BindingRetryInterval: 24 * time.Hour, DisableManager: true})
 	within(t, first, "the waiting attempt")
 
 	got := make(chan Alert, 4)
-	ws := consume(t, watch, func(_ context.Context, a *Alert) error { got <- *a; return nil }, nil)
+	ws := consume(t, watch, func(_ context.Context, a *Alert) error { got <- *a; return nil }, &ConsumeOptions{DisableManager: true})
 	a := within(t, got, "the binding alert") // the first claim runs at once: no mock time needed
 	require.Equal(t, AlertBindingWaiting, a.Kind)
 	require.Equal(t, "g", a.Group)
@@ -499,7 +503,7 @@ func TestSystemProducesAlerts(t *testing.T) {
 	require.Zero(t, dropped.Load())
 	require.NoError(t, tx.Rollback(ctx)) // the gate holds every stream while it is open
 	stallGot := make(chan Alert, 2)
-	consume(t, stallWatch, func(_ context.Context, a *Alert) error { stallGot <- *a; return nil }, nil)
+	consume(t, stallWatch, func(_ context.Context, a *Alert) error { stallGot <- *a; return nil }, &ConsumeOptions{DisableManager: true})
 	sa := within(t, stallGot, "the stall alert")
 	require.Equal(t, AlertDeliveryStalled, sa.Kind)
 	require.Contains(t, sa.Detail, "behind an open transaction")
