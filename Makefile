@@ -7,7 +7,8 @@ RATE ?= 100
 
 .PHONY: test demo vet bench bench-200k bench-1m bench-quick chaos sim check-postgres check-chromium
 
-## test: vet, then the whole suite with the race detector, on a private PostgreSQL, then a
+## test: vet, then the whole suite with the race detector, on a private PostgreSQL (this module, then the
+## prometheus, otel and browsertest modules; the console's browser tests need Chromium), then a
 ## benchmark smoke run (bench-quick: it keeps the bench module building; it asserts nothing about speed)
 test: check-postgres check-chromium vet
 	$(GO) test -race -count=1 -timeout 15m ./...
