@@ -107,10 +107,10 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		retryHandBack(sctx, c, l.what(), l.handBack)
 		return ErrDrained
 	}
-	key := l.what()
-	defer c.Health.Waiting(key)
+	busy := c.Health.Busy(l.what()) // the liveness probe's mark of this loop
+	defer busy.Waiting()
 	for {
-		c.Health.Working(key)
+		busy.Working()
 		if !draining {
 			select { // a drain begun while this actor restarted: no claims
 			case <-drainC:
@@ -143,7 +143,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			absorb(sctx, l, p, report, send) // keep outcomes flowing while claims are full
 		}
 		due = l.eager()
-		c.Health.Waiting(key)
+		busy.Waiting()
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -155,7 +155,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			cancelHandlers()
 			return finish()
 		case o := <-p.out:
-			c.Health.Working(key)
+			busy.Working()
 			jobs, err := l.outcome(sctx, o)
 			report(err)
 			send(jobs)
@@ -163,7 +163,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		case <-wake: // produced to: claim now
 			due = true
 		case <-poll.C:
-			c.Health.Working(key)
+			busy.Working()
 			if begun && holdoff == nil {
 				jobs, err := l.flush(sctx)
 				report(err)
@@ -171,7 +171,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			}
 			due = true
 		case <-reconcile.C:
-			c.Health.Working(key)
+			busy.Working()
 			if begun && !draining && holdoff == nil {
 				report(l.reconcile(ctx))
 			}

@@ -15,7 +15,9 @@ package outage
 import (
 	"context"
 	"log/slog"
+	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/benbjohnson/clock"
@@ -93,8 +95,8 @@ type Health struct {
 	nextWatch int
 	closed    bool
 
-	bmu  sync.Mutex           // guards busy (hot: the claim loops' every turn)
-	busy map[string]time.Time // actor → busy since
+	bmu  sync.Mutex       // guards the map; each mark is atomic
+	busy map[string]*Busy // actor → its liveness mark
 }
 
 // NewHealth returns the health of a session whose instance lapses ttl after
@@ -243,34 +245,60 @@ func (h *Health) permanent(err error) {
 	}
 }
 
-// Working marks the actor named key as busy from now (if it was waiting);
-// Waiting marks it waiting for its next event. A loop that stays busy for
-// longer than a bound is wedged (Wedged): the liveness probe's one reason to
-// fail. A store call that fails at once (a database outage) keeps the loop
-// turning, so an outage never makes the process look wedged.
-func (h *Health) Working(key string) {
-	if h == nil {
-		return
-	}
-	h.bmu.Lock()
-	if h.busy == nil {
-		h.busy = map[string]time.Time{}
-	}
-	if _, ok := h.busy[key]; !ok {
-		h.busy[key] = h.clock.Now()
-	}
-	h.bmu.Unlock()
+// Busy is one actor's liveness mark: busy since a time, or waiting for its
+// next event. An actor takes its mark once (Health.Busy) and sets it on
+// every turn of its loop with two atomic stores, no lock.
+type Busy struct {
+	clock clock.Clock
+	since atomic.Int64 // unix nanoseconds busy since; notBusy while waiting
 }
 
-// Waiting marks the actor named key as waiting for its next event.
-func (h *Health) Waiting(key string) {
+// notBusy is a waiting mark's since (a mock clock may stand at 0).
+const notBusy = math.MinInt64
+
+// Working marks the actor busy from now, if it was waiting.
+func (b *Busy) Working() {
+	if b != nil && b.since.Load() == notBusy {
+		b.since.Store(b.clock.Now().UnixNano())
+	}
+}
+
+// Waiting marks the actor waiting for its next event.
+func (b *Busy) Waiting() {
+	if b != nil {
+		b.since.Store(notBusy)
+	}
+}
+
+// Busy returns the liveness mark of the actor named key (one per key). A
+// loop that stays busy for longer than a bound is wedged (Wedged): the
+// liveness probe's one reason to fail. A store call that fails at once (a
+// database outage) keeps the loop turning, so an outage never makes the
+// process look wedged. A nil *Health returns a nil mark, which ignores
+// everything.
+func (h *Health) Busy(key string) *Busy {
 	if h == nil {
-		return
+		return nil
 	}
 	h.bmu.Lock()
-	delete(h.busy, key)
-	h.bmu.Unlock()
+	defer h.bmu.Unlock()
+	if h.busy == nil {
+		h.busy = map[string]*Busy{}
+	}
+	b, ok := h.busy[key]
+	if !ok {
+		b = &Busy{clock: h.clock}
+		b.since.Store(notBusy)
+		h.busy[key] = b
+	}
+	return b
 }
+
+// Working marks the actor named key busy (see Busy).
+func (h *Health) Working(key string) { h.Busy(key).Working() }
+
+// Waiting marks the actor named key waiting (see Busy).
+func (h *Health) Waiting(key string) { h.Busy(key).Waiting() }
 
 // Wedged reports an actor that has been busy for longer than bound, if any.
 func (h *Health) Wedged(bound time.Duration) (key string, since time.Time, wedged bool) {
@@ -280,9 +308,11 @@ func (h *Health) Wedged(bound time.Duration) (key string, since time.Time, wedge
 	now := h.clock.Now()
 	h.bmu.Lock()
 	defer h.bmu.Unlock()
-	for k, t := range h.busy {
-		if now.Sub(t) > bound {
-			return k, t, true
+	for k, b := range h.busy {
+		if ns := b.since.Load(); ns != notBusy {
+			if t := time.Unix(0, ns); now.Sub(t) > bound {
+				return k, t, true
+			}
 		}
 	}
 	return "", time.Time{}, false
