@@ -3,6 +3,10 @@
 // its own schema, so tests can run in parallel without seeing each other's
 // tables.
 //
+// Its few statements (dropping a test's schema, the examples' schemas) are
+// here rather than in internal/store because store's own tests import
+// pgtest: pgtest importing store would be an import cycle.
+//
 // It is a test helper, not an API for users.
 package pgtest
 
