@@ -2,9 +2,15 @@ package sqlstreams
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/c1702965/sqlstreams/actors/claimer"
 
 	"github.com/stretchr/testify/require"
 
@@ -110,4 +116,198 @@ func TestAHandBackKeepsTheRecordedPrefix(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.Equal(t, []string{"m-3", "m-4", "m-5"}, ran)
+}
+
+// Messages settled beyond the prefix (an earlier message still runs) are
+// recorded too: a reclaimer skips them, and a second reclaimer skips what
+// either earlier holder settled. Claimer restarts and dead instances left
+// whole stretches of a range settled behind one slow message, and the chaos
+// run delivered them again.
+func TestAReclaimerSkipsMessagesSettledBeyondThePrefix(t *testing.T) {
+	st, s := newStepper(t, &ConsumerConfig{DeliveryLog: DeliveryLogAll}, func(o *order, attempt int) error {
+		if o.OrderID == "m-3" {
+			return errors.New("transient")
+		}
+		return nil
+	})
+	ctx := context.Background()
+	st.e.produceN(s, "m", 10)
+	jobs, err := st.ranges.Claim(ctx)
+	require.NoError(t, err)
+	require.Len(t, jobs, 10)
+	for _, j := range jobs[1:6] { // m-1 … m-5 settle (m-3 fails) while m-0 runs; m-6 … m-9 never run
+		_, err := st.ranges.Outcome(ctx, st.ranges.Run(ctx, j))
+		require.NoError(t, err)
+	}
+	require.NoError(t, st.ranges.Flush(ctx))
+	require.EqualValues(t, 1, st.stats.ProgressRecorded.Load())
+	require.NoError(t, st.ranges.Flush(ctx))
+	require.EqualValues(t, 1, st.stats.ProgressRecorded.Load(), "nothing settled since: nothing written")
+	xs := st.states()
+	require.Len(t, xs, 1, "m-3's failure is written with the settled set")
+	log, err := storetest.Deliveries(ctx, st.e.client.store, st.c.group.StreamID, st.c.group.ID, nil)
+	require.NoError(t, err)
+	require.Len(t, log, 5, "the settled messages' delivery-log rows are written with them")
+
+	expire := func() {
+		t.Helper()
+		_, err := st.e.pool.Exec(ctx, fmt.Sprintf("UPDATE %s.stream_%d_range SET expires_at = '-infinity'", st.e.client.Schema(), st.c.group.StreamID))
+		require.NoError(t, err)
+	}
+	expire() // the instance dies
+	var ran []string
+	handler := st.c.adapt(func(_ context.Context, o *order) error {
+		ran = append(ran, o.OrderID)
+		return nil
+	})
+	second := newStepperFor(t, st.e, st.c, st.mock, handler)
+	again, err := second.ranges.Claim(ctx)
+	require.NoError(t, err)
+	ids := func(js []claimer.Job) []string {
+		var out []string
+		for _, j := range js {
+			var o order
+			require.NoError(t, json.Unmarshal(j.Delivery.Msg.Payload, &o))
+			out = append(out, o.OrderID)
+		}
+		return out
+	}
+	require.Equal(t, []string{"m-0", "m-6", "m-7", "m-8", "m-9"}, ids(again), "only what had not settled is delivered again")
+	_, err = second.ranges.Outcome(ctx, second.ranges.Run(ctx, again[2])) // m-7 settles; m-0 runs on
+	require.NoError(t, err)
+	require.NoError(t, second.ranges.Flush(ctx))
+	expire() // the second holder dies too
+
+	third := newStepperFor(t, st.e, st.c, st.mock, handler)
+	last, err := third.ranges.Claim(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"m-0", "m-6", "m-8", "m-9"}, ids(last), "what either holder settled is skipped")
+	for _, j := range last {
+		_, err := third.ranges.Outcome(ctx, third.ranges.Run(ctx, j))
+		require.NoError(t, err)
+	}
+	require.Equal(t, []string{"m-7", "m-0", "m-6", "m-8", "m-9"}, ran)
+	require.Len(t, st.e.leases(st.c), 0, "the third holder committed the rest")
+	log, err = storetest.Deliveries(ctx, st.e.client.store, st.c.group.StreamID, st.c.group.ID, nil)
+	require.NoError(t, err)
+	require.Len(t, log, 10, "each message logged once")
+	require.Len(t, st.states(), 1, "m-3 still waits for its retry")
+
+	// The first holder's late outcome of m-0 settles nothing.
+	_, err = st.ranges.Outcome(ctx, st.ranges.Run(ctx, jobs[0]))
+	require.NoError(t, err)
+	log, err = storetest.Deliveries(ctx, st.e.client.store, st.c.group.StreamID, st.c.group.ID, nil)
+	require.NoError(t, err)
+	require.Len(t, log, 10)
+}
+
+// A claimer that panics keeps what it has settled: the handlers already
+// running finish, their outcomes and those waiting are applied and recorded,
+// and the restarted claimer's reclaim delivers nothing twice. Before, every
+// restart ran its in-flight ranges again whole (most of the chaos run's
+// duplicates came from actor panics).
+func TestAClaimerPanicKeepsWhatItSettled(t *testing.T) {
+	e, s, c := setup(t, nil, "g", 0)
+	e.produceN(s, "m", 10)
+	release := make(chan struct{})
+	var finished atomic.Int32 // handlers of m-1 … m-9 returned
+	var armed, fired atomic.Bool
+	var mu sync.Mutex
+	runs := map[string]int{}
+	done := make(chan string, 64)
+	restarted := e.logs.next("actor panicked; restarting")
+	h := func(ctx context.Context, o *order) error {
+		mu.Lock()
+		runs[o.OrderID]++
+		mu.Unlock()
+		if o.OrderID == "m-0" && !fired.Load() {
+			<-release // it runs while its range's other messages settle, and past the panic
+		} else if finished.Add(1) == 9 {
+			armed.Store(true)
+		}
+		done <- o.OrderID
+		return nil
+	}
+	b := consume(t, c, h, &ConsumeOptions{BatchLimit: 10, QueueSize: 20, MessageConcurrency: 10,
+		test: &testHooks{fault: func(site string) error {
+			if site == "claimer" && armed.Load() && fired.CompareAndSwap(false, true) {
+				close(release)
+				panic("chaos: the claimer panics with its range in flight")
+			}
+			return nil
+		}}})
+	for range 10 {
+		within(t, done, "each message handled")
+	}
+	within(t, restarted, "the claimer's restart")
+	e.produceN(s, "after", 1)
+	require.Equal(t, "after-0", within(t, done, "a message produced after the restart"))
+	require.NoError(t, b.stop(t))
+	mu.Lock()
+	defer mu.Unlock()
+	for id, n := range runs {
+		require.Equal(t, 1, n, "%s ran %d times", id, n)
+	}
+	require.Len(t, runs, 11)
+	require.Empty(t, e.leases(c))
+}
+
+// successObserver signals each handler attempt the claimer has applied as a
+// success (the observer hears of it after the outcome is in the actor's
+// state).
+type successObserver struct {
+	NopObserver
+	ok chan struct{}
+}
+
+func (o *successObserver) AttemptDone(a AttemptEvent) {
+	if a.Outcome == OutcomeSuccess {
+		o.ok <- struct{}{}
+	}
+}
+
+// A lapsed incarnation records what it had settled before it stops (where
+// its lease is still its own: the write is fenced by the range's token), so
+// the next incarnation (or another instance) delivers only what had not
+// settled. Before, a lapse dropped every outcome not yet recorded, and a
+// restart of PostgreSQL that outlasted the TTL ran them all again.
+func TestALapsedIncarnationRecordsWhatItSettled(t *testing.T) {
+	obs := &successObserver{ok: make(chan struct{}, 64)}
+	e, s, c := setup(t, &ClientConfig{Observer: obs}, "g", 0)
+	e.produceN(s, "m", 10)
+	ctx := context.Background()
+	var mu sync.Mutex
+	succeeded := map[string]int{}
+	var firstM0 atomic.Bool
+	h := func(ctx context.Context, o *order) error {
+		if o.OrderID == "m-0" && firstM0.CompareAndSwap(false, true) {
+			<-ctx.Done() // it runs until the lapse stops the incarnation
+			return ctx.Err()
+		}
+		mu.Lock()
+		succeeded[o.OrderID]++
+		mu.Unlock()
+		return nil
+	}
+	b := consume(t, c, h, &ConsumeOptions{BatchLimit: 10, QueueSize: 20, MessageConcurrency: 10, InstanceTTL: 3 * time.Second,
+		ClaimPollRate: time.Hour}) // no flush tick: nothing is recorded unless the lapse records it
+	id := within(t, b.id, "the first incarnation")
+	for range 9 {
+		within(t, obs.ok, "m-1 … m-9 settled in the claimer")
+	}
+	// The incarnation lapses: its row and its range lease expire (a stall,
+	// a partition); the next renewal finds the row lapsed.
+	_, err := e.pool.Exec(ctx, fmt.Sprintf("UPDATE %[1]s.worker_instance SET expires_at = '-infinity' WHERE id = $1; ", e.client.Schema()), id)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, fmt.Sprintf("UPDATE %s.stream_%d_range SET expires_at = '-infinity'", e.client.Schema(), c.group.StreamID))
+	require.NoError(t, err)
+	within(t, obs.ok, "m-0, run again by the next incarnation")
+	require.NoError(t, b.stop(t))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, succeeded, 10)
+	for id, n := range succeeded {
+		require.Equal(t, 1, n, "%s succeeded %d times", id, n)
+	}
+	require.Empty(t, e.leases(c))
 }

@@ -198,6 +198,10 @@ type inflight struct {
 	// already counts as settled (RecordProgress moved its low bound past
 	// them and wrote their rows): a reclaimer starts after them.
 	recorded int
+	// rec marks the messages whose outcome RecordProgress wrote (the
+	// recorded prefix, and beyond it the range's settled set): a reclaimer
+	// skips them.
+	rec []bool
 }
 
 // keyState is a key lease this instance holds. Its queue spans the
@@ -351,7 +355,7 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 	jobs := stale
 	n := len(r.Messages)
 	in := &inflight{r: r, eff: make([]policy.Effective, n), state: make([]msgState, n),
-		writes: make([]*store.ExceptionWrite, n), pending: n}
+		writes: make([]*store.ExceptionWrite, n), rec: make([]bool, n), pending: n}
 	a.ranges[r.ID] = in
 	a.order = append(a.order, r.ID)
 	if n == 0 { // a reclaimed lease over positions that no longer exist
@@ -542,21 +546,25 @@ func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 	}
 	i := rf.index
 	m := &in.r.Messages[i]
-	in.state[i] = done
-	in.pending--
-	a.queued--
+	// The result is computed before anything changes: should a step panic,
+	// the actor's salvage (serve.go) finds the range as it was.
 	group := a.cfg.Group()
 	e := atWrite(in.eff[i], m, group)
 	next := policy.Decide(e, group.InitialBackoffOrDefault(), 0, 0, o.Err)
-	a.cfg.Stats.count(next, o.Err, 0)
-	a.cfg.observeAttempt(o, next, 0, m.ProducedAt)
-	if outcome := policy.OutcomeOf(next, o.Err, 0); group.Logs(outcome) {
-		in.log = append(in.log, store.DeliveryWrite{Position: m.Position, Attempt: 1, Outcome: outcome, Error: errText(o.Err)})
-	}
+	var w *store.ExceptionWrite
 	if !next.Delete {
-		in.writes[i] = &store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(e.Concurrency),
+		w = &store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(e.Concurrency),
 			Status: next.Status, Attempts: next.Attempts, Delays: next.Delays, Error: errText(o.Err), After: next.After}
 	}
+	outcome := policy.OutcomeOf(next, o.Err, 0)
+	in.state[i], in.writes[i] = done, w
+	in.pending--
+	a.queued--
+	if group.Logs(outcome) {
+		in.log = append(in.log, store.DeliveryWrite{Position: m.Position, Attempt: 1, Outcome: outcome, Error: errText(o.Err)})
+	}
+	a.cfg.Stats.count(next, o.Err, 0)
+	a.cfg.observeAttempt(o, next, 0, m.ProducedAt)
 	var jobs []Job
 	if ks := a.keys[m.Key]; ks != nil && m.Key != "" && len(ks.queue) > 0 && ks.queue[0] == rf {
 		ks.queue = ks.queue[1:]
@@ -794,36 +802,46 @@ func settledPrefix(in *inflight) int {
 }
 
 // RecordProgress writes, in one statement for every range still in flight,
-// how far each has settled since the last record: its low bound moves past
-// its settled prefix and the prefix's exception and delivery-log rows are
-// written, so a range reclaimed after this instance dies (or its lease
-// lapses) delivers only what had not settled. It runs once per flush tick:
-// a range that settles whole within a tick is committed instead and costs
-// nothing more. Ranges complete and awaiting their commit are left to it.
+// what each has settled since the last record: its low bound moves past its
+// settled prefix, the messages settled beyond the prefix join the range's
+// settled set, and their exception and delivery-log rows are written, so a
+// range reclaimed after this instance dies (or its lease lapses, or the
+// actor restarts) delivers only what had not settled. It runs once per
+// flush tick: a range that settles whole within a tick is committed instead
+// and costs nothing more. Ranges complete and awaiting their commit are left
+// to it.
 func (a *Actor) RecordProgress(ctx context.Context) error {
 	var ps []store.Progress
 	var upto []int
+	var fresh [][]int // per progress, the messages it writes
 	for _, id := range a.order {
 		in := a.ranges[id]
 		if in.pending == 0 {
 			continue
 		}
 		n := settledPrefix(in)
-		if n <= in.recorded {
-			continue
+		p := store.Progress{RangeID: id, Token: in.r.Token}
+		if n > in.recorded {
+			p.Lo = in.r.Messages[n-1].Position
 		}
-		p := store.Progress{RangeID: id, Token: in.r.Token, Lo: in.r.Messages[n-1].Position}
-		for i := in.recorded; i < n; i++ {
+		var idx []int
+		for i := in.recorded; i < len(in.state); i++ {
+			if in.state[i] != done || in.rec[i] {
+				continue
+			}
+			idx = append(idx, i)
+			if i >= n {
+				p.Settled = append(p.Settled, in.r.Messages[i].ID)
+			}
 			if w := in.writes[i]; w != nil && !a.cfg.Broken.dropFailures() {
 				p.Exceptions = append(p.Exceptions, *w)
 			}
 		}
-		for _, d := range in.log {
-			if !p.Lo.Less(d.Position) {
-				p.Deliveries = append(p.Deliveries, d)
-			}
+		if len(idx) == 0 && n <= in.recorded {
+			continue
 		}
-		ps, upto = append(ps, p), append(upto, n)
+		p.Deliveries = in.log // every row in it is a settled message's, not yet written
+		ps, upto, fresh = append(ps, p), append(upto, n), append(fresh, idx)
 	}
 	if len(ps) == 0 {
 		return nil
@@ -837,17 +855,12 @@ func (a *Actor) RecordProgress(ctx context.Context) error {
 		if !advanced[p.RangeID] || in == nil || in.r.Token != p.Token {
 			continue // lease lost: the commit finds out and says so
 		}
-		for j := in.recorded; j < upto[i]; j++ {
+		for _, j := range fresh[i] {
 			in.writes[j] = nil // written: the commit must not write it again
+			in.rec[j] = true
 		}
-		kept := in.log[:0]
-		for _, d := range in.log {
-			if p.Lo.Less(d.Position) {
-				kept = append(kept, d)
-			}
-		}
-		in.log = kept
-		in.recorded = upto[i]
+		in.log = nil
+		in.recorded = max(in.recorded, upto[i])
 		a.cfg.Stats.ProgressRecorded.Add(1)
 	}
 	return nil

@@ -219,9 +219,13 @@ func (r *runner) call(ctx context.Context, d *Delivery) (err error) {
 
 // pool runs n workers over jobs until it is closed, sending outcomes on out.
 type pool struct {
-	jobs chan Job
-	out  chan Outcome
-	wg   sync.WaitGroup
+	jobs      chan Job
+	out       chan Outcome
+	wg        sync.WaitGroup
+	closeJobs sync.Once
+	// skip is set by quiesce: jobs not yet started are dropped unrun (their
+	// messages were never delivered; a reclaimer delivers them).
+	skip atomic.Bool
 }
 
 func (r *runner) startPool(ctx context.Context, n, capacity int) *pool {
@@ -237,6 +241,9 @@ func (r *runner) startPool(ctx context.Context, n, capacity int) *pool {
 				}
 			}()
 			for j := range p.jobs {
+				if p.skip.Load() {
+					continue
+				}
 				p.out <- r.run(ctx, j, &ex)
 			}
 		}()
@@ -247,8 +254,29 @@ func (r *runner) startPool(ctx context.Context, n, capacity int) *pool {
 // stop closes the pool and waits for its workers (not for abandoned
 // handlers: see waitHandlers).
 func (p *pool) stop() {
-	close(p.jobs)
+	p.closeJobs.Do(func() { close(p.jobs) })
 	p.wg.Wait()
+}
+
+// quiesce lets the handlers already running finish, starts nothing more, and
+// waits for the workers until the deadline (on clk); it reports whether
+// they all finished, every outcome then waiting on out. The workers'
+// handler contexts are left alone: a handler that overruns its Timeout is
+// abandoned by its worker as usual, so the wait is bounded by the longest
+// Timeout plus TimeoutGrace as well.
+func (p *pool) quiesce(clk clock.Clock, deadline time.Time) bool {
+	p.skip.Store(true)
+	p.closeJobs.Do(func() { close(p.jobs) })
+	done := make(chan struct{})
+	go func() { p.wg.Wait(); close(done) }() // ends with the workers, which stop (and close) waits for
+	t := clk.Timer(max(deadline.Sub(clk.Now()), 0))
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // waitHandlers waits for every handler goroutine, abandoned ones included,

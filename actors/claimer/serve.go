@@ -60,6 +60,14 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 	}
 	p, cancelHandlers, closePool := r.session(ctx, workers, capacity, until, c.Logger, l.handlers())
 	defer closePool()
+	defer func() {
+		if v := recover(); v != nil {
+			if ctx.Err() == nil { // else the session is stopping: an abrupt stop records nothing
+				salvage(ctx, c, l, p, c.ShutdownTimeout())
+			}
+			panic(v) // the supervisor logs it and restarts the actor
+		}
+	}()
 	send := func(jobs []Job) {
 		for _, j := range jobs {
 			p.jobs <- j
@@ -75,6 +83,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		drainC          = plan.Started()
 		deadline        <-chan time.Time
 		holdoff         <-chan time.Time // set while backing off after a failure
+		up              <-chan struct{}  // with holdoff: closed when the session's database is back
 		due             = true           // a claim is due at the top of the loop
 		sctx            = ctx            // store calls' context: bounded once draining
 		timers          []func() bool
@@ -91,7 +100,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 	}
 	report := func(err error) {
 		if wait := rep.Report(ctx, err); wait > 0 && holdoff == nil {
-			holdoff = timer(wait)
+			holdoff, up = timer(wait), c.Health.Recovered()
 		}
 	}
 	cancelDrainCtx := func() {}
@@ -146,6 +155,11 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		busy.Waiting()
 		select {
 		case <-ctx.Done():
+			if c.Liveness.Lost() {
+				// The incarnation was lost: nothing more starts, but what
+				// has settled is recorded where the lease is still ours.
+				salvage(ctx, c, l, p, 0)
+			}
 			return ctx.Err()
 		case <-drainC:
 			startDrain()
@@ -176,9 +190,60 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 				report(l.reconcile(ctx))
 			}
 		case <-holdoff:
-			holdoff, due = nil, true
+			holdoff, up, due = nil, nil, true
+		case <-up: // another actor reached the database: no need to wait out the backoff
+			holdoff, up, due = nil, nil, true
 		}
 	}
+}
+
+// salvageBound caps how long a stopping claimer spends recording what had
+// settled (a quarter of its lease, if smaller): a restart, or the session's
+// next incarnation, waits for it.
+const salvageBound = 2 * time.Second
+
+// salvage keeps what a stopping run of the actor has settled: after a panic,
+// before the supervisor restarts it, and after its incarnation was lost,
+// before the session registers again. The handlers already running may
+// finish within wait (nothing new starts; a lost incarnation waits for
+// none), their outcomes and those already
+// waiting are applied, and the actor flushes, which records the ranges'
+// settled messages (the range claimer) or writes the settlements still
+// unwritten (the exception claimer). Whoever takes the leases over then
+// delivers only what had not settled. Without it every restart and every
+// lapse ran messages that had already succeeded again (most of the chaos
+// run's duplicates).
+//
+// The state it applies outcomes to is whole: a step computes an outcome's
+// result before it changes anything, and the panics that restart actors
+// come from the steps' store calls and hooks, between changes. Every write
+// is fenced by the lease token, so a lease another instance took meanwhile
+// is left alone, and a lost incarnation's late outcomes settle nothing that
+// is no longer its own. Its writes end within salvageBound (after the wait)
+// and it gives up silently (a
+// database that cannot be reached, another panic): the reclaim then
+// delivers what it could not record, as it did before.
+func salvage(ctx context.Context, c *Common, l loop, p *pool, wait time.Duration) {
+	defer func() { _ = recover() }()
+	if wait > 0 {
+		p.quiesce(c.Clock, c.Clock.Now().Add(wait))
+	}
+	bound := salvageBound
+	if c.Lease > 0 {
+		bound = min(bound, c.Lease/4)
+	}
+	sctx, cancel := c.Clock.WithTimeout(context.WithoutCancel(ctx), bound)
+	defer cancel()
+	for {
+		select {
+		case o := <-p.out:
+			_, _ = l.outcome(sctx, o) // jobs it would start are not started: nothing more runs
+			continue
+		default:
+		}
+		break
+	}
+	_, _ = l.flush(sctx)
 }
 
 // absorb applies every outcome already waiting, without blocking.

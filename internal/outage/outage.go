@@ -94,6 +94,9 @@ type Health struct {
 	watchers  map[int]func()
 	nextWatch int
 	closed    bool
+	// up is closed, and replaced, when an actor's store call succeeds
+	// after failing (Recovered).
+	up chan struct{}
 
 	bmu  sync.Mutex       // guards the map; each mark is atomic
 	busy map[string]*Busy // actor → its liveness mark
@@ -105,6 +108,25 @@ type Health struct {
 func NewHealth(clk clock.Clock, ttl time.Duration) *Health {
 	return &Health{clock: clk, ttl: ttl, fatal: make(chan error, 1),
 		failing: map[*Reporter]time.Time{}, timers: map[*Reporter]*clock.Timer{}, watchers: map[int]func(){}}
+}
+
+// Recovered returns a channel closed the next time one of the session's
+// actors succeeds at a store call after failing: the database is reachable
+// again. An actor backing off after its own failure waits on it too, so it
+// retries as soon as another actor (the heartbeat, every third of the TTL)
+// has proved the database back, instead of at the end of a backoff that kept
+// growing through the outage; each recovery ends each wait once, so this
+// never turns into a retry loop. A nil *Health's channel never closes.
+func (h *Health) Recovered() <-chan struct{} {
+	if h == nil {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.up == nil {
+		h.up = make(chan struct{})
+	}
+	return h.up
 }
 
 // Fatal receives the session's first permanent error.
@@ -233,6 +255,10 @@ func (h *Health) recovered(r *Reporter) {
 	if t := h.timers[r]; t != nil {
 		t.Stop()
 		delete(h.timers, r)
+	}
+	if h.up != nil {
+		close(h.up)
+		h.up = nil
 	}
 	h.mu.Unlock()
 	h.notify()

@@ -103,3 +103,49 @@ func TestHealthIsALevel(t *testing.T) {
 	h.SetConsuming(false)
 	require.False(t, h.Ready())
 }
+
+// Recovered closes when any actor of the session succeeds after failing,
+// once per recovery: an actor backing off waits on it and retries as soon as
+// the database is proved back.
+func TestRecoveredClosesWhenAnyActorRecovers(t *testing.T) {
+	h := NewHealth(clock.NewMock(), time.Minute)
+	defer h.Close()
+	ctx := context.Background()
+	down := &pgconn.PgError{Code: "57P01", Message: "terminating connection due to administrator command"}
+	claimer := &Reporter{What: "claimer store call", Health: h}
+	beat := &Reporter{What: "heartbeat", Health: h}
+	require.Positive(t, claimer.Report(ctx, down))
+	require.Positive(t, beat.Report(ctx, down))
+	waiting := h.Recovered()
+	select {
+	case <-waiting:
+		t.Fatal("closed while every actor still fails")
+	default:
+	}
+	require.Zero(t, beat.Report(ctx, nil)) // the heartbeat reaches the database
+	select {
+	case <-waiting:
+	default:
+		t.Fatal("not closed after the heartbeat recovered")
+	}
+	again := h.Recovered()
+	select {
+	case <-again:
+		t.Fatal("a later wait ends only at a later recovery")
+	default:
+	}
+	require.Zero(t, beat.Report(ctx, nil)) // a success that was not a recovery
+	select {
+	case <-again:
+		t.Fatal("closed by a success that recovered nothing")
+	default:
+	}
+	require.Zero(t, claimer.Report(ctx, nil))
+	select {
+	case <-again:
+	default:
+		t.Fatal("not closed after the claimer recovered")
+	}
+	var none *Health
+	require.Nil(t, none.Recovered())
+}

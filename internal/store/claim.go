@@ -260,7 +260,7 @@ WITH r AS (
     SET token = gen_random_uuid(), owner = $3, claimed_at = coalesce($2, now()),
         expires_at = coalesce($2, now()) + $4::interval, reclaims = g.reclaims + 1
     FROM r WHERE g.id = r.id
-    RETURNING g.id, g.token, g.reclaims, g.lo_xid, g.lo_id, g.hi_xid, g.hi_id
+    RETURNING g.id, g.token, g.reclaims, g.lo_xid, g.lo_id, g.hi_xid, g.hi_id, g.settled
 ), binds AS (
     SELECT array_agg(regex) AS rx, coalesce(max(declaration_id), 0) AS decl
     FROM {s}.{t}_binding WHERE group_id = $1
@@ -277,6 +277,7 @@ LEFT JOIN (
     WHERE (l.xid, l.id) > ((SELECT lo_xid FROM upd), (SELECT lo_id FROM upd))
       AND (l.xid, l.id) <= ((SELECT hi_xid FROM upd), (SELECT hi_id FROM upd))
       AND l.xid >= (SELECT lo_xid FROM upd) AND l.xid <= (SELECT hi_xid FROM upd) -- chunk pruning
+      AND l.id <> ALL (coalesce((SELECT settled FROM upd), '{}')) -- settled beyond the prefix by an earlier holder
 ) m ON true
 LEFT JOIN LATERAL (SELECT binds.rx IS NULL
                        OR (m.routing_key IS NOT NULL
