@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -161,18 +162,29 @@ func TestChaos(t *testing.T) {
 		done   chan error
 		abrupt bool
 		calm   atomic.Int64 // messages handled after the faults stopped
+		n      int          // its number, in start order
 	}
 	var calm atomic.Bool
-	runs := &successfulRuns{byID: map[string][]int{}}
+	runs := &successfulRuns{byID: map[string][]successfulRun{}}
 	var mu sync.Mutex
 	var running []*inst
 	var all []*inst
 	start := func(abrupt bool) {
 		o := *opts
 		o.DisableGracefulShutdown = abrupt
-		o.test = &testHooks{fault: fault}
 		ictx, cancel := context.WithCancel(ctx)
-		in := &inst{cancel: cancel, done: make(chan error, 1), abrupt: abrupt}
+		mu.Lock()
+		in := &inst{cancel: cancel, done: make(chan error, 1), abrupt: abrupt, n: len(all)}
+		mu.Unlock()
+		o.test = &testHooks{fault: func(site string) error {
+			defer func() {
+				if p := recover(); p != nil {
+					runs.event(in.n, "actor panic: "+site)
+					panic(p)
+				}
+			}()
+			return fault(site)
+		}}
 		h := func(ctx context.Context, o *order) error {
 			err := handler(ctx, o)
 			if err == nil && calm.Load() {
@@ -180,7 +192,7 @@ func TestChaos(t *testing.T) {
 			}
 			if err == nil {
 				meta, _ := MetaFromContext(ctx)
-				runs.add(o.OrderID, meta.Attempt)
+				runs.add(o.OrderID, successfulRun{attempt: meta.Attempt, inst: in.n, at: time.Now()})
 			}
 			return err
 		}
@@ -276,8 +288,10 @@ inject:
 			victim.cancel()
 			if victim.abrupt {
 				count("instance killed")
+				runs.event(victim.n, "instance killed")
 			} else {
 				count("instance stopped gracefully")
+				runs.event(victim.n, "instance stopped gracefully")
 			}
 			start(roll(2) == 0)
 		case 2: // a graceful restart of an instance
@@ -287,13 +301,16 @@ inject:
 			mu.Unlock()
 			victim.cancel()
 			count("instance restarted")
+			runs.event(victim.n, "instance restarted")
 			start(false)
 		case 3, 4: // every application connection is cut
 			_, err := control.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'chaos-app'")
 			if err == nil {
 				count("backends terminated")
+				runs.event(-1, "backends terminated")
 			}
 		case 5:
+			runs.event(-1, "postgres restarted")
 			if err := pgtest.Restart(ctx); err == nil {
 				count("postgres restarted")
 			} else if !errors.Is(err, pgtest.ErrExternal) {
@@ -322,6 +339,8 @@ inject:
 			} else if err != nil {
 				t.Fatalf("stop postgres: %v", err)
 			}
+			runs.event(-1, "postgres stopped")
+			runs.event(victim.n, "instance cancelled while postgres was down")
 			down := time.NewTimer(2 * opts.ShutdownTimeout) // down for longer than ShutdownTimeout, whatever happens
 			cancelled := time.Now()
 			victim.cancel()
@@ -462,6 +481,8 @@ FROM (SELECT concurrency, status, count(*) n FROM %s.stream_%d_exception GROUP B
 	t.Logf("chaos: repeated successful runs as seen by handlers: %d on the range path (attempt 1 again), %d on the exception path; "+
 		"ranges reclaimed %d, committed %d, progress records %d, leases lost %d, handlers abandoned %d",
 		firstAgain, retryAgain, st.Reclaimed, st.Committed, st.ProgressRecorded, st.LeasesLost, st.Abandoned)
+	t.Logf("chaos: each repeated successful run by the first event between it and the run before it "+
+		"(the earlier run's instance, or the whole database): %s", runs.causes(sink.warnings()))
 	require.Positive(t, produced.Load())
 	require.Zero(t, missing)
 	require.Zero(t, deadlocks.n.Load(), "statements that hit `deadlock detected`: the lock order (internal/store/locks.go) is broken")
@@ -571,17 +592,38 @@ func (d *deadlockCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data p
 
 func (d *deadlockCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
-// successfulRuns records, per message, the attempt number of each handler
-// run that succeeded: where the chaos run's duplicates come from.
+// successfulRuns records, per message, each handler run that succeeded
+// (its attempt, instance and time), and the faults with their times: where
+// the chaos run's duplicates come from.
 type successfulRuns struct {
-	mu   sync.Mutex
-	byID map[string][]int
+	mu     sync.Mutex
+	byID   map[string][]successfulRun
+	events []chaosEvent
 }
 
-func (r *successfulRuns) add(id string, attempt int) {
+type successfulRun struct {
+	attempt int
+	inst    int
+	at      time.Time
+}
+
+// chaosEvent is a fault at a time, in one instance (inst) or everywhere (-1).
+type chaosEvent struct {
+	at   time.Time
+	inst int
+	kind string
+}
+
+func (r *successfulRuns) add(id string, run successfulRun) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.byID[id] = append(r.byID[id], attempt)
+	r.byID[id] = append(r.byID[id], run)
+}
+
+func (r *successfulRuns) event(inst int, kind string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, chaosEvent{at: time.Now(), inst: inst, kind: kind})
 }
 
 // repeats counts the successful runs after a message's first, by the path
@@ -590,9 +632,9 @@ func (r *successfulRuns) add(id string, attempt int) {
 func (r *successfulRuns) repeats() (rangePath, exceptionPath int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, attempts := range r.byID {
-		for _, a := range attempts[1:] {
-			if a <= 1 {
+	for _, runs := range r.byID {
+		for _, run := range runs[1:] {
+			if run.attempt <= 1 {
 				rangePath++
 			} else {
 				exceptionPath++
@@ -600,4 +642,92 @@ func (r *successfulRuns) repeats() (rangePath, exceptionPath int) {
 		}
 	}
 	return rangePath, exceptionPath
+}
+
+// causePriority orders the faults that can make a message run again, the
+// surest cause first: a repeat is put down to the first of these that
+// happened between it and the run before it (to that run's instance, or to
+// the whole database).
+var causePriority = []string{"instance killed", "instance cancelled while postgres was down", "instance stopped gracefully",
+	"instance restarted", "log: instance lapsed", "actor panic: claimer", "actor panic: exceptions", "postgres stopped",
+	"postgres restarted", "backends terminated"}
+
+// causes attributes each repeated run (see causePriority) and counts them
+// by path and cause; it also counts the warnings by message.
+func (r *successfulRuns) causes(warnings []chaosEvent) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	events := append(append([]chaosEvent(nil), r.events...), warnings...)
+	sort.Slice(events, func(i, j int) bool { return events[i].at.Before(events[j].at) })
+	rank := func(kind string) int {
+		for i, k := range causePriority {
+			if strings.HasPrefix(kind, k) {
+				return i
+			}
+		}
+		return -1
+	}
+	tally := map[string]int{}
+	for _, runs := range r.byID {
+		for k := 1; k < len(runs); k++ {
+			prev, cur := runs[k-1], runs[k]
+			best := len(causePriority)
+			for _, e := range events {
+				if e.at.Before(prev.at) || (e.inst >= 0 && e.inst != prev.inst) {
+					continue
+				}
+				if e.at.After(cur.at) {
+					break
+				}
+				if i := rank(e.kind); i >= 0 && i < best {
+					best = i
+				}
+			}
+			cause := "no fault in between"
+			if best < len(causePriority) {
+				cause = causePriority[best]
+			}
+			path := "range"
+			if cur.attempt > 1 {
+				path = "exception"
+			}
+			tally[path+"/"+cause]++
+		}
+	}
+	logged := map[string]int{}
+	for _, w := range warnings {
+		logged[w.kind]++
+	}
+	return sortedCounts(tally) + "; warnings: " + sortedCounts(logged)
+}
+
+func sortedCounts(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] || (m[keys[i]] == m[keys[j]] && keys[i] < keys[j]) })
+	var out []string
+	for _, k := range keys {
+		out = append(out, fmt.Sprintf("%s=%d", k, m[k]))
+	}
+	return strings.Join(out, " ")
+}
+
+// warnings returns the WARN and ERROR lines logged so far as database-wide
+// chaos events (the log does not say which session wrote them).
+func (s *logSink) warnings() []chaosEvent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []chaosEvent
+	for _, r := range s.records {
+		if r.Level >= slog.LevelWarn {
+			msg := r.Message
+			if len(msg) > 60 {
+				msg = msg[:60]
+			}
+			out = append(out, chaosEvent{at: r.Time, inst: -1, kind: "log: " + msg})
+		}
+	}
+	return out
 }
