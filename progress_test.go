@@ -295,10 +295,14 @@ func TestALapsedIncarnationRecordsWhatItSettled(t *testing.T) {
 	for range 9 {
 		within(t, obs.ok, "m-1 … m-9 settled in the claimer")
 	}
-	// The incarnation lapses: its row and its range lease expire (a stall,
-	// a partition); the next renewal finds the row lapsed.
+	// The incarnation lapses (a stall, a partition): its row expires, and
+	// the next renewal finds it lapsed. Once the session has stopped that
+	// incarnation and registers again, its range lease is expired too, so
+	// the next incarnation reclaims the range.
+	lapsed := e.logs.next("instance lapsed")
 	_, err := e.pool.Exec(ctx, fmt.Sprintf("UPDATE %[1]s.worker_instance SET expires_at = '-infinity' WHERE id = $1; ", e.client.Schema()), id)
 	require.NoError(t, err)
+	within(t, lapsed, "the lapse")
 	_, err = e.pool.Exec(ctx, fmt.Sprintf("UPDATE %s.stream_%d_range SET expires_at = '-infinity'", e.client.Schema(), c.group.StreamID))
 	require.NoError(t, err)
 	within(t, obs.ok, "m-0, run again by the next incarnation")

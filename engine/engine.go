@@ -186,6 +186,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if health == nil {
 		health = outage.NewHealth(cfg.Clock, o.InstanceTTL)
 	}
+	health.OnFailure(cfg.Store.ResetIfDisrupted)
 	defer health.SetConsuming(false)
 	s := &session{cfg: cfg, o: o, dbNow: dbNow, logger: logger, health: health, plan: shutdown.New(cfg.Clock)}
 	if cfg.Alerts != nil { // the alerts actor runs for the whole session, the binding wait included

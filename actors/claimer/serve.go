@@ -8,6 +8,7 @@ import (
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/shutdown"
+	"github.com/c1702965/sqlstreams/internal/store"
 )
 
 // loop is one claimer as the shared Serve loop drives it: the range claimer
@@ -83,7 +84,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		drainC          = plan.Started()
 		deadline        <-chan time.Time
 		holdoff         <-chan time.Time // set while backing off after a failure
-		up              <-chan struct{}  // with holdoff: closed when the session's database is back
+		up              <-chan struct{}  // with holdoff after an outage: closed when another actor reaches the database
 		due             = true           // a claim is due at the top of the loop
 		sctx            = ctx            // store calls' context: bounded once draining
 		timers          []func() bool
@@ -100,7 +101,10 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 	}
 	report := func(err error) {
 		if wait := rep.Report(ctx, err); wait > 0 && holdoff == nil {
-			holdoff, up = timer(wait), c.Health.Recovered()
+			holdoff = timer(wait)
+			if store.Transient(err) { // the database was out of reach: back as soon as anyone reaches it
+				up = c.Health.Reached()
+			}
 		}
 	}
 	cancelDrainCtx := func() {}
@@ -197,10 +201,10 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 	}
 }
 
-// salvageBound caps how long a stopping claimer spends recording what had
-// settled (a quarter of its lease, if smaller): a restart, or the session's
-// next incarnation, waits for it.
-const salvageBound = 2 * time.Second
+// lapseSalvageBound caps how long a claimer whose incarnation was lost
+// spends recording what had settled (a quarter of its lease, if smaller):
+// the session's next incarnation waits for it.
+const lapseSalvageBound = 2 * time.Second
 
 // salvage keeps what a stopping run of the actor has settled: after a panic,
 // before the supervisor restarts it, and after its incarnation was lost,
@@ -219,8 +223,11 @@ const salvageBound = 2 * time.Second
 // come from the steps' store calls and hooks, between changes. Every write
 // is fenced by the lease token, so a lease another instance took meanwhile
 // is left alone, and a lost incarnation's late outcomes settle nothing that
-// is no longer its own. Its writes end within salvageBound (after the wait)
-// and it gives up silently (a
+// is no longer its own. After a panic it retries its writes while the
+// actor's leases are still its own (one lease: the heartbeat keeps them
+// while the database is reachable, and a restarted actor could do nothing
+// sooner), until the session's drain begins or its context ends; after a
+// lapse, within lapseSalvageBound. It gives up silently (a
 // database that cannot be reached, another panic): the reclaim then
 // delivers what it could not record, as it did before.
 func salvage(ctx context.Context, c *Common, l loop, p *pool, wait time.Duration) {
@@ -228,11 +235,17 @@ func salvage(ctx context.Context, c *Common, l loop, p *pool, wait time.Duration
 	if wait > 0 {
 		p.quiesce(c.Clock, c.Clock.Now().Add(wait))
 	}
-	bound := salvageBound
-	if c.Lease > 0 {
-		bound = min(bound, c.Lease/4)
+	var sctx context.Context
+	var cancel context.CancelFunc
+	if c.Liveness.Lost() {
+		bound := lapseSalvageBound
+		if c.Lease > 0 {
+			bound = min(bound, c.Lease/4)
+		}
+		sctx, cancel = c.Clock.WithTimeout(context.WithoutCancel(ctx), bound)
+	} else {
+		sctx, cancel = c.Clock.WithTimeout(ctx, max(c.Lease, time.Second))
 	}
-	sctx, cancel := c.Clock.WithTimeout(context.WithoutCancel(ctx), bound)
 	defer cancel()
 	for {
 		select {
@@ -243,7 +256,7 @@ func salvage(ctx context.Context, c *Common, l loop, p *pool, wait time.Duration
 		}
 		break
 	}
-	_, _ = l.flush(sctx)
+	_ = retryStore(sctx, c, c.Drain.Started(), func(ctx context.Context) error { _, err := l.flush(ctx); return err })
 }
 
 // absorb applies every outcome already waiting, without blocking.
@@ -260,31 +273,40 @@ func absorb(ctx context.Context, l loop, p *pool, report func(error), send func(
 	}
 }
 
-// handBackAttempts bounds the retries of a hand-back whose writes fail (a
-// connection cut mid-shutdown): a new attempt gets a new connection.
-const handBackAttempts = 3
-
-// retryHandBack runs hand back until it succeeds, its attempts run out or
-// ctx (bounded by the shutdown plan) ends; what it could not hand back is
-// logged, not returned: those leases lapse after InstanceTTL and another
-// instance delivers their messages.
-func retryHandBack(ctx context.Context, c *Common, what string, hand func(context.Context) error) {
-	var err error
-	for attempt := 1; attempt <= handBackAttempts && ctx.Err() == nil; attempt++ {
-		if err = hand(ctx); err == nil {
-			return
+// retryStore runs f until it succeeds, its error is permanent, ctx ends or
+// stop closes, backing off from 50 ms to 500 ms between attempts (a failed
+// attempt gets a new connection). It returns the last error.
+func retryStore(ctx context.Context, c *Common, stop <-chan struct{}, f func(context.Context) error) error {
+	wait := 50 * time.Millisecond
+	for {
+		err := f(ctx)
+		if err == nil || store.Permanent(err) != nil || ctx.Err() != nil {
+			return err
 		}
-		if attempt < handBackAttempts {
-			t := c.Clock.Timer(100 * time.Millisecond)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-			}
+		t := c.Clock.Timer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-stop:
+			t.Stop()
+			return err
 		}
+		wait = min(2*wait, 500*time.Millisecond)
 	}
+}
+
+// retryHandBack runs hand back until it succeeds or ctx (bounded by the
+// shutdown plan's hand-back deadline) ends: a database that is down when
+// the drain begins and back before the deadline (a restart, a failover)
+// still gets the work handed back and the settled messages recorded. What
+// it could not hand back is logged, not returned: those leases lapse after
+// InstanceTTL and another instance delivers their messages.
+func retryHandBack(ctx context.Context, c *Common, what string, hand func(context.Context) error) {
+	err := retryStore(ctx, c, nil, hand)
 	if err == nil {
-		err = ctx.Err()
+		return
 	}
 	codes.HandBackFailed.Log(ctx, c.Logger, "could not hand "+what+" back at shutdown; their leases lapse after InstanceTTL and another instance takes them",
 		"error", err)

@@ -49,6 +49,7 @@ func (r *Reporter) Report(ctx context.Context, err error) time.Duration {
 	switch {
 	case err == nil:
 		r.Backoff.Succeeded()
+		r.Health.succeeded()
 		if r.failing {
 			r.failing = false
 			r.Health.recovered(r)
@@ -60,6 +61,7 @@ func (r *Reporter) Report(ctx context.Context, err error) time.Duration {
 	case ctx.Err() != nil:
 		return 0
 	}
+	r.Health.failure(err)
 	if p := store.Permanent(err); p != nil && r.Health != nil {
 		// The session ends with it (Consume returns it): not logged here.
 		r.Health.permanent(p)
@@ -94,9 +96,12 @@ type Health struct {
 	watchers  map[int]func()
 	nextWatch int
 	closed    bool
-	// up is closed, and replaced, when an actor's store call succeeds
-	// after failing (Recovered).
-	up chan struct{}
+	// reached is closed, and dropped, at the next store call of any actor
+	// that succeeds, once something waits on it (Reached).
+	reached chan struct{}
+	waiting atomic.Bool
+	// disrupted, if set, is told of every failed store call (OnFailure).
+	disrupted func(error)
 
 	bmu  sync.Mutex       // guards the map; each mark is atomic
 	busy map[string]*Busy // actor → its liveness mark
@@ -110,23 +115,63 @@ func NewHealth(clk clock.Clock, ttl time.Duration) *Health {
 		failing: map[*Reporter]time.Time{}, timers: map[*Reporter]*clock.Timer{}, watchers: map[int]func(){}}
 }
 
-// Recovered returns a channel closed the next time one of the session's
-// actors succeeds at a store call after failing: the database is reachable
-// again. An actor backing off after its own failure waits on it too, so it
-// retries as soon as another actor (the heartbeat, every third of the TTL)
-// has proved the database back, instead of at the end of a backoff that kept
-// growing through the outage; each recovery ends each wait once, so this
-// never turns into a retry loop. A nil *Health's channel never closes.
-func (h *Health) Recovered() <-chan struct{} {
+// Reached returns a channel closed the next time a store call of one of the
+// session's actors succeeds: the database answered. An actor backing off
+// after a failure to reach the database waits on it too, so it retries as
+// soon as another actor (the heartbeat, every third of the TTL, or any
+// other) has proved the database back, instead of at the end of a backoff
+// that kept growing through the outage; it ends each wait once. A nil
+// *Health's channel never closes.
+func (h *Health) Reached() <-chan struct{} {
 	if h == nil {
 		return nil
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.up == nil {
-		h.up = make(chan struct{})
+	if h.reached == nil {
+		h.reached = make(chan struct{})
+		h.waiting.Store(true)
 	}
-	return h.up
+	return h.reached
+}
+
+// succeeded ends the waits on Reached; without waiters it costs one atomic
+// load (every successful store call comes here).
+func (h *Health) succeeded() {
+	if h == nil || !h.waiting.Load() {
+		return
+	}
+	h.mu.Lock()
+	if h.reached != nil {
+		close(h.reached)
+		h.reached = nil
+		h.waiting.Store(false)
+	}
+	h.mu.Unlock()
+}
+
+// OnFailure sets f to be told of every store call of the session's actors
+// that fails (the session resets its pool when the server dropped its
+// connections: store.ResetIfDisrupted). Set it before the actors start.
+func (h *Health) OnFailure(f func(error)) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.disrupted = f
+}
+
+func (h *Health) failure(err error) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	f := h.disrupted
+	h.mu.Unlock()
+	if f != nil {
+		f(err)
+	}
 }
 
 // Fatal receives the session's first permanent error.
@@ -255,10 +300,6 @@ func (h *Health) recovered(r *Reporter) {
 	if t := h.timers[r]; t != nil {
 		t.Stop()
 		delete(h.timers, r)
-	}
-	if h.up != nil {
-		close(h.up)
-		h.up = nil
 	}
 	h.mu.Unlock()
 	h.notify()

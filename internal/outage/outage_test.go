@@ -104,10 +104,10 @@ func TestHealthIsALevel(t *testing.T) {
 	require.False(t, h.Ready())
 }
 
-// Recovered closes when any actor of the session succeeds after failing,
-// once per recovery: an actor backing off waits on it and retries as soon as
-// the database is proved back.
-func TestRecoveredClosesWhenAnyActorRecovers(t *testing.T) {
+// Reached closes at the next store call of any actor of the session that
+// succeeds, once per wait: an actor backing off after an outage waits on it
+// and retries as soon as the database answers someone.
+func TestReachedClosesAtTheNextSuccess(t *testing.T) {
 	h := NewHealth(clock.NewMock(), time.Minute)
 	defer h.Close()
 	ctx := context.Background()
@@ -116,36 +116,24 @@ func TestRecoveredClosesWhenAnyActorRecovers(t *testing.T) {
 	beat := &Reporter{What: "heartbeat", Health: h}
 	require.Positive(t, claimer.Report(ctx, down))
 	require.Positive(t, beat.Report(ctx, down))
-	waiting := h.Recovered()
-	select {
-	case <-waiting:
-		t.Fatal("closed while every actor still fails")
-	default:
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
 	}
+	waiting := h.Reached()
+	require.False(t, closed(waiting), "closed while every actor still fails")
+	require.Positive(t, beat.Report(ctx, down))
+	require.False(t, closed(waiting), "a failure ends no wait")
 	require.Zero(t, beat.Report(ctx, nil)) // the heartbeat reaches the database
-	select {
-	case <-waiting:
-	default:
-		t.Fatal("not closed after the heartbeat recovered")
-	}
-	again := h.Recovered()
-	select {
-	case <-again:
-		t.Fatal("a later wait ends only at a later recovery")
-	default:
-	}
-	require.Zero(t, beat.Report(ctx, nil)) // a success that was not a recovery
-	select {
-	case <-again:
-		t.Fatal("closed by a success that recovered nothing")
-	default:
-	}
-	require.Zero(t, claimer.Report(ctx, nil))
-	select {
-	case <-again:
-	default:
-		t.Fatal("not closed after the claimer recovered")
-	}
+	require.True(t, closed(waiting), "the heartbeat reached the database")
+	again := h.Reached()
+	require.False(t, closed(again), "a later wait ends only at a later success")
+	require.Zero(t, beat.Report(ctx, nil)) // a success that recovered nothing still proves the database reachable
+	require.True(t, closed(again))
 	var none *Health
-	require.Nil(t, none.Recovered())
+	require.Nil(t, none.Reached())
 }

@@ -103,6 +103,42 @@ func Transient(err error) bool {
 		strings.Contains(err.Error(), "unexpected EOF") || strings.Contains(err.Error(), "conn closed")
 }
 
+// Disrupted reports whether err shows that the server dropped a connection
+// the pool had already established: the backend was terminated or the
+// server shut down (57P01, 57P02), the connection failed (class 08), or it
+// was found closed or cut (EOF, a network error on an open connection). A
+// failure to connect is not one: there was no connection to drop.
+func Disrupted(err error) bool {
+	if err == nil || Permanent(err) != nil {
+		return false
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return false
+	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return pg.Code == "57P01" || pg.Code == "57P02" || strings.HasPrefix(pg.Code, "08")
+	}
+	var ne net.Error
+	return (errors.As(err, &ne) && !ne.Timeout()) ||
+		strings.Contains(err.Error(), "unexpected EOF") || strings.Contains(err.Error(), "conn closed")
+}
+
+// ResetIfDisrupted closes every connection of the pool when err is
+// Disrupted (connections checked out close when they are returned). When
+// the server restarts, fails over or terminates its backends, every idle
+// connection of the pool is dead, and each would fail once when next
+// used: the actors sharing the pool took turns failing on them, each
+// failure doubling a backoff, so a database back within a second kept a
+// session idle for several. After the reset the next statement connects
+// afresh, or fails to connect while the server is still down.
+func (st *Store) ResetIfDisrupted(err error) {
+	if Disrupted(err) {
+		st.pool.Reset()
+	}
+}
+
 // ErrStreamChanged reports a stream whose stored row no longer matches the
 // one a handle resolved: its schema was dropped and recreated, and its id
 // may now name another stream. Nothing is written.
