@@ -147,6 +147,19 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			begun = err == nil
 		}
 		for !draining && begun && holdoff == nil && due {
+			// A flush tick that fired while the loop was claiming runs
+			// before the next claim: under load a claim takes a while, and
+			// outcomes would wait unrecorded behind claim after claim.
+			select {
+			case <-poll.C:
+				jobs, err := l.flush(sctx)
+				report(err)
+				send(jobs)
+				if holdoff != nil {
+					continue // the loop's condition ends the claims
+				}
+			default:
+			}
 			jobs, more, err := l.claim(ctx)
 			report(err)
 			send(jobs)
