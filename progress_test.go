@@ -47,9 +47,7 @@ func TestAReclaimerStartsAfterTheSettledPrefix(t *testing.T) {
 	xs := st.states()
 	require.Len(t, xs, 1, "m-2's failure is written with the prefix")
 	require.Equal(t, "pending", xs[0].Status)
-	log, err := storetest.Deliveries(ctx, st.e.client.store, st.c.group.StreamID, st.c.group.ID, nil)
-	require.NoError(t, err)
-	require.Len(t, log, 6, "the prefix's delivery-log rows are written with it")
+	require.Len(t, st.deliveries(t), 6, "the prefix's delivery-log rows are written with it")
 
 	// The instance dies: its lease lapses and another instance reclaims.
 	_, err = st.e.pool.Exec(ctx, fmt.Sprintf("UPDATE %s.stream_%d_range SET expires_at = '-infinity'", st.e.client.Schema(), st.c.group.StreamID))
@@ -68,9 +66,7 @@ func TestAReclaimerStartsAfterTheSettledPrefix(t *testing.T) {
 	}
 	require.Equal(t, []string{"m-6", "m-7", "m-8", "m-9"}, ran)
 	require.Len(t, st.e.leases(st.c), 0, "the reclaimer committed the rest")
-	log, err = storetest.Deliveries(ctx, st.e.client.store, st.c.group.StreamID, st.c.group.ID, nil)
-	require.NoError(t, err)
-	require.Len(t, log, 10, "each message logged once")
+	require.Len(t, st.deliveries(t), 10, "each message logged once")
 	require.Len(t, st.states(), 1, "m-2 still waits for its retry")
 
 	// The dead instance's late outcomes settle nothing.
@@ -78,9 +74,7 @@ func TestAReclaimerStartsAfterTheSettledPrefix(t *testing.T) {
 		_, err := st.ranges.Outcome(ctx, st.ranges.Run(ctx, j))
 		require.NoError(t, err)
 	}
-	log, err = storetest.Deliveries(ctx, st.e.client.store, st.c.group.StreamID, st.c.group.ID, nil)
-	require.NoError(t, err)
-	require.Len(t, log, 10)
+	require.Len(t, st.deliveries(t), 10)
 }
 
 // A recorded prefix is never undone: a hand-back whose own prefix is shorter
@@ -145,9 +139,7 @@ func TestAReclaimerSkipsMessagesSettledBeyondThePrefix(t *testing.T) {
 	require.EqualValues(t, 1, st.stats.ProgressRecorded.Load(), "nothing settled since: nothing written")
 	xs := st.states()
 	require.Len(t, xs, 1, "m-3's failure is written with the settled set")
-	log, err := storetest.Deliveries(ctx, st.e.client.store, st.c.group.StreamID, st.c.group.ID, nil)
-	require.NoError(t, err)
-	require.Len(t, log, 5, "the settled messages' delivery-log rows are written with them")
+	require.Len(t, st.deliveries(t), 5, "the settled messages' delivery-log rows are written with them")
 
 	expire := func() {
 		t.Helper()
@@ -188,17 +180,13 @@ func TestAReclaimerSkipsMessagesSettledBeyondThePrefix(t *testing.T) {
 	}
 	require.Equal(t, []string{"m-7", "m-0", "m-6", "m-8", "m-9"}, ran)
 	require.Len(t, st.e.leases(st.c), 0, "the third holder committed the rest")
-	log, err = storetest.Deliveries(ctx, st.e.client.store, st.c.group.StreamID, st.c.group.ID, nil)
-	require.NoError(t, err)
-	require.Len(t, log, 10, "each message logged once")
+	require.Len(t, st.deliveries(t), 10, "each message logged once")
 	require.Len(t, st.states(), 1, "m-3 still waits for its retry")
 
 	// The first holder's late outcome of m-0 settles nothing.
 	_, err = st.ranges.Outcome(ctx, st.ranges.Run(ctx, jobs[0]))
 	require.NoError(t, err)
-	log, err = storetest.Deliveries(ctx, st.e.client.store, st.c.group.StreamID, st.c.group.ID, nil)
-	require.NoError(t, err)
-	require.Len(t, log, 10)
+	require.Len(t, st.deliveries(t), 10)
 }
 
 // A claimer that panics keeps what it has settled: the handlers already
@@ -314,4 +302,12 @@ func TestALapsedIncarnationRecordsWhatItSettled(t *testing.T) {
 		require.Equal(t, 1, n, "%s succeeded %d times", id, n)
 	}
 	require.Empty(t, e.leases(c))
+}
+
+// deliveries returns the group's delivery-log rows.
+func (st *stepper) deliveries(t *testing.T) []storetest.Delivery {
+	t.Helper()
+	log, err := storetest.Deliveries(context.Background(), st.e.client.store, st.c.group.StreamID, st.c.group.ID, nil)
+	require.NoError(t, err)
+	return log
 }

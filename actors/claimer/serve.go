@@ -107,6 +107,11 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			}
 		}
 	}
+	flush := func() { // the poll tick's work: commits to retry, progress to record
+		jobs, err := l.flush(sctx)
+		report(err)
+		send(jobs)
+	}
 	cancelDrainCtx := func() {}
 	defer func() { cancelDrainCtx() }()
 	startDrain := func() {
@@ -152,9 +157,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			// outcomes would wait unrecorded behind claim after claim.
 			select {
 			case <-poll.C:
-				jobs, err := l.flush(sctx)
-				report(err)
-				send(jobs)
+				flush()
 				if holdoff != nil {
 					continue // the loop's condition ends the claims
 				}
@@ -196,9 +199,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		case <-poll.C:
 			busy.Working()
 			if begun && holdoff == nil {
-				jobs, err := l.flush(sctx)
-				report(err)
-				send(jobs)
+				flush()
 			}
 			due = true
 		case <-reconcile.C:
@@ -223,10 +224,10 @@ const lapseSalvageBound = 2 * time.Second
 // before the supervisor restarts it, and after its incarnation was lost,
 // before the session registers again. The handlers already running may
 // finish within wait (nothing new starts; a lost incarnation waits for
-// none), their outcomes and those already
-// waiting are applied, and the actor flushes, which records the ranges'
-// settled messages (the range claimer) or writes the settlements still
-// unwritten (the exception claimer). Whoever takes the leases over then
+// none), their outcomes and those already waiting are applied, and the
+// actor flushes, which records the ranges' settled messages (the range
+// claimer) or writes the settlements still unwritten (the exception
+// claimer). Whoever takes the leases over then
 // delivers only what had not settled. Without it every restart and every
 // lapse ran messages that had already succeeded again (most of the chaos
 // run's duplicates).
@@ -240,9 +241,9 @@ const lapseSalvageBound = 2 * time.Second
 // actor's leases are still its own (one lease: the heartbeat keeps them
 // while the database is reachable, and a restarted actor could do nothing
 // sooner), until the session's drain begins or its context ends; after a
-// lapse, within lapseSalvageBound. It gives up silently (a
-// database that cannot be reached, another panic): the reclaim then
-// delivers what it could not record, as it did before.
+// lapse, within lapseSalvageBound. It gives up silently (a database that
+// cannot be reached, another panic): the reclaim then delivers what it
+// could not record, as it did before.
 func salvage(ctx context.Context, c *Common, l loop, p *pool, wait time.Duration) {
 	defer func() { _ = recover() }()
 	if wait > 0 {
