@@ -76,8 +76,23 @@ func (r *Reporter) Report(ctx context.Context, err error) time.Duration {
 		r.failing = true
 		r.Health.failed(r)
 	}
-	return r.Backoff.Failed()
+	wait := r.Backoff.Failed()
+	if store.Unreachable(err) {
+		wait = min(wait, UnreachableRetry)
+	}
+	return wait
 }
+
+// UnreachableRetry caps the wait after a failure that found the server out
+// of reach (store.Unreachable: refused or cut connections, a server
+// shutting down or starting up). A refused connection costs the server
+// nothing, and the sooner an actor is back the less it loses: work settled
+// before the outage waits unrecorded in memory, where a crash of the
+// instance or a lapse of its lease would have another run it again, and a
+// heartbeat that waited out a doubling backoff let a database back within
+// a second lapse the instance. A busy server's errors keep the whole
+// backoff.
+const UnreachableRetry = 100 * time.Millisecond
 
 // Failing reports whether the last attempt failed.
 func (r *Reporter) Failing() bool { return r.failing }

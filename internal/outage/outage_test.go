@@ -34,7 +34,7 @@ func TestReportsOncePerOutageAndBacksOff(t *testing.T) {
 	r := &Reporter{Logger: slog.New(s), What: "claim", Retry: "with backoff",
 		Backoff: backoff.Backoff{Policy: backoff.Policy{Initial: 100 * time.Millisecond, Max: time.Second}}}
 	ctx := context.Background()
-	down := &pgconn.PgError{Code: "57P01", Message: "terminating connection due to administrator command"}
+	down := &pgconn.PgError{Code: "53300", Message: "sorry, too many clients already"} // a busy server
 	var waits []time.Duration
 	for range 5 {
 		waits = append(waits, r.Report(ctx, down))
@@ -48,6 +48,23 @@ func TestReportsOncePerOutageAndBacksOff(t *testing.T) {
 	cancel()
 	require.Zero(t, r.Report(stopped, errors.New("context canceled")), "the actor's own stop is no outage")
 	require.Equal(t, []string{"claim failed; retrying with backoff", "claim recovered", "claim failed; retrying with backoff"}, s.msgs)
+}
+
+// A server out of reach (refused connections, shutting down, starting up)
+// is retried at least every UnreachableRetry, however long the outage: a
+// refused connection costs it nothing, and each second an actor waits
+// after it is back is work left unrecorded.
+func TestAnUnreachableServerIsRetriedSoon(t *testing.T) {
+	r := &Reporter{Logger: slog.New(&sink{}), What: "claim", Retry: "with backoff",
+		Backoff: backoff.Backoff{Policy: backoff.Policy{Initial: 50 * time.Millisecond, Max: 5 * time.Second}}}
+	ctx := context.Background()
+	var waits []time.Duration
+	for _, err := range []error{&pgconn.PgError{Code: "57P01"}, &pgconn.ConnectError{}, &pgconn.ConnectError{},
+		&pgconn.PgError{Code: "57P03"}, &pgconn.ConnectError{}, &pgconn.PgError{Code: "53300"}} {
+		waits = append(waits, r.Report(ctx, err))
+	}
+	require.Equal(t, []time.Duration{50 * time.Millisecond, UnreachableRetry, UnreachableRetry, UnreachableRetry, UnreachableRetry,
+		1600 * time.Millisecond}, waits, "capped while out of reach; a busy server's error keeps the doubled backoff")
 }
 
 // A permanent error goes to the session's health (which ends the session

@@ -125,6 +125,30 @@ func Disrupted(err error) bool {
 		strings.Contains(err.Error(), "unexpected EOF") || strings.Contains(err.Error(), "conn closed")
 }
 
+// Unreachable reports whether err shows the server out of reach rather than
+// busy: a connection refused or cut (a failure to connect, class 08, a
+// network error other than a timeout, EOF), a server shutting down or not
+// yet accepting connections (57P01-57P03). Retrying such an error costs
+// the server nothing, so actors retry it sooner than their backoff would
+// (outage.UnreachableRetry). Timeouts, too many connections (53300) and
+// conflicts (40001, 40P01) are a busy server's and keep the whole backoff.
+func Unreachable(err error) bool {
+	if err == nil || Permanent(err) != nil {
+		return false
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return !pgconn.Timeout(err)
+	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return pg.Code == "57P01" || pg.Code == "57P02" || pg.Code == "57P03" || strings.HasPrefix(pg.Code, "08")
+	}
+	var ne net.Error
+	return (errors.As(err, &ne) && !ne.Timeout()) ||
+		strings.Contains(err.Error(), "unexpected EOF") || strings.Contains(err.Error(), "conn closed")
+}
+
 // ResetIfDisrupted closes every connection of the pool when err is
 // Disrupted (connections checked out close when they are returned). When
 // the server restarts, fails over or terminates its backends, every idle

@@ -33,6 +33,26 @@ func TestDisruptedNamesDroppedConnectionsOnly(t *testing.T) {
 	}
 }
 
+func TestUnreachableNamesAServerOutOfReachNotABusyOne(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&pgconn.PgError{Code: "57P01"}, true},
+		{&pgconn.PgError{Code: "57P03"}, true}, // starting up
+		{fmt.Errorf("claim range: %w", &pgconn.PgError{Code: "08006"}), true},
+		{errors.New("claim range: unexpected EOF"), true},
+		{&pgconn.ConnectError{}, true},
+		{&pgconn.PgError{Code: "53300"}, false}, // too many connections: busy
+		{&pgconn.PgError{Code: "40P01"}, false},
+		{&pgconn.PgError{Code: "42501"}, false},
+		{context.DeadlineExceeded, false},
+		{nil, false},
+	} {
+		require.Equal(t, c.want, Unreachable(c.err), "%v", c.err)
+	}
+}
+
 // When the server drops every backend, each idle connection of the pool is
 // dead and fails once when next used; one reset after the first such
 // failure and every later statement runs on a fresh connection.
