@@ -231,6 +231,18 @@ type Actor struct {
 	stallSince time.Time
 	stalled    bool
 	outage     *outage.Reporter
+
+	// The serve loop's claim pacing (the step functions ignore it). starved:
+	// the last claim was cut short by a full queue, so a freed slot is a
+	// reason to claim again. sweep: the next claim also looks for expired
+	// leases and probes the gate; it is due after a begin, then at every
+	// sweepTicks-th poll tick (ticks counts them), and stays due while
+	// reclaims find ranges. In between a claim is one statement: a
+	// produce's wake is what makes new positions claimable, while an expired
+	// or handed-back lease and an open transaction's end wait for the next
+	// sweep.
+	starved, sweep bool
+	ticks          int
 }
 
 // New returns a range claimer.
@@ -245,6 +257,7 @@ func (a *Actor) reset() {
 	a.ranges = map[int64]*inflight{}
 	a.keys = map[string]*keyState{}
 	a.order, a.toCommit, a.queued = nil, nil, 0
+	a.starved, a.sweep = false, true
 }
 
 // Queued returns how many messages are claimed and not yet settled.
@@ -257,46 +270,66 @@ func (a *Actor) Run(ctx context.Context, j Job) Outcome { return a.runner.Run(ct
 // expired lease of the group before reading new positions, and returns the
 // jobs ready to run.
 func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
-	if a.queued+a.cfg.BatchLimit > a.cfg.QueueSize || !a.cfg.Liveness.Valid() {
-		return nil, nil
+	jobs, _, err := a.claimWith(ctx, true)
+	return jobs, err
+}
+
+// claimWith is Claim; sweep false skips the look for expired leases and the
+// gate probe (the serve loop's claims between flush ticks). reclaimed says
+// whether an expired lease was taken over.
+func (a *Actor) claimWith(ctx context.Context, sweep bool) (jobs []Job, reclaimed bool, err error) {
+	if a.queued+a.cfg.BatchLimit > a.cfg.QueueSize {
+		a.starved = true
+		return nil, false, nil
+	}
+	a.starved = false
+	if !a.cfg.Liveness.Valid() {
+		return nil, false, nil
 	}
 	if a.cfg.Fault != nil {
 		if err := a.cfg.Fault("claimer"); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	group := a.cfg.Group()
 	args := store.ClaimParams{Owner: a.cfg.InstanceID, Limit: a.cfg.BatchLimit, Lease: a.cfg.Lease, Now: a.cfg.DBNow()}
 	obs := a.cfg.observer()
-	began := a.cfg.Clock.Now()
-	r, ok, err := a.db.ReclaimRange(ctx, args)
-	obs.ClaimDuration(a.cfg.StreamName, a.cfg.GroupName, a.cfg.Clock.Since(began))
-	if err != nil {
-		return nil, err
-	}
-	if ok {
-		a.cfg.Stats.Reclaimed.Add(1)
-		obs.Count(a.cfg.StreamName, a.cfg.GroupName, observe.RangeReclaimed, 1)
-		if limit := group.MaxRangeReclaimsOrDefault(); r.Reclaims > limit {
-			return nil, a.quarantine(ctx, r, group, limit)
+	if sweep {
+		began := a.cfg.Clock.Now()
+		r, ok, err := a.db.ReclaimRange(ctx, args)
+		obs.ClaimDuration(a.cfg.StreamName, a.cfg.GroupName, a.cfg.Clock.Since(began))
+		if err != nil {
+			return nil, false, err
 		}
-		a.cfg.Logger.Info("reclaimed an expired range", "range", r.ID, "reclaims", r.Reclaims, "messages", len(r.Messages))
-		return a.dispatch(ctx, r, group)
+		if ok {
+			a.cfg.Stats.Reclaimed.Add(1)
+			obs.Count(a.cfg.StreamName, a.cfg.GroupName, observe.RangeReclaimed, 1)
+			if limit := group.MaxRangeReclaimsOrDefault(); r.Reclaims > limit {
+				return nil, true, a.quarantine(ctx, r, group, limit)
+			}
+			a.cfg.Logger.Info("reclaimed an expired range", "range", r.ID, "reclaims", r.Reclaims, "messages", len(r.Messages))
+			jobs, err := a.dispatch(ctx, r, group)
+			return jobs, true, err
+		}
 	}
-	began = a.cfg.Clock.Now()
-	r, ok, err = a.db.ClaimRange(ctx, args)
+	began := a.cfg.Clock.Now()
+	r, ok, err := a.db.ClaimRange(ctx, args)
 	obs.ClaimDuration(a.cfg.StreamName, a.cfg.GroupName, a.cfg.Clock.Since(began))
 	if ok {
 		obs.Count(a.cfg.StreamName, a.cfg.GroupName, observe.RangeClaimed, 1)
 	}
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if !ok {
-		return nil, a.checkGate(ctx)
+		if !sweep {
+			return nil, false, nil
+		}
+		return nil, false, a.checkGate(ctx)
 	}
 	a.clearStall()
-	return a.dispatch(ctx, r, group)
+	jobs, err = a.dispatch(ctx, r, group)
+	return jobs, false, err
 }
 
 // quarantine splits a range that keeps killing its holders into independent
@@ -907,28 +940,60 @@ func (a *Actor) Serve(ctx context.Context) error {
 func (a *Actor) common() *Common  { return &a.cfg.Common }
 func (a *Actor) what() string     { return "in-flight ranges" }
 func (a *Actor) handlers() string { return "handlers" }
-func (a *Actor) eager() bool      { return true }
+func (a *Actor) eager() bool      { return a.starved }
 func (a *Actor) inFlight() int    { return a.queued }
 func (a *Actor) draining()        {}
 
-func (a *Actor) claimAfter([]Job) bool { return true }
+// claimAfter: an outcome frees a slot, a reason to claim only when the
+// queue was what held the last claim back.
+func (a *Actor) claimAfter([]Job) bool { return a.starved }
 
 // begin expires the ranges a restarted claimer's earlier run held: they are
 // no longer known, and the heartbeat would keep them alive.
 func (a *Actor) begin(ctx context.Context) error {
+	a.sweep = true
 	return a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow())
 }
 
+// claim is the loop's claim: a sweep (expired leases, the gate probe) only
+// when one is due, and again after a reclaim, since more leases may have
+// expired together.
 func (a *Actor) claim(ctx context.Context) ([]Job, bool, error) {
 	before := a.queued
-	jobs, err := a.Claim(ctx)
-	return jobs, err == nil && a.queued-before >= a.cfg.BatchLimit, err
+	jobs, reclaimed, err := a.claimWith(ctx, a.sweep)
+	if a.sweep && err == nil && !a.starved && a.cfg.Liveness.Valid() { // the sweep ran
+		a.sweep = reclaimed
+	}
+	return jobs, err == nil && (reclaimed || a.queued-before >= a.cfg.BatchLimit), err
 }
 
+// sweepTicks is every how many poll ticks the poll's extra work is done
+// (see MinSweep): 1 unless ClaimPollRate is below MinSweep.
+func sweepTicks(poll time.Duration) int {
+	if poll <= 0 || poll >= MinSweep {
+		return 1
+	}
+	return int((MinSweep + poll - 1) / poll)
+}
+
+// MinSweep bounds how often an actor does the work a poll does beyond
+// reading new positions: the range claimer's look for expired and
+// handed-back leases and its gate probe, and the exception claimer's claim
+// of rows that fell due (its statement visits every key with unresolved
+// rows, the most expensive a claimer runs). A ClaimPollRate below it makes
+// new positions claimed that often, not those. An expired lease is
+// reclaimed, and a retry runs, at most this much later than it could be.
+const MinSweep = 100 * time.Millisecond
+
 func (a *Actor) outcome(ctx context.Context, o Outcome) ([]Job, error) { return a.Outcome(ctx, o) }
-func (a *Actor) flush(ctx context.Context) ([]Job, error)              { return nil, a.Flush(ctx) }
-func (a *Actor) reconcile(ctx context.Context) error                   { return a.Reconcile(ctx) }
-func (a *Actor) handBack(ctx context.Context) error                    { return a.HandBack(ctx) }
+func (a *Actor) flush(ctx context.Context) ([]Job, error) {
+	if a.ticks++; a.ticks >= sweepTicks(a.cfg.PollRate) { // the poll tick: a sweep is due every sweepTicks
+		a.ticks, a.sweep = 0, true
+	}
+	return nil, a.Flush(ctx)
+}
+func (a *Actor) reconcile(ctx context.Context) error { return a.Reconcile(ctx) }
+func (a *Actor) handBack(ctx context.Context) error  { return a.HandBack(ctx) }
 
 // newRunner returns the handler runner of an actor with this config: a
 // handler starts only once the incarnation is valid.

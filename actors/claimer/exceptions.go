@@ -3,8 +3,8 @@ package claimer
 import (
 	"context"
 	"errors"
-	"github.com/c1702965/sqlstreams/internal/codes"
 
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
@@ -51,6 +51,13 @@ type ExceptionActor struct {
 	outage  *outage.Reporter
 	// draining_: a drain is under way, so no chain starts its next row.
 	draining_ bool
+	// idle paces the serve loop's claims (the step functions ignore it): a
+	// claim that left slots free took every row then due, so that many of
+	// the next poll ticks do not claim (sweepTicks-1: none unless
+	// ClaimPollRate is below MinSweep). An outcome that frees a slot claims
+	// at once. A row that falls due meanwhile (its backoff ends, or another
+	// instance parks it) waits up to MinSweep for its next attempt.
+	idle int
 }
 
 // NewExceptionActor returns an exception claimer.
@@ -266,7 +273,13 @@ func (a *ExceptionActor) reset()           { a.running, a.draining_ = map[store.
 
 // claimAfter: a chain's next row keeps the slot its head freed, so only an
 // outcome that started nothing makes a claim due.
-func (a *ExceptionActor) claimAfter(jobs []Job) bool { return len(jobs) == 0 }
+func (a *ExceptionActor) claimAfter(jobs []Job) bool {
+	if len(jobs) > 0 {
+		return false
+	}
+	a.idle = 0 // a freed slot: claim now
+	return true
+}
 
 // begin releases what a restarted claimer's earlier run held.
 func (a *ExceptionActor) begin(ctx context.Context) error {
@@ -274,16 +287,27 @@ func (a *ExceptionActor) begin(ctx context.Context) error {
 }
 
 func (a *ExceptionActor) claim(ctx context.Context) ([]Job, bool, error) {
+	if a.idle > 0 {
+		return nil, false, nil
+	}
+	before := len(a.running)
+	free := a.cfg.Concurrency - before
 	jobs, err := a.Claim(ctx)
+	if err == nil && free > 0 && a.cfg.Liveness.Valid() && len(a.running)-before < free {
+		a.idle = sweepTicks(a.cfg.PollRate) - 1 // the claim ran and took every row due
+	}
 	return jobs, false, err
 }
 
 func (a *ExceptionActor) outcome(ctx context.Context, o Outcome) ([]Job, error) {
 	return a.Outcome(ctx, o)
 }
-func (a *ExceptionActor) flush(ctx context.Context) ([]Job, error) { return a.Flush(ctx) }
-func (a *ExceptionActor) reconcile(ctx context.Context) error      { return a.Reconcile(ctx) }
-func (a *ExceptionActor) handBack(ctx context.Context) error       { return a.HandBack(ctx) }
+func (a *ExceptionActor) flush(ctx context.Context) ([]Job, error) {
+	a.idle = max(a.idle-1, 0) // the poll tick
+	return a.Flush(ctx)
+}
+func (a *ExceptionActor) reconcile(ctx context.Context) error { return a.Reconcile(ctx) }
+func (a *ExceptionActor) handBack(ctx context.Context) error  { return a.HandBack(ctx) }
 
 // Reconcile returns to pending the rows this instance holds as running
 // without knowing (a claim whose reply was lost to a cut connection) and

@@ -38,9 +38,10 @@ type loop interface {
 	// handlers its handlers ("handlers", "exception handlers").
 	what() string
 	handlers() string
-	// eager claims at every turn of the loop (the range claimer, whose claim
-	// costs nothing while its queue is full); otherwise only when a poll, a
-	// backoff's end or an outcome that started nothing makes one due.
+	// eager claims at every turn of the loop (the range claimer while its
+	// queue holds its claims back: such a claim costs nothing until a slot
+	// frees); otherwise only when a wake, a poll, a backoff's end or an
+	// outcome claimAfter names makes one due.
 	eager() bool
 }
 

@@ -1,0 +1,106 @@
+package sqlstreams
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/c1702965/sqlstreams/actors/claimer"
+	"github.com/c1702965/sqlstreams/internal/pgtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// callerCounter counts the statements each store caller sends (the
+// "-- store.Name" comment every statement starts with), and closes reached
+// once the caller named until has sent n.
+type callerCounter struct {
+	mu      sync.Mutex
+	counts  map[string]int
+	until   string
+	n       int
+	reached chan struct{}
+}
+
+func newCallerCounter(until string, n int) *callerCounter {
+	return &callerCounter{counts: map[string]int{}, until: until, n: n, reached: make(chan struct{})}
+}
+
+func (c *callerCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	name, ok := strings.CutPrefix(d.SQL, "-- ")
+	if !ok {
+		return ctx
+	}
+	name, _, _ = strings.Cut(name, "\n")
+	if !strings.HasPrefix(name, "store.") {
+		return ctx // a migration's comment
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.counts[name]++
+	if name == c.until && c.counts[name] == c.n {
+		close(c.reached)
+	}
+	return ctx
+}
+
+func (c *callerCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *callerCounter) snapshot() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]int, len(c.counts))
+	for k, v := range c.counts {
+		out[k] = v
+	}
+	return out
+}
+
+// An idle instance that polls faster than MinSweep reads new positions at
+// every poll, but looks for expired leases, probes the gate and claims
+// exception rows at most every MinSweep: those statements are a poll's
+// most expensive (the exception claim visits every key with unresolved
+// rows), and under a 20 ms poll they were most of a loaded server's work.
+func TestAFastPollSweepsAtMostEveryMinSweep(t *testing.T) {
+	ctx := context.Background()
+	const poll = 10 * time.Millisecond
+	const polls = 60
+	counter := newCallerCounter("store.ClaimRange", polls)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	client, err := NewClient(ctx, pool, &ClientConfig{Schema: pgtest.Schema(t)})
+	require.NoError(t, err)
+	s := Stream[order](client, "orders")
+	require.NoError(t, s.Register(ctx, nil))
+	c, err := s.Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Consume(cctx, func(context.Context, *order) error { return nil }, &ConsumeOptions{ClaimPollRate: poll})
+	}()
+	within(t, counter.reached, "60 polls of an idle instance")
+	cancel()
+	require.NoError(t, within(t, done, "Consume to return"))
+
+	got := counter.snapshot()
+	claims := got["store.ClaimRange"]
+	t.Logf("statements of an idle instance polling every %s: %v", poll, got)
+	// MinSweep/poll = 10 polls per sweep; a fifth leaves room for the
+	// sweep at the start and for ticks a loaded runner coalesces.
+	bound := claims / 5
+	require.GreaterOrEqual(t, claims, polls)
+	require.Positive(t, got["store.ReclaimRange"], "expired leases are still looked for")
+	require.LessOrEqual(t, got["store.ReclaimRange"], bound, "the look for expired leases runs at most every MinSweep (%s)", claimer.MinSweep)
+	require.LessOrEqual(t, got["store.GateProbe"], bound, "the gate probe runs at most every MinSweep")
+	require.Positive(t, got["store.ClaimExceptions"], "exception rows are still claimed")
+	require.LessOrEqual(t, got["store.ClaimExceptions"], bound, "an exception claimer with nothing due claims at most every MinSweep")
+}
