@@ -49,6 +49,27 @@ func TestSynchronousStandbyKeepsACommittedRowAcrossFailover(t *testing.T) {
 	assert.Equal(t, "", queryString(t, multi, "show synchronous_standby_names"))
 	execOn(t, multi, "insert into kept values ('after the promotion')")
 	assert.Equal(t, "2", queryString(t, multi, "select count(*)::text from kept"))
+
+	require.NoError(t, standby.Stop())
+	require.NoError(t, primary.Stop(), "a killed primary stops too")
+	assert.NoDirExists(t, standby.Dir())
+	assert.NoDirExists(t, primary.Dir())
+}
+
+// An asynchronous standby streams without the primary waiting for it: the
+// primary names no synchronous standby.
+func TestAsynchronousStandbyStreams(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	primary := startCluster(t, Options{Replication: true})
+	standby, err := primary.StartStandby(ctx, StandbyOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, standby.Stop()) })
+	assert.Equal(t, "async", queryString(t, primary.URL(""), "select sync_state from pg_stat_replication where application_name = 'standby'"))
+	assert.Equal(t, "", queryString(t, primary.URL(""), "show synchronous_standby_names"))
+	assert.Equal(t, "standby", queryString(t, primary.URL(""), "select slot_name::text from pg_replication_slots where active"),
+		"the standby streams through its slot")
 }
 
 func TestStartStandbyNeedsAReplicationPrimary(t *testing.T) {
