@@ -127,7 +127,19 @@ func (c *Cluster) StartStandby(ctx context.Context, opts StandbyOptions) (*Clust
 		}
 	}
 	if err := c.WaitStreaming(ctx, name, opts.Synchronous); err != nil {
-		return nil, errors.Join(err, s.Stop())
+		err = errors.Join(err, s.Stop())
+		if opts.Synchronous {
+			// Every commit on the primary would wait for the standby that
+			// failed; give the primary back as it was, under a deadline of
+			// its own since ctx may be the one that ended.
+			rctx, cancel := context.WithTimeout(context.Background(), queryWait)
+			defer cancel()
+			if rerr := c.exec(rctx, "ALTER SYSTEM RESET synchronous_standby_names", "ALTER SYSTEM RESET synchronous_commit",
+				"SELECT pg_reload_conf()"); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("reset the primary's synchronous_standby_names: %w", rerr))
+			}
+		}
+		return nil, err
 	}
 	return s, nil
 }
