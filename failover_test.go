@@ -13,6 +13,7 @@ import (
 
 	"github.com/c1702965/sqlstreams/internal/pgcluster"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -314,4 +315,274 @@ func summarize(lines []string) string {
 		counts[l]++
 	}
 	return sortedCounts(counts)
+}
+
+// TestAsynchronousFailoverReportsWhatItLoses is the failover of a primary
+// whose standby is asynchronous: a commit returns once the primary has it,
+// before the standby does, so killing the primary can lose acknowledged
+// produces, and promoting the standby makes the loss final. Nothing here
+// prevents it (docs/scaling.md says how to: a synchronous standby); the
+// test measures it. After the promotion it reads the new primary's log and
+// reports how many acknowledged messages are not in it (and of those, how
+// many had been consumed from the old primary before the crash). It fails
+// when it cannot tell (the log is unreadable, or no message was produced
+// after the promotion), and when a message that did survive in the log is
+// never consumed: that would be the library's loss, not replication's.
+//
+// The first case kills the primary as it streams, where the loss is
+// whatever was in flight (often nothing on a loopback standby). The second
+// first stops the standby receiving (as a partition would) and kills the
+// primary after 50 more acknowledged produces, which must then all be
+// reported lost: it shows that the count sees a loss when there is one.
+func TestAsynchronousFailoverReportsWhatItLoses(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cut  bool
+	}{
+		{"killed while streaming", false},
+		{"killed after the standby stopped receiving", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { asynchronousFailover(t, tc.cut) })
+	}
+}
+
+func asynchronousFailover(t *testing.T, cutReplication bool) {
+	if testing.Short() {
+		t.Skip("failover: skipped with -short (it starts a primary and a standby of its own)")
+	}
+	if pgtest.External() {
+		t.Skip("failover: the database is external (SQLSTREAMS_TEST_DATABASE_URL); this test starts, kills and promotes " +
+			"a primary and a standby of its own, which needs the private cluster harness (the installed PostgreSQL binaries)")
+	}
+	ctx := context.Background()
+	startCtx, cancelStart := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancelStart()
+	primary, err := pgcluster.Start(startCtx, pgcluster.Options{Replication: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, primary.Stop()) })
+	// The private cluster commits with synchronous_commit off (its data is
+	// thrown away): a crash would then lose commits the primary itself had
+	// not written out, which is not what this test measures. On, a commit
+	// is the primary's before it returns, and what is lost is what had not
+	// reached the standby yet: replication's loss alone.
+	conn, err := pgx.Connect(startCtx, primary.URL("postgres"))
+	require.NoError(t, err)
+	for _, sql := range []string{"ALTER SYSTEM SET synchronous_commit = 'on'", "SELECT pg_reload_conf()"} {
+		_, err := conn.Exec(startCtx, sql)
+		require.NoError(t, err, sql)
+	}
+	require.NoError(t, conn.Close(startCtx))
+	standby, err := primary.StartStandby(startCtx, pgcluster.StandbyOptions{Name: "node2"})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, standby.Stop()) })
+
+	cfg, err := pgxpool.ParseConfig(pgcluster.MultiHostURL("postgres", primary, standby))
+	require.NoError(t, err)
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close) // before the clusters stop: cleanups run last first
+	var syncCommit string
+	require.NoError(t, pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&syncCommit))
+	require.Equal(t, "on", syncCommit, "the primary's commits are its own before they return")
+
+	sink := newSink(t)
+	client, err := NewClient(ctx, pool, &ClientConfig{Schema: "failover", Logger: slog.New(sink),
+		Retry: Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}})
+	require.NoError(t, err)
+	s := Stream[order](client, "failover")
+	require.NoError(t, s.Register(ctx, nil))
+	c, err := s.Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+
+	ledger := newFailoverLedger()
+	opts := &ConsumeOptions{BatchLimit: 20, MessageConcurrency: 4, ClaimPollRate: 20 * time.Millisecond,
+		InstanceTTL: failoverTTL, ShutdownTimeout: 500 * time.Millisecond}
+	cctx, stopConsuming := context.WithCancel(ctx)
+	defer stopConsuming()
+	consumed := make(chan error, 1)
+	go func() {
+		consumed <- c.Consume(cctx, func(_ context.Context, o *order) error {
+			ledger.handle(o.OrderID)
+			return nil
+		}, opts)
+	}()
+
+	// One producer at about 200 msg/s, each produce bounded, as in the
+	// synchronous test.
+	var produceErrs atomic.Int64
+	stopProducing := make(chan struct{})
+	produced := make(chan struct{})
+	go func() {
+		defer close(produced)
+		pace := time.NewTicker(5 * time.Millisecond)
+		defer pace.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stopProducing:
+				return
+			case <-pace.C:
+			}
+			id := fmt.Sprintf("f-%d", i)
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err := s.Produce(pctx, order{OrderID: id}, nil)
+			cancel()
+			if err != nil {
+				produceErrs.Add(1)
+				continue
+			}
+			ledger.ack(id)
+		}
+	}()
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			close(stopProducing)
+			<-produced
+		}
+	}
+	defer stop()
+
+	ledger.wait(t, time.Minute, "100 messages consumed before the failover",
+		func() bool { return len(ledger.handled) >= 100 },
+		func() string {
+			return fmt.Sprintf("%d acknowledged, %d handled", len(ledger.acked), len(ledger.handled))
+		})
+
+	var cutAt time.Time // zero unless cutReplication
+	if cutReplication {
+		cutAt = cutStandby(t, standby)
+		ledger.wait(t, time.Minute, "50 messages acknowledged after the standby stopped receiving",
+			func() bool { return ackedAfter(ledger, cutAt) >= 50 },
+			func() string { return fmt.Sprintf("%d acknowledged after the cut", ackedAfter(ledger, cutAt)) })
+	}
+	killed := time.Now()
+	require.NoError(t, primary.Kill(ctx))
+	ledger.promoted(time.Now())
+	require.NoError(t, standby.Promote(ctx))
+	ledger.wait(t, opts.InstanceTTL+time.Minute, "a message produced after the promotion to be consumed",
+		func() bool { return !ledger.firstPostAt.IsZero() && ledger.postAcked >= 200 },
+		func() string {
+			return fmt.Sprintf("%d acknowledged after the promotion, first post-promotion consume at %v; %d produce errors",
+				ledger.postAcked, ledger.firstPostAt, produceErrs.Load())
+		})
+	stop()
+
+	// What the new primary's log holds is what survived.
+	row, err := client.store.LookupStream(ctx, nil, "failover")
+	require.NoError(t, err, "failover: cannot tell what was lost: the stream on the new primary")
+	rows, err := pool.Query(ctx, "SELECT payload->>'order_id' FROM "+client.store.StreamTable(row.ID, "log"))
+	require.NoError(t, err, "failover: cannot tell what was lost: the new primary's log")
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err, "failover: cannot tell what was lost: the new primary's log")
+	inLog := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		inLog[id] = true
+	}
+
+	ledger.wait(t, time.Minute, "every acknowledged message still in the log to be consumed",
+		func() bool {
+			for id := range ledger.acked {
+				if inLog[id] && ledger.handled[id] == 0 {
+					return false
+				}
+			}
+			return true
+		},
+		func() string {
+			var m []string
+			for _, id := range ledger.missing() {
+				if inLog[id] {
+					m = append(m, id)
+				}
+			}
+			return fmt.Sprintf("%d acknowledged messages in the new primary's log never consumed (first: %s)",
+				len(m), strings.Join(m[:min(len(m), 20)], " "))
+		})
+	stopConsuming()
+	select {
+	case err := <-consumed:
+		require.NoError(t, err)
+	case <-time.After(opts.ShutdownTimeout + ShutdownGrace + 10*time.Second):
+		t.Fatal("failover: Consume did not return after its context ended")
+	}
+
+	ledger.mu.Lock()
+	defer ledger.mu.Unlock()
+	var lost, lostConsumed, dups, cutKept int
+	var lastLost time.Time
+	for id, at := range ledger.acked {
+		if inLog[id] {
+			if !cutAt.IsZero() && at.After(cutAt) && at.Before(ledger.promotedAt) {
+				cutKept++
+			}
+			continue
+		}
+		lost++
+		if ledger.handled[id] > 0 {
+			lostConsumed++
+		}
+		if at.After(lastLost) {
+			lastLost = at
+		}
+	}
+	for _, n := range ledger.handled {
+		dups += n - 1
+	}
+	window := "none"
+	if lost > 0 { // the kill takes a moment: produces may still be acknowledged meanwhile
+		window = fmt.Sprintf("%+dms from the start of the kill", lastLost.Sub(killed).Milliseconds())
+	}
+	t.Logf("asynchronous failover: acknowledged %d (%d after the promotion), produce errors %d; LOST (acknowledged, not in the "+
+		"promoted node's log) %d, of which consumed from the old primary before the crash %d and never delivered %d; "+
+		"the newest lost was acknowledged at %s; duplicates %d",
+		len(ledger.acked), ledger.postAcked, produceErrs.Load(), lost, lostConsumed, lost-lostConsumed, window, dups)
+	if !cutAt.IsZero() {
+		require.Zero(t, cutKept, "failover: messages acknowledged after the standby stopped receiving are in the promoted node's log: "+
+			"the test cannot tell what was lost")
+		require.GreaterOrEqual(t, lost, 50, "failover: the 50 messages acknowledged after the cut were lost and the count missed them")
+	}
+}
+
+// ackedAfter counts the messages acknowledged after at; under l.mu.
+func ackedAfter(l *failoverLedger, at time.Time) int {
+	n := 0
+	for _, a := range l.acked {
+		if a.After(at) {
+			n++
+		}
+	}
+	return n
+}
+
+// cutStandby stops standby receiving WAL, as a network partition would:
+// it clears primary_conninfo (reloadable since PostgreSQL 13, which stops
+// the WAL receiver) and waits, bounded, until no receiver runs. It returns
+// when: whatever the primary commits after it, the standby never has.
+func cutStandby(t *testing.T, standby *pgcluster.Cluster) time.Time {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, standby.URL("postgres"))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	for _, sql := range []string{"ALTER SYSTEM SET primary_conninfo = ''", "SELECT pg_reload_conf()"} {
+		_, err := conn.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var receivers int
+		require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_wal_receiver").Scan(&receivers))
+		if receivers == 0 {
+			return time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("failover: the standby's WAL receiver did not stop within a minute of clearing primary_conninfo")
+		case <-tick.C:
+		}
+	}
 }
