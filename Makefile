@@ -5,7 +5,7 @@ SEEDS ?= 200
 DURATION ?= 5m
 RATE ?= 100
 
-.PHONY: test demo vet bench bench-200k bench-1m bench-quick chaos sim check-postgres check-chromium
+.PHONY: test demo vet bench bench-200k bench-1m bench-quick chaos failover sim check-postgres check-chromium
 
 ## test: vet, then the whole suite with the race detector, on a private PostgreSQL (this module, then the
 ## prometheus, otel and browsertest modules; the console's browser tests need Chromium), then a
@@ -32,6 +32,12 @@ demo: check-postgres
 ## unthrottled); make test runs a 45 s one
 chaos: check-postgres
 	SQLSTREAMS_CHAOS=$(DURATION) SQLSTREAMS_CHAOS_RATE=$(RATE) $(GO) test -race -count=1 -run '^TestChaos$$' -v -timeout 0 .
+
+## failover: the synchronous-failover test REPEAT times in a row (issue 23's acceptance is 10); make test
+## runs it once
+REPEAT ?= 10
+failover: check-postgres
+	$(GO) test -race -count=$(REPEAT) -run '^TestSynchronousFailoverLosesNothing$$' -v -timeout 0 .
 
 ## sim: the simulator's random runs for SEEDS seeds (make sim SEEDS=1000); make test runs 50
 sim: check-postgres

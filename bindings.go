@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/topic"
 )
 
@@ -25,6 +26,8 @@ type BindingDeclaration struct {
 type BindingListing struct {
 	Installed *BindingDeclaration  `json:"installed"` // nil: never declared (the whole stream)
 	Waiting   []BindingDeclaration `json:"waiting"`
+	// ReadFrom says whether a replica served the listing (ReadPool).
+	ReadFrom
 }
 
 // Bindings lists the group's newest installed declaration and the
@@ -42,11 +45,18 @@ func (g *Group) Bindings(ctx context.Context, staleAfter time.Duration) (*Bindin
 	if staleAfter <= 0 {
 		staleAfter = 3 * DefaultBindingRetryInterval
 	}
-	inst, waits, err := g.db().BindingLedger(ctx)
+	var (
+		inst  *store.LedgerRow
+		waits []store.LedgerRow
+	)
+	from, err := g.read(ctx, "bindings", func(_ store.View, v store.ViewGroup) (err error) {
+		inst, waits, err = v.BindingLedger(ctx)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("bindings of %q: %w", g.row.Name, err)
 	}
-	out := &BindingListing{}
+	out := &BindingListing{ReadFrom: from}
 	if inst != nil {
 		out.Installed = &BindingDeclaration{Patterns: inst.Patterns, DeclaredBy: inst.DeclaredBy,
 			DeclaredAt: inst.DeclaredAt, AttemptAt: inst.AttemptAt, Status: "installed"}

@@ -63,6 +63,20 @@ type ClientConfig struct {
 	// attempt and carries trace context in the messages' headers (see
 	// Tracer). Default none.
 	Tracer Tracer
+	// ReadPool, if set, serves the operator's reads: Streams, Groups, and
+	// a group's Status, Inspect, Bindings, DeadLetters and DeadLetter (the
+	// CLI's and the console's views), so that dashboards and tools polling
+	// them load a streaming replica instead of the primary. Each result
+	// says whether a replica served it and its replay lag then (ReadFrom).
+	// Nothing that writes or must be current ever uses it: producing,
+	// claiming, committing, heartbeats, config refreshes, registration,
+	// the maintenance workers and the actions (Redrive, Seek, Declare, …)
+	// run on the primary's pool, and Client.Group's lookup too (a handle
+	// to a group just registered must resolve). The engine is never given
+	// it (internal/store.Reader; decision 0029). Its schema is Schema; the
+	// client neither migrates nor checks it there. Default nil: every read
+	// on the primary's pool.
+	ReadPool *pgxpool.Pool
 }
 
 // Backoff is a retry curve for the client's own store calls: the first
@@ -156,6 +170,7 @@ func ValidateSchema(name string) error { return store.ValidateSchema(name) }
 type Client struct {
 	cfg   ClientConfig
 	store *store.Store
+	reads *store.Reader // ReadPool's, or the primary's when it is nil
 	hub   *engine.Hub
 	wakes wakeup.Combiner // pool produces' wake-ups, merged
 }
@@ -184,7 +199,15 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg *ClientConfig) (*Cli
 	if err != nil {
 		return nil, fmt.Errorf("new client: %w", err)
 	}
-	return &Client{cfg: c, store: st, hub: engine.NewHub(st, c.Clock, c.Logger, c.Observer)}, nil
+	readPool := pool
+	if c.ReadPool != nil {
+		readPool = c.ReadPool
+	}
+	reads, err := store.NewReader(readPool, c.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("new client: read pool: %w", err)
+	}
+	return &Client{cfg: c, store: st, reads: reads, hub: engine.NewHub(st, c.Clock, c.Logger, c.Observer)}, nil
 }
 
 // Schema returns the schema the client works in.

@@ -3,6 +3,8 @@ package sqlstreams
 import (
 	"context"
 	"time"
+
+	"github.com/c1702965/sqlstreams/internal/store"
 )
 
 // DeadLetter is a message that ran out of retries (or failed terminally)
@@ -16,6 +18,13 @@ type DeadLetter struct {
 	RoutingKey string    `json:"routing_key"`
 	Version    int       `json:"version"`
 	ProducedAt time.Time `json:"produced_at"`
+	// ReadFrom says whether a replica served the read (ReadPool).
+	ReadFrom
+}
+
+func deadLetter(d store.DeadLetter, from ReadFrom) DeadLetter {
+	return DeadLetter{MessageID: d.MessageID, Attempts: d.Attempts, LastError: d.LastError, DiedAt: d.DiedAt, Key: d.Key,
+		RoutingKey: d.RoutingKey, Version: d.Version, ProducedAt: d.ProducedAt, ReadFrom: from}
 }
 
 // DeadLetters lists the group's dead letters in message id order, after

@@ -51,18 +51,24 @@ type StreamInfo struct {
 	RetainedBytes int64
 	// Groups are the names of the stream's consumer groups.
 	Groups []string
+	// ReadFrom says whether a replica served the listing (ReadPool).
+	ReadFrom
 }
 
 // Streams lists the registered streams in name order (at most MaxListed).
 // It writes nothing.
 func (c *Client) Streams(ctx context.Context) ([]StreamInfo, error) {
-	rows, err := c.store.ListStreams(ctx, "", MaxListed)
+	var rows []store.StreamInfoRow
+	from, err := c.read(ctx, "streams", func(v store.View) (err error) {
+		rows, err = v.ListStreams(ctx, "", MaxListed)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
 	out := make([]StreamInfo, 0, len(rows))
 	for _, r := range rows {
-		s := StreamInfo{Name: r.Name, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, RetainedBytes: r.RetainedBytes, Groups: r.Groups}
+		s := StreamInfo{Name: r.Name, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, RetainedBytes: r.RetainedBytes, Groups: r.Groups, ReadFrom: from}
 		if err := json.Unmarshal(r.Config, &s.Config); err != nil {
 			return nil, fmt.Errorf("stream %q: stored config: %w", r.Name, err)
 		}
@@ -77,6 +83,8 @@ type GroupInfo struct {
 	Stream    string
 	Start     Start // where its cursor was placed at creation
 	CreatedAt time.Time
+	// ReadFrom says whether a replica served the listing (ReadPool).
+	ReadFrom
 }
 
 // Groups lists the consumer groups of stream (every stream's when stream
@@ -87,17 +95,24 @@ func (c *Client) Groups(ctx context.Context, stream string) ([]GroupInfo, error)
 		if err := validateName("stream", stream); err != nil {
 			return nil, err
 		}
-		if _, err := c.store.LookupStream(ctx, nil, stream); err != nil {
-			return nil, err
-		}
 	}
-	rows, err := c.store.ListGroups(ctx, stream, "", MaxListed)
+	var rows []store.GroupInfoRow
+	from, err := c.read(ctx, "groups", func(v store.View) error {
+		if stream != "" {
+			if _, err := v.LookupStream(ctx, stream); err != nil {
+				return err
+			}
+		}
+		var err error
+		rows, err = v.ListGroups(ctx, stream, "", MaxListed)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
 	out := make([]GroupInfo, len(rows))
 	for i, r := range rows {
-		out[i] = GroupInfo{Name: r.Name, Stream: r.Stream, Start: Start(r.Start), CreatedAt: r.CreatedAt}
+		out[i] = GroupInfo{Name: r.Name, Stream: r.Stream, Start: Start(r.Start), CreatedAt: r.CreatedAt, ReadFrom: from}
 	}
 	return out, nil
 }
@@ -145,6 +160,12 @@ func (g *Group) Stream() string { return g.stream }
 
 func (g *Group) db() store.Group { return g.c.store.Group(g.row.StreamID, g.row.ID) }
 
+// read runs f on the group's read-only statements in one snapshot of the
+// client's read pool.
+func (g *Group) read(ctx context.Context, what string, f func(store.View, store.ViewGroup) error) (ReadFrom, error) {
+	return g.c.read(ctx, what, func(v store.View) error { return f(v, v.Group(g.row.StreamID, g.row.ID)) })
+}
+
 // GroupStatus is a group's progress at one snapshot, in the columns of
 // Kafka's `kafka-consumer-groups --describe`.
 type GroupStatus struct {
@@ -178,18 +199,25 @@ type GroupStatus struct {
 	Retrying, Quarantined, Dead int64
 	// Instances are the live instances of the group's workers.
 	Instances []Instance
+	// ReadFrom says whether a replica served the snapshot (ReadPool), and
+	// how far behind the primary it was.
+	ReadFrom
 }
 
 // Status reads the group's progress in one READ ONLY snapshot.
 func (g *Group) Status(ctx context.Context) (*GroupStatus, error) {
-	s, err := g.db().Status(ctx, DefaultLagCap, g.c.dbNow())
+	var s store.StatusRow
+	from, err := g.read(ctx, "status", func(_ store.View, v store.ViewGroup) (err error) {
+		s, err = v.Status(ctx, DefaultLagCap, g.c.dbNow())
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("status of %q: %w", g.row.Name, err)
 	}
 	out := &GroupStatus{Stream: g.stream, Group: g.row.Name, At: s.Now, Committed: Position(s.Committed), Cursor: Position(s.Cursor),
 		Head: Position(s.Head), Lag: s.Lag, LagAtLeast: s.LagCapped, LagCountsAll: s.Bindings > 0,
 		OldestUnconsumed: s.Oldest, InFlight: s.Ranges, ExpiredRanges: s.ExpiredRanges,
-		Retrying: s.Retrying, Quarantined: s.Quarantined, Dead: s.Dead}
+		Retrying: s.Retrying, Quarantined: s.Quarantined, Dead: s.Dead, ReadFrom: from}
 	if !s.Oldest.IsZero() {
 		out.OldestAge = max(0, s.Now.Sub(s.Oldest))
 	}
@@ -222,11 +250,15 @@ const MaxDeliveriesShown = 1000
 // (at most MaxDeliveriesShown attempts, oldest first). A message that is
 // not a dead letter of the group is ErrNotRegistered.
 func (g *Group) DeadLetter(ctx context.Context, messageID int64) (*DeadLetterDetail, error) {
-	d, err := g.db().DeadLetter(ctx, messageID, MaxDeliveriesShown)
+	var d store.DeadLetterRow
+	from, err := g.read(ctx, "dead letter", func(_ store.View, v store.ViewGroup) (err error) {
+		d, err = v.DeadLetter(ctx, messageID, MaxDeliveriesShown)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("dead letter of %q: %w", g.row.Name, err)
 	}
-	out := &DeadLetterDetail{DeadLetter: DeadLetter(d.DeadLetter), Payload: json.RawMessage(d.Payload)}
+	out := &DeadLetterDetail{DeadLetter: deadLetter(d.DeadLetter, from), Payload: json.RawMessage(d.Payload)}
 	for _, l := range d.Deliveries {
 		out.Deliveries = append(out.Deliveries, Delivery(l))
 	}
@@ -239,13 +271,17 @@ func (g *Group) DeadLetters(ctx context.Context, afterID int64, limit int) ([]De
 	if limit < 1 || limit > 1000 {
 		return nil, fmt.Errorf("%w: DeadLetters limit %d outside 1..1000", ErrInvalidConfig, limit)
 	}
-	rows, err := g.db().ListDead(ctx, afterID, limit)
+	var rows []store.DeadLetter
+	from, err := g.read(ctx, "dead letters", func(_ store.View, v store.ViewGroup) (err error) {
+		rows, err = v.ListDead(ctx, afterID, limit)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("dead letters of %q: %w", g.row.Name, err)
 	}
 	out := make([]DeadLetter, len(rows))
 	for i, r := range rows {
-		out[i] = DeadLetter(r)
+		out[i] = deadLetter(r, from)
 	}
 	return out, nil
 }

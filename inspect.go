@@ -9,6 +9,7 @@ import (
 
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/policy"
+	"github.com/c1702965/sqlstreams/internal/store"
 )
 
 // Inspection shows a group's config in both layers — what was declared and
@@ -29,6 +30,8 @@ type Inspection struct {
 	Log []ConfigChange `json:"log"`
 	// Instances are the group's worker instances, live ones first.
 	Instances []Instance `json:"instances"`
+	// ReadFrom says whether a replica served the inspection (ReadPool).
+	ReadFrom
 }
 
 // Setting is one effective value.
@@ -64,10 +67,28 @@ func (c *Consumer[T]) Inspect(ctx context.Context) (*Inspection, error) {
 
 // Inspect reads the group's config as stored now: the declared document,
 // every effective value with its source, the declaration history (newest
-// first, at most 100) and the group's instances. It writes nothing.
+// first, at most 100) and the group's instances, all in one snapshot of
+// the read pool. It writes nothing.
 func (g *Group) Inspect(ctx context.Context) (*Inspection, error) {
-	st := g.c.store
-	docs, err := st.ReadGroupConfig(ctx, g.row.ID)
+	var (
+		docs      map[string][]byte
+		installed []string
+		log       []store.ConfigLogEntry
+		inst      []store.InstanceRow
+	)
+	from, err := g.read(ctx, "inspect", func(v store.View, vg store.ViewGroup) (err error) {
+		if docs, err = v.ReadGroupConfig(ctx, g.row.ID); err != nil {
+			return err
+		}
+		if _, installed, err = vg.BindingsInForce(ctx); err != nil {
+			return err
+		}
+		if log, err = v.GroupConfigLog(ctx, g.row.ID, 100); err != nil {
+			return err
+		}
+		inst, err = v.GroupInstances(ctx, g.row.ID, g.c.dbNow())
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("inspect %q: %w", g.row.Name, err)
 	}
@@ -75,24 +96,13 @@ func (g *Group) Inspect(ctx context.Context) (*Inspection, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inspect %q: %w", g.row.Name, err)
 	}
-	_, installed, err := g.db().BindingsInForce(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("inspect %q: %w", g.row.Name, err)
-	}
-	out := &Inspection{Group: g.row.Name, Stream: g.stream, Config: configOf(d, installed), Declared: map[string]json.RawMessage{}, Effective: effective(d)}
+	out := &Inspection{Group: g.row.Name, Stream: g.stream, Config: configOf(d, installed), Declared: map[string]json.RawMessage{},
+		Effective: effective(d), ReadFrom: from}
 	for w, doc := range docs {
 		out.Declared[w] = json.RawMessage(doc)
 	}
-	log, err := st.GroupConfigLog(ctx, g.row.ID, 100)
-	if err != nil {
-		return nil, fmt.Errorf("inspect %q: %w", g.row.Name, err)
-	}
 	for _, l := range log {
 		out.Log = append(out.Log, ConfigChange{Worker: l.Worker, Document: json.RawMessage(l.Document), DeclaredBy: l.DeclaredBy, DeclaredAt: l.DeclaredAt})
-	}
-	inst, err := st.GroupInstances(ctx, g.row.ID, g.c.dbNow())
-	if err != nil {
-		return nil, fmt.Errorf("inspect %q: %w", g.row.Name, err)
 	}
 	for _, i := range inst {
 		out.Instances = append(out.Instances, Instance(i))

@@ -133,6 +133,9 @@ type Options struct {
 	// server's own log when the cluster is stopped. Nil discards it; errors
 	// still carry the relevant tail.
 	Log io.Writer
+	// Replication configures the server as a primary that streaming
+	// standbys (StartStandby) can copy and follow: failover tests need one.
+	Replication bool
 }
 
 // Cluster is a running private PostgreSQL server.
@@ -140,6 +143,10 @@ type Cluster struct {
 	dir  string
 	port int
 	x    *executor
+	// durable and replication are the Options the cluster was started
+	// with; a standby inherits them from its primary.
+	durable     bool
+	replication bool
 
 	stopOnce sync.Once
 	stopErr  error
@@ -167,7 +174,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create cluster dir: %w", err)
 	}
-	c := &Cluster{dir: dir, x: x}
+	c := &Cluster{dir: dir, x: x, durable: opts.Durable, replication: opts.Replication}
 	if err := c.start(ctx, opts); err != nil {
 		return nil, errors.Join(err, c.Stop())
 	}
@@ -210,6 +217,18 @@ func (c *Cluster) start(ctx context.Context, opts Options) error {
 		return fmt.Errorf("configure: %w", err)
 	}
 
+	if opts.Replication {
+		if err := configureReplication(data); err != nil {
+			return err
+		}
+	}
+	return c.launch(ctx)
+}
+
+// launch starts the server of c's data directory on a free port, retrying
+// with another port when one is taken between picking and binding it.
+func (c *Cluster) launch(ctx context.Context) error {
+	data := filepath.Join(c.dir, dataSubdir)
 	logPath := filepath.Join(c.dir, logFile)
 	for attempt := 1; ; attempt++ {
 		port, err := freePort()

@@ -128,7 +128,7 @@ type LedgerRow struct {
 // BindingLedger returns the group's newest installed row (if any) and each
 // declarer's newest waiting row after it.
 func (g Group) BindingLedger(ctx context.Context) (installed *LedgerRow, waiting []LedgerRow, err error) {
-	rows, err := g.st.pool.Query(ctx, g.sql(ledgerSQL), g.GroupID)
+	rows, err := g.st.q().Query(ctx, g.sql(ledgerSQL), g.GroupID)
 	if err != nil {
 		return nil, nil, fmt.Errorf("binding ledger: %w", err)
 	}
@@ -155,7 +155,7 @@ func (g Group) BindingLedger(ctx context.Context) (installed *LedgerRow, waiting
 func (g Group) BindingsInForce(ctx context.Context) (int64, []string, error) {
 	var id int64
 	var set []string
-	if err := g.st.pool.QueryRow(ctx, g.sql(bindingsInForceSQL), g.GroupID).Scan(&id, &set); err != nil {
+	if err := g.st.q().QueryRow(ctx, g.sql(bindingsInForceSQL), g.GroupID).Scan(&id, &set); err != nil {
 		return 0, nil, fmt.Errorf("bindings in force: %w", err)
 	}
 	return id, set, nil

@@ -63,7 +63,7 @@ VALUES ($1, $2::jsonb, $3, coalesce($4, now()))`), id, string(doc), declaredBy, 
 
 // ReadGroupConfig reads the group's worker documents: the refresher's poll.
 func (st *Store) ReadGroupConfig(ctx context.Context, groupID int64) (map[string][]byte, error) {
-	rows, err := st.pool.Query(ctx, st.sql(`-- store.ReadGroupConfig
+	rows, err := st.q().Query(ctx, st.sql(`-- store.ReadGroupConfig
 SELECT name, metadata::text FROM %[1]s.worker_config WHERE consumer_group_id = $1`), groupID)
 	if err != nil {
 		return nil, fmt.Errorf("read group config: %w", err)
@@ -94,7 +94,7 @@ type ConfigLogEntry struct {
 
 // GroupConfigLog lists the group's declarations, newest first.
 func (st *Store) GroupConfigLog(ctx context.Context, groupID int64, limit int) ([]ConfigLogEntry, error) {
-	rows, err := st.pool.Query(ctx, st.sql(`-- store.GroupConfigLog
+	rows, err := st.q().Query(ctx, st.sql(`-- store.GroupConfigLog
 SELECT w.name, l.metadata::text, l.declared_by, l.declared_at
 FROM %[1]s.worker_config_log l JOIN %[1]s.worker_config w ON w.id = l.worker_config_id
 WHERE w.consumer_group_id = $1
@@ -123,7 +123,7 @@ type InstanceRow struct {
 
 // GroupInstances lists the group's worker instances, live ones first.
 func (st *Store) GroupInstances(ctx context.Context, groupID int64, now Now) ([]InstanceRow, error) {
-	rows, err := st.pool.Query(ctx, st.sql(`-- store.GroupInstances
+	rows, err := st.q().Query(ctx, st.sql(`-- store.GroupInstances
 SELECT i.id::text, w.name, i.declared_by, i.started_at, i.heartbeat_at, i.expires_at, i.expires_at > coalesce($2, now())
 FROM %[1]s.worker_instance i JOIN %[1]s.worker_config w ON w.id = i.worker_config_id
 WHERE w.consumer_group_id = $1

@@ -69,7 +69,7 @@ type DeadLetter struct {
 
 // ListDead pages through a group's dead letters in message id order.
 func (g Group) ListDead(ctx context.Context, afterID int64, limit int) ([]DeadLetter, error) {
-	rows, err := g.st.pool.Query(ctx, g.sql(listDeadSQL), g.GroupID, afterID, limit)
+	rows, err := g.st.q().Query(ctx, g.sql(listDeadSQL), g.GroupID, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}

@@ -65,7 +65,7 @@ VALUES ($1, $2, $3, coalesce($4, now()))`), row.ID, config, declaredBy, now); er
 // transaction) or, when q is nil, on the pool.
 func (st *Store) LookupStream(ctx context.Context, q Querier, name string) (StreamRow, error) {
 	if q == nil {
-		q = st.pool
+		q = st.q()
 	}
 	row := StreamRow{Name: name}
 	err := q.QueryRow(ctx, st.sql(`-- store.LookupStream

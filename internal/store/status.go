@@ -17,6 +17,12 @@ import (
 // readOnly runs f in a READ ONLY, REPEATABLE READ transaction: every
 // statement of one listing sees one snapshot.
 func (st *Store) readOnly(ctx context.Context, what string, f func(pgx.Tx) error) error {
+	if st.tx != nil { // a View's reads share its transaction
+		if err := f(st.tx); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	}
 	err := pgx.BeginTxFunc(ctx, st.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, f)
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)

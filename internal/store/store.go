@@ -64,6 +64,10 @@ type Store struct {
 	pool   *pgxpool.Pool
 	schema string // validated, unquoted
 	s      string // quoted
+	// tx, when set, is the READ ONLY transaction a Reader's View runs
+	// every read on (reader.go); nil on the Store the engine gets, whose
+	// statements run on the pool.
+	tx pgx.Tx
 }
 
 // New returns a Store for schema on pool. It does not touch the database.
@@ -76,6 +80,15 @@ func New(pool *pgxpool.Pool, schema string) (*Store, error) {
 
 // Pool returns the pool the store runs on.
 func (st *Store) Pool() *pgxpool.Pool { return st.pool }
+
+// q is where the reads a View shares with the engine run: the View's
+// transaction, or the pool.
+func (st *Store) q() Querier {
+	if st.tx != nil {
+		return st.tx
+	}
+	return st.pool
+}
 
 // Schema returns the store's schema name, unquoted.
 func (st *Store) Schema() string { return st.schema }
