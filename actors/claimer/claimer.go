@@ -236,11 +236,12 @@ type Actor struct {
 	// the last claim was cut short by a full queue, so a freed slot is a
 	// reason to claim again. sweep: the next claim also looks for expired
 	// leases and probes the gate; it is due after a begin, then at every
-	// sweepTicks-th poll tick (ticks counts them), and stays due while
-	// reclaims find ranges. In between a claim is one statement: a
-	// produce's wake is what makes new positions claimable, while an expired
-	// or handed-back lease and an open transaction's end wait for the next
-	// sweep.
+	// sweepTicks-th poll tick (ticks counts them) and every reconcile tick
+	// (Lease/3, so a long ClaimPollRate does not leave expired leases
+	// waiting for it), and stays due while reclaims find ranges. In between
+	// a claim is one statement: a produce's wake is what makes new positions
+	// claimable, while an expired or handed-back lease and an open
+	// transaction's end wait for the next sweep.
 	starved, sweep bool
 	ticks          int
 }
@@ -992,8 +993,11 @@ func (a *Actor) flush(ctx context.Context) ([]Job, error) {
 	}
 	return nil, a.Flush(ctx)
 }
-func (a *Actor) reconcile(ctx context.Context) error { return a.Reconcile(ctx) }
-func (a *Actor) handBack(ctx context.Context) error  { return a.HandBack(ctx) }
+func (a *Actor) reconcile(ctx context.Context) error {
+	a.sweep = true // every Lease/3, however long ClaimPollRate is
+	return a.Reconcile(ctx)
+}
+func (a *Actor) handBack(ctx context.Context) error { return a.HandBack(ctx) }
 
 // newRunner returns the handler runner of an actor with this config: a
 // handler starts only once the incarnation is valid.

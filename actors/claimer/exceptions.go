@@ -306,8 +306,11 @@ func (a *ExceptionActor) flush(ctx context.Context) ([]Job, error) {
 	a.idle = max(a.idle-1, 0) // the poll tick
 	return a.Flush(ctx)
 }
-func (a *ExceptionActor) reconcile(ctx context.Context) error { return a.Reconcile(ctx) }
-func (a *ExceptionActor) handBack(ctx context.Context) error  { return a.HandBack(ctx) }
+func (a *ExceptionActor) reconcile(ctx context.Context) error {
+	a.idle = 0 // every Lease/3 the claim runs, as the range claimer's sweep
+	return a.Reconcile(ctx)
+}
+func (a *ExceptionActor) handBack(ctx context.Context) error { return a.HandBack(ctx) }
 
 // Reconcile returns to pending the rows this instance holds as running
 // without knowing (a claim whose reply was lost to a cut connection) and

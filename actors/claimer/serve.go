@@ -208,6 +208,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			if begun && !draining && holdoff == nil {
 				report(l.reconcile(ctx))
 			}
+			due = true // and a sweep: leases expire on this timescale, whatever the poll
 		case <-holdoff:
 			holdoff, up, due = nil, nil, true
 		case <-up: // another actor reached the database: no need to wait out the backoff
