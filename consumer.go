@@ -319,6 +319,11 @@ type Consumer[T any] struct {
 	statsMu sync.Mutex
 	ended   Stats                       // the counters of sessions that returned
 	live    map[*claimer.Stats]struct{} // the counters of sessions running
+
+	// leftovers are ranges a session stopped during an outage could not
+	// hand back: the consumer's next sessions in this process record what
+	// they settled (claimer.Leftovers).
+	leftovers claimer.Leftovers
 }
 
 // waitingSince returns the declared_at a Consume session's attempts carry.
@@ -574,8 +579,9 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 			BindingRetryInterval: o.BindingRetryInterval,
 		},
 		Patterns: c.patterns, Regexes: c.regexes, DeclaredAt: c.waitingSince(), Declared: c.declared, Hub: client.hub,
-		Alerts: client.publishAlerts(c.s.name, c.group.Name, c.patterns),
-		Clock:  client.cfg.Clock, Logger: client.cfg.Logger, Stats: stats,
+		Leftovers: &c.leftovers,
+		Alerts:    client.publishAlerts(c.s.name, c.group.Name, c.patterns),
+		Clock:     client.cfg.Clock, Logger: client.cfg.Logger, Stats: stats,
 		OnStart: o.test.start(), Fault: o.test.faults(),
 	})
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/c1702965/sqlstreams/internal/store/storetest"
 )
 
@@ -301,6 +302,55 @@ func TestALapsedIncarnationRecordsWhatItSettled(t *testing.T) {
 	for id, n := range succeeded {
 		require.Equal(t, 1, n, "%s succeeded %d times", id, n)
 	}
+	require.Empty(t, e.leases(c))
+}
+
+// A session stopped while PostgreSQL is down cannot hand its ranges back.
+// The consumer's next session in this process records what their handlers
+// had settled and releases the rest, so nothing that succeeded runs again.
+// Before, every message of those ranges ran again once their leases lapsed
+// (the chaos run's largest source of repeats: a session cancelled while
+// PostgreSQL was down).
+func TestTheNextSessionRecordsWhatAStoppedSessionCouldNotHandBack(t *testing.T) {
+	obs := &successObserver{ok: make(chan struct{}, 64)}
+	e, s, c := setup(t, &ClientConfig{Observer: obs, Retry: Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}}, "g", 0)
+	e.produceN(s, "m", 10)
+	var mu sync.Mutex
+	succeeded := map[string]int{}
+	var firstM0 atomic.Bool
+	h := func(ctx context.Context, o *order) error {
+		if o.OrderID == "m-0" && firstM0.CompareAndSwap(false, true) {
+			<-ctx.Done() // still running when the drain's deadline cuts it off
+			return ctx.Err()
+		}
+		mu.Lock()
+		succeeded[o.OrderID]++
+		mu.Unlock()
+		return nil
+	}
+	opts := &ConsumeOptions{BatchLimit: 10, QueueSize: 20, MessageConcurrency: 10, InstanceTTL: 2 * time.Second,
+		ShutdownTimeout: 200 * time.Millisecond, DisableManager: true,
+		ClaimPollRate: time.Hour} // no flush tick: nothing is recorded before the stop
+	first := consume(t, c, h, opts)
+	within(t, first.id, "the first session")
+	for range 9 {
+		within(t, obs.ok, "m-1 … m-9 settled in the claimer")
+	}
+	start := pgtest.StopFor(t, "fast")
+	require.NoError(t, first.stop(t), "the drain returns within its budget with the database down")
+	require.Equal(t, 1, c.leftovers.Len(), "the range it could not hand back is left to the next session")
+	start()
+
+	second := consume(t, c, h, opts)
+	within(t, obs.ok, "m-0, released by the second session and run again")
+	require.NoError(t, second.stop(t))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, succeeded, 10)
+	for id, n := range succeeded {
+		require.Equal(t, 1, n, "%s succeeded %d times", id, n)
+	}
+	require.Zero(t, c.leftovers.Len())
 	require.Empty(t, e.leases(c))
 }
 

@@ -98,6 +98,9 @@ type Config struct {
 	DeclaredBy string
 	Handler    claimer.Handler
 	Options    Options
+	// Leftovers, if set, is the consumer's: ranges a stopped session could
+	// not hand back, for this session to record and release.
+	Leftovers *claimer.Leftovers
 	// Patterns and Regexes are the declared binding set (normalized; empty
 	// is the whole stream).
 	Patterns []string
@@ -297,7 +300,7 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 	rc := common
 	rc.InstanceID, rc.Liveness = msgID, msgLive
 	cl := claimer.New(claimer.Config{Common: rc, BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, StallAfter: o.StallAfter,
-		Alerts: s.queue, Wake: s.wake})
+		Alerts: s.queue, Wake: s.wake, Leftovers: cfg.Leftovers})
 	ec := common
 	ec.InstanceID, ec.Liveness = excID, excLive
 	ex := claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec})

@@ -155,6 +155,9 @@ type Config struct {
 	Wake <-chan struct{}
 	// Alerts, if set, is told of each stall once, with when it began.
 	Alerts *alerts.Queue
+	// Leftovers, if set, is the consumer's: what a session whose drain
+	// could not hand its ranges back leaves for the next one to record.
+	Leftovers *Leftovers
 }
 
 type msgState uint8
@@ -202,6 +205,9 @@ type inflight struct {
 	// recorded prefix, and beyond it the range's settled set): a reclaimer
 	// skips them.
 	rec []bool
+	// adopted: an earlier session of the consumer left it (Leftovers); it
+	// is only recorded and released, and counts in no queue.
+	adopted bool
 }
 
 // keyState is a key lease this instance holds. Its queue spans the
@@ -447,8 +453,6 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 		held, blocked, err = a.db.AcquireKeys(ctx, store.AcquireKeys{RangeID: r.ID, Want: want, Token: r.Token,
 			Owner: a.cfg.InstanceID, TTL: a.cfg.Lease, Now: a.cfg.DBNow()})
 		if err != nil {
-			// Keys unknown: hand the range back rather than run keyed
-			// messages unguarded.
 			// Keys unknown: hand the range back rather than run keyed
 			// messages unguarded, with whatever keys the statement may
 			// have taken under the range's token.
@@ -696,7 +700,9 @@ func (a *Actor) dropStale(old *inflight) []Job {
 			jobs = append(jobs, a.start(ks.queue[0]))
 		}
 	}
-	a.queued -= old.pending
+	if !old.adopted {
+		a.queued -= old.pending
+	}
 	a.forget(old.r.ID)
 	kept := a.toCommit[:0]
 	for _, c := range a.toCommit {
@@ -923,7 +929,9 @@ func (a *Actor) HandBack(ctx context.Context) error {
 			errs = append(errs, err) // kept: a later HandBack tries again
 			continue
 		}
-		a.queued -= in.pending
+		if !in.adopted {
+			a.queued -= in.pending
+		}
 		a.forget(id)
 	}
 	return errors.Join(errs...)
@@ -953,7 +961,18 @@ func (a *Actor) claimAfter([]Job) bool { return a.starved }
 // no longer known, and the heartbeat would keep them alive.
 func (a *Actor) begin(ctx context.Context) error {
 	a.sweep = true
-	return a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow())
+	if err := a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow()); err != nil {
+		return err
+	}
+	if a.adopt(); a.cfg.Leftovers == nil {
+		return nil
+	}
+	// What an earlier session left is recorded and released now, not at
+	// the first poll tick (ClaimPollRate may be long).
+	if err := a.Flush(ctx); err != nil {
+		return err
+	}
+	return a.releaseAdopted(ctx)
 }
 
 // claim is the loop's claim: a sweep (expired leases, the gate probe) only
@@ -991,7 +1010,11 @@ func (a *Actor) flush(ctx context.Context) ([]Job, error) {
 	if a.ticks++; a.ticks >= sweepTicks(a.cfg.PollRate) { // the poll tick: a sweep is due every sweepTicks
 		a.ticks, a.sweep = 0, true
 	}
-	return nil, a.Flush(ctx)
+	a.adopt()
+	if err := a.Flush(ctx); err != nil {
+		return nil, err
+	}
+	return nil, a.releaseAdopted(ctx)
 }
 func (a *Actor) reconcile(ctx context.Context) error {
 	a.sweep = true // every Lease/3, however long ClaimPollRate is

@@ -306,6 +306,8 @@ func (a *ExceptionActor) flush(ctx context.Context) ([]Job, error) {
 	a.idle = max(a.idle-1, 0) // the poll tick
 	return a.Flush(ctx)
 }
+func (a *ExceptionActor) leave() {} // its unwritten settlements lapse with their leases
+
 func (a *ExceptionActor) reconcile(ctx context.Context) error {
 	a.idle = 0 // every Lease/3 the claim runs, as the range claimer's sweep
 	return a.Reconcile(ctx)

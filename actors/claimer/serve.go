@@ -34,6 +34,9 @@ type loop interface {
 	handBack(ctx context.Context) error
 	// draining is told once a drain begins: nothing new starts.
 	draining()
+	// leave is told when the drain's hand-back failed for good: what the
+	// actor still holds goes to the consumer's Leftovers.
+	leave()
 	// what names the actor's work in log lines ("in-flight ranges"), and
 	// handlers its handlers ("handlers", "exception handlers").
 	what() string
@@ -123,7 +126,9 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 	}
 	finish := func() error {
 		absorb(sctx, l, p, report, send) // outcomes already waiting settle before the hand-back
-		retryHandBack(sctx, c, l.what(), l.handBack)
+		if !retryHandBack(sctx, c, l.what(), l.handBack) {
+			l.leave()
+		}
 		return ErrDrained
 	}
 	busy := c.Health.Busy(l.what()) // the liveness probe's mark of this loop
@@ -319,13 +324,14 @@ func retryStore(ctx context.Context, c *Common, stop <-chan struct{}, f func(con
 // still gets the work handed back and the settled messages recorded. What
 // it could not hand back is logged, not returned: those leases lapse after
 // InstanceTTL and another instance delivers their messages.
-func retryHandBack(ctx context.Context, c *Common, what string, hand func(context.Context) error) {
+func retryHandBack(ctx context.Context, c *Common, what string, hand func(context.Context) error) (handed bool) {
 	err := retryStore(ctx, c, nil, hand)
 	if err == nil {
-		return
+		return true
 	}
 	codes.HandBackFailed.Log(ctx, c.Logger, "could not hand "+what+" back at shutdown; their leases lapse after InstanceTTL and another instance takes them",
 		"error", err)
+	return false
 }
 
 // ErrDrained is what a claimer's Serve returns once its drain is complete:
