@@ -354,6 +354,56 @@ func TestTheNextSessionRecordsWhatAStoppedSessionCouldNotHandBack(t *testing.T) 
 	require.Empty(t, e.leases(c))
 }
 
+// The same for an exception row: a retry that succeeded while PostgreSQL
+// was down, in a session stopped before the database came back, has its
+// result written by the consumer's next session instead of running again
+// when the row's lease lapses.
+func TestTheNextSessionWritesAnExceptionResultAStoppedSessionCouldNot(t *testing.T) {
+	obs := &successObserver{ok: make(chan struct{}, 64)}
+	e := newEnv(t, &ClientConfig{Observer: obs, Retry: Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}})
+	s := e.stream("orders")
+	c, err := s.Consumer("g").Register(context.Background(), &ConsumerConfig{ExceptionInitialBackoff: 10 * time.Millisecond,
+		Message: &MessageOptions{Retry: &RetryPolicy{MaxRetries: 5, BaseDelay: 10 * time.Millisecond, MaxDelay: 50 * time.Millisecond}}})
+	require.NoError(t, err)
+	e.produceN(s, "m", 1)
+	retrying := make(chan struct{}, 1)
+	release := make(chan struct{})
+	var succeeded atomic.Int64
+	h := func(ctx context.Context, o *order) error {
+		meta, _ := MetaFromContext(ctx)
+		if meta.Attempt == 1 {
+			return errors.New("the first attempt fails")
+		}
+		retrying <- struct{}{}
+		<-release // the database goes away while it runs
+		succeeded.Add(1)
+		return nil
+	}
+	opts := &ConsumeOptions{InstanceTTL: 2 * time.Second, ShutdownTimeout: 200 * time.Millisecond, DisableManager: true,
+		ClaimPollRate: 20 * time.Millisecond}
+	first := consume(t, c, h, opts)
+	within(t, retrying, "the retry running")
+	start := pgtest.StopFor(t, "fast")
+	close(release)
+	within(t, obs.ok, "the retry's success, whose write fails")
+	require.NoError(t, first.stop(t), "the drain returns within its budget with the database down")
+	require.Equal(t, 1, c.leftovers.Len(), "the row whose result could not be written is left to the next session")
+	start()
+
+	written := e.logs.next("wrote the exception rows an earlier session of this consumer could not hand back")
+	second := consume(t, c, h, opts)
+	within(t, written, "the second session to write the result")
+	g, err := e.client.Group(context.Background(), "orders", "g")
+	require.NoError(t, err)
+	st, err := g.Status(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, st.Retrying, "the row is settled")
+	require.Zero(t, st.Lag)
+	require.Zero(t, c.leftovers.Len())
+	require.NoError(t, second.stop(t))
+	require.EqualValues(t, 1, succeeded.Load(), "the retry that succeeded is not run again")
+}
+
 // deliveries returns the group's delivery-log rows.
 func (st *stepper) deliveries(t *testing.T) []storetest.Delivery {
 	t.Helper()

@@ -98,8 +98,8 @@ type Config struct {
 	DeclaredBy string
 	Handler    claimer.Handler
 	Options    Options
-	// Leftovers, if set, is the consumer's: ranges a stopped session could
-	// not hand back, for this session to record and release.
+	// Leftovers, if set, is the consumer's: ranges and exception rows a
+	// stopped session could not hand back, for this session to write.
 	Leftovers *claimer.Leftovers
 	// Patterns and Regexes are the declared binding set (normalized; empty
 	// is the whole stream).
@@ -291,7 +291,7 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		})
 	}
 	common := claimer.Common{
-		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, Handler: cfg.Handler, Group: s.snap.Group,
+		Leftovers: cfg.Leftovers, Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, Handler: cfg.Handler, Group: s.snap.Group,
 		Concurrency: o.MessageConcurrency, PollRate: o.ClaimPollRate, Lease: o.InstanceTTL,
 		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: ShutdownBudget(o, s.snap),
 		Clock: cfg.Clock, Logger: logger, DBNow: s.dbNow, Stats: cfg.Stats, Drain: s.plan, Fault: cfg.Fault,
@@ -300,7 +300,7 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 	rc := common
 	rc.InstanceID, rc.Liveness = msgID, msgLive
 	cl := claimer.New(claimer.Config{Common: rc, BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, StallAfter: o.StallAfter,
-		Alerts: s.queue, Wake: s.wake, Leftovers: cfg.Leftovers})
+		Alerts: s.queue, Wake: s.wake})
 	ec := common
 	ec.InstanceID, ec.Liveness = excID, excLive
 	ex := claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec})

@@ -63,6 +63,9 @@ type Stats struct {
 
 // Common is what both actors need.
 type Common struct {
+	// Leftovers, if set, is the consumer's: what a session whose drain
+	// could not hand its work back leaves for the next one to write.
+	Leftovers  *Leftovers
 	Store      *store.Store
 	StreamID   int64
 	GroupID    int64
@@ -155,9 +158,6 @@ type Config struct {
 	Wake <-chan struct{}
 	// Alerts, if set, is told of each stall once, with when it began.
 	Alerts *alerts.Queue
-	// Leftovers, if set, is the consumer's: what a session whose drain
-	// could not hand its ranges back leaves for the next one to record.
-	Leftovers *Leftovers
 }
 
 type msgState uint8

@@ -51,6 +51,9 @@ type ExceptionActor struct {
 	outage  *outage.Reporter
 	// draining_: a drain is under way, so no chain starts its next row.
 	draining_ bool
+	// adopted are the rows an earlier session of the consumer left
+	// (Leftovers), still to be written.
+	adopted []*excRun
 	// idle paces the serve loop's claims (the step functions ignore it): a
 	// claim that left slots free took every row then due, so that many of
 	// the next poll ticks do not claim (sweepTicks-1: none unless
@@ -232,27 +235,34 @@ func (a *ExceptionActor) Flush(ctx context.Context) ([]Job, error) {
 func (a *ExceptionActor) HandBack(ctx context.Context) error {
 	var errs []error
 	for pos, r := range a.running {
-		s := store.Settlement{Status: policy.StatusPending, Attempts: r.run.Attempts, Delays: r.run.Delays, Error: "handed back at shutdown"}
-		if r.unwritten != nil {
-			s = *r.unwritten
-		}
-		s.Next = nil // nothing more starts
-		s.Position, s.Token, s.Now = r.run.Position, r.run.Token, a.cfg.DBNow()
-		_, err := a.db.SettleException(ctx, s)
-		if errors.Is(err, store.ErrLeaseLost) {
-			a.cfg.Stats.LeasesLost.Add(1)
-			err = nil
-		}
-		if err == nil {
-			err = a.giveBack(ctx, r.queued)
-		}
-		if err != nil {
+		if err := a.handBackRun(ctx, r); err != nil {
 			errs = append(errs, err) // kept: a later handBack tries again
 			continue
 		}
 		delete(a.running, pos)
 	}
 	return errors.Join(errs...)
+}
+
+// handBackRun writes one leased row's hand-back: its result when it has one
+// not yet written, else back to pending without spending a retry; and the
+// rows queued behind it back to pending.
+func (a *ExceptionActor) handBackRun(ctx context.Context, r *excRun) error {
+	s := store.Settlement{Status: policy.StatusPending, Attempts: r.run.Attempts, Delays: r.run.Delays, Error: "handed back at shutdown"}
+	if r.unwritten != nil {
+		s = *r.unwritten
+	}
+	s.Next = nil // nothing more starts
+	s.Position, s.Token, s.Now = r.run.Position, r.run.Token, a.cfg.DBNow()
+	_, err := a.db.SettleException(ctx, s)
+	if errors.Is(err, store.ErrLeaseLost) {
+		a.cfg.Stats.LeasesLost.Add(1)
+		err = nil
+	}
+	if err == nil {
+		err = a.giveBack(ctx, r.queued)
+	}
+	return err
 }
 
 // Serve runs the actor until ctx ends or until the session's drain
@@ -283,7 +293,10 @@ func (a *ExceptionActor) claimAfter(jobs []Job) bool {
 
 // begin releases what a restarted claimer's earlier run held.
 func (a *ExceptionActor) begin(ctx context.Context) error {
-	return a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow())
+	if err := a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow()); err != nil {
+		return err
+	}
+	return a.writeAdopted(ctx)
 }
 
 func (a *ExceptionActor) claim(ctx context.Context) ([]Job, bool, error) {
@@ -304,10 +317,12 @@ func (a *ExceptionActor) outcome(ctx context.Context, o Outcome) ([]Job, error) 
 }
 func (a *ExceptionActor) flush(ctx context.Context) ([]Job, error) {
 	a.idle = max(a.idle-1, 0) // the poll tick
-	return a.Flush(ctx)
+	jobs, err := a.Flush(ctx)
+	if err != nil {
+		return jobs, err
+	}
+	return jobs, a.writeAdopted(ctx)
 }
-func (a *ExceptionActor) leave() {} // its unwritten settlements lapse with their leases
-
 func (a *ExceptionActor) reconcile(ctx context.Context) error {
 	a.idle = 0 // every Lease/3 the claim runs, as the range claimer's sweep
 	return a.Reconcile(ctx)

@@ -20,11 +20,12 @@ import (
 type Leftovers struct {
 	mu     sync.Mutex
 	ranges []*inflight
+	runs   []*excRun // exception rows leased, with their unwritten settlements
 }
 
-// MaxLeftoverRanges bounds what Leftovers keeps (a range is at most
-// BatchLimit messages' state); past it the oldest go first: their leases
-// lapse first.
+// MaxLeftoverRanges bounds what Leftovers keeps of ranges (a range is at
+// most BatchLimit messages' state), and of exception rows; past it the
+// oldest go first: their leases lapse first.
 const MaxLeftoverRanges = 1024
 
 // Len returns how many ranges wait to be adopted.
@@ -34,7 +35,7 @@ func (l *Leftovers) Len() int {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.ranges)
+	return len(l.ranges) + len(l.runs)
 }
 
 func (l *Leftovers) put(rs []*inflight) {
@@ -107,5 +108,59 @@ func (a *Actor) releaseAdopted(ctx context.Context) error {
 		}
 		a.forget(id)
 	}
+	return nil
+}
+
+func (l *Leftovers) putRuns(rs []*excRun) {
+	if l == nil || len(rs) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.runs = append(l.runs, rs...)
+	if n := len(l.runs) - MaxLeftoverRanges; n > 0 {
+		l.runs = append([]*excRun(nil), l.runs[n:]...)
+	}
+}
+
+func (l *Leftovers) takeRuns() []*excRun {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	rs := l.runs
+	l.runs = nil
+	return rs
+}
+
+// leave hands the exception rows this actor still holds (their results
+// written or not) to the consumer's Leftovers: its drain could not hand
+// them back.
+func (a *ExceptionActor) leave() {
+	rs := make([]*excRun, 0, len(a.running))
+	for _, r := range a.running {
+		rs = append(rs, r)
+	}
+	a.cfg.Leftovers.putRuns(rs)
+}
+
+// writeAdopted writes what an earlier session of the consumer left of its
+// exception rows, as its hand-back would have (a result not yet written,
+// else back to pending without spending a retry), each under the row's
+// token; what cannot be written yet waits for the next flush tick.
+func (a *ExceptionActor) writeAdopted(ctx context.Context) error {
+	a.adopted = append(a.adopted, a.cfg.Leftovers.takeRuns()...)
+	n := len(a.adopted)
+	if n == 0 {
+		return nil
+	}
+	for len(a.adopted) > 0 {
+		if err := a.handBackRun(ctx, a.adopted[0]); err != nil {
+			return err
+		}
+		a.adopted = a.adopted[1:]
+	}
+	a.cfg.Logger.Info("wrote the exception rows an earlier session of this consumer could not hand back", "rows", n)
 	return nil
 }
