@@ -282,7 +282,7 @@ func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
 }
 
 // claimWith is Claim; sweep false skips the look for expired leases and the
-// gate probe (the serve loop's claims between flush ticks). reclaimed says
+// gate probe (the serve loop's claims between sweeps). reclaimed says
 // whether an expired lease was taken over.
 func (a *Actor) claimWith(ctx context.Context, sweep bool) (jobs []Job, reclaimed bool, err error) {
 	if a.queued+a.cfg.BatchLimit > a.cfg.QueueSize {

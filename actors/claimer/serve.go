@@ -329,7 +329,7 @@ func retryHandBack(ctx context.Context, c *Common, what string, hand func(contex
 	if err == nil {
 		return true
 	}
-	codes.HandBackFailed.Log(ctx, c.Logger, "could not hand "+what+" back at shutdown; their leases lapse after InstanceTTL and another instance takes them",
+	codes.HandBackFailed.Log(ctx, c.Logger, "could not hand "+what+" back at shutdown; the consumer's next session in this process writes them, else their leases lapse after InstanceTTL",
 		"error", err)
 	return false
 }

@@ -177,8 +177,10 @@ var (
 		"Raise ShutdownTimeout (or MessageMax.Timeout, which it derives from) if handlers need longer.")
 	HandBackFailed = register("SQL0206", slog.LevelWarn,
 		"work in flight could not be handed back at shutdown",
-		"The hand-back writes failed (the database was unreachable) within the shutdown grace. The leases lapse "+
-			"after InstanceTTL, as after a crash, and another instance delivers their messages. Nothing is lost.",
+		"The hand-back writes failed (the database was unreachable) within the shutdown grace. The next Consume "+
+			"session of the same consumer in this process writes what they settled and releases the rest when it "+
+			"reaches the database; if there is none (the process exits), the leases lapse after InstanceTTL, as "+
+			"after a crash, and another instance delivers their messages again. Nothing is lost.",
 		"None; check the database.")
 	HandlersLeftBehind = register("SQL0207", slog.LevelError,
 		"handlers that ignore their context are still running after shutdown and are left behind",
