@@ -104,6 +104,38 @@ func (l *failoverLedger) wait(t *testing.T, bound time.Duration, what string, co
 	}
 }
 
+// consume runs one Consume session of c whose handler records each message
+// in the ledger; stop ends it and returns Consume's result, failing t if it
+// does not return within its shutdown budget (plus a margin for a loaded
+// machine). The test's cleanup stops it in any case.
+func (l *failoverLedger) consume(t *testing.T, c *Consumer[order], opts *ConsumeOptions) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Consume(ctx, func(_ context.Context, o *order) error {
+			l.handle(o.OrderID)
+			return nil
+		}, opts)
+	}()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			bound := time.NewTimer(opts.ShutdownTimeout + ShutdownGrace + 10*time.Second)
+			defer bound.Stop()
+			select {
+			case err = <-done:
+			case <-bound.C:
+				t.Errorf("failover: Consume did not return after its context ended")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
 // missing returns the acknowledged ids not handled yet, sorted; under l.mu.
 func (l *failoverLedger) missing() []string {
 	var out []string
@@ -149,29 +181,9 @@ func TestSynchronousFailoverLosesNothing(t *testing.T) {
 const failoverTTL = 2 * time.Second
 
 func synchronousFailover(t *testing.T, promoteAfter time.Duration) {
-	if testing.Short() {
-		t.Skip("failover: skipped with -short (it starts a primary and a standby of its own)")
-	}
-	if pgtest.External() {
-		t.Skip("failover: the database is external (SQLSTREAMS_TEST_DATABASE_URL); this test starts, kills and promotes " +
-			"a primary and a standby of its own, which needs the private cluster harness (the installed PostgreSQL binaries)")
-	}
 	ctx := context.Background()
-	startCtx, cancelStart := context.WithTimeout(ctx, 3*time.Minute)
-	defer cancelStart()
-	primary, err := pgcluster.Start(startCtx, pgcluster.Options{Replication: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, primary.Stop()) })
-	standby, err := primary.StartStandby(startCtx, pgcluster.StandbyOptions{Name: "node2", Synchronous: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, standby.Stop()) })
-
-	cfg, err := pgxpool.ParseConfig(pgcluster.MultiHostURL("postgres", primary, standby))
-	require.NoError(t, err)
-	cfg.MaxConns = 20
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close) // before the clusters stop: cleanups run last first
+	primary, standby := replicatedPair(t, "failover", pgcluster.StandbyOptions{Name: "node2", Synchronous: true})
+	pool := multiHostPool(t, primary, standby)
 	var syncCommit string
 	require.NoError(t, pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&syncCommit))
 	require.Equal(t, "on", syncCommit, "the client's sessions wait for the synchronous standby")
@@ -188,15 +200,7 @@ func synchronousFailover(t *testing.T, promoteAfter time.Duration) {
 	ledger := newFailoverLedger()
 	opts := &ConsumeOptions{BatchLimit: 20, MessageConcurrency: 4, ClaimPollRate: 20 * time.Millisecond,
 		InstanceTTL: failoverTTL, ShutdownTimeout: 500 * time.Millisecond}
-	cctx, stopConsuming := context.WithCancel(ctx)
-	defer stopConsuming()
-	consumed := make(chan error, 1)
-	go func() {
-		consumed <- c.Consume(cctx, func(_ context.Context, o *order) error {
-			ledger.handle(o.OrderID)
-			return nil
-		}, opts)
-	}()
+	stopConsuming := ledger.consume(t, c, opts)
 
 	// One producer at about 200 msg/s, each produce bounded: during the
 	// failover a produce may fail (it is then not acknowledged, and may or
@@ -279,13 +283,22 @@ func synchronousFailover(t *testing.T, promoteAfter time.Duration) {
 			return fmt.Sprintf("%d acknowledged, %d missing (first: %s)", len(ledger.acked), len(m), strings.Join(m[:min(len(m), 20)], " "))
 		})
 
-	stopConsuming()
-	select {
-	case err := <-consumed:
-		require.NoError(t, err)
-	case <-time.After(opts.ShutdownTimeout + ShutdownGrace + 10*time.Second):
-		t.Fatal("failover: Consume did not return after its context ended")
-	}
+	require.NoError(t, stopConsuming(), "Consume's result")
+
+	// The group's state on the new primary is whole: everything up to the
+	// head settled, no range left outstanding, no exception row or dead
+	// letter (the handler never fails).
+	g, err := client.Group(ctx, "failover", "g")
+	require.NoError(t, err)
+	st, err := g.Status(ctx)
+	require.NoError(t, err)
+	t.Logf("failover: the group after it: committed %v, cursor %v, head %v, lag %d, ranges %d, retrying %d, quarantined %d, dead %d",
+		st.Committed, st.Cursor, st.Head, st.Lag, st.InFlight, st.Retrying, st.Quarantined, st.Dead)
+	assert.Equal(t, st.Head, st.Committed, "every message up to the head is settled")
+	assert.Equal(t, st.Head, st.Cursor, "the cursor is at the head")
+	assert.Zero(t, st.Lag)
+	assert.Zero(t, st.InFlight, "no range left outstanding")
+	assert.Zero(t, st.Retrying+st.Quarantined+st.Dead, "no exception row and no dead letter")
 
 	ledger.mu.Lock()
 	defer ledger.mu.Unlock()
@@ -347,41 +360,15 @@ func TestAsynchronousFailoverReportsWhatItLoses(t *testing.T) {
 }
 
 func asynchronousFailover(t *testing.T, cutReplication bool) {
-	if testing.Short() {
-		t.Skip("failover: skipped with -short (it starts a primary and a standby of its own)")
-	}
-	if pgtest.External() {
-		t.Skip("failover: the database is external (SQLSTREAMS_TEST_DATABASE_URL); this test starts, kills and promotes " +
-			"a primary and a standby of its own, which needs the private cluster harness (the installed PostgreSQL binaries)")
-	}
 	ctx := context.Background()
-	startCtx, cancelStart := context.WithTimeout(ctx, 3*time.Minute)
-	defer cancelStart()
-	primary, err := pgcluster.Start(startCtx, pgcluster.Options{Replication: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, primary.Stop()) })
 	// The private cluster commits with synchronous_commit off (its data is
 	// thrown away): a crash would then lose commits the primary itself had
 	// not written out, which is not what this test measures. On, a commit
 	// is the primary's before it returns, and what is lost is what had not
 	// reached the standby yet: replication's loss alone.
-	conn, err := pgx.Connect(startCtx, primary.URL("postgres"))
-	require.NoError(t, err)
-	for _, sql := range []string{"ALTER SYSTEM SET synchronous_commit = 'on'", "SELECT pg_reload_conf()"} {
-		_, err := conn.Exec(startCtx, sql)
-		require.NoError(t, err, sql)
-	}
-	require.NoError(t, conn.Close(startCtx))
-	standby, err := primary.StartStandby(startCtx, pgcluster.StandbyOptions{Name: "node2"})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, standby.Stop()) })
-
-	cfg, err := pgxpool.ParseConfig(pgcluster.MultiHostURL("postgres", primary, standby))
-	require.NoError(t, err)
-	cfg.MaxConns = 20
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close) // before the clusters stop: cleanups run last first
+	primary, standby := replicatedPair(t, "failover", pgcluster.StandbyOptions{Name: "node2"},
+		"ALTER SYSTEM SET synchronous_commit = 'on'", "SELECT pg_reload_conf()")
+	pool := multiHostPool(t, primary, standby)
 	var syncCommit string
 	require.NoError(t, pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&syncCommit))
 	require.Equal(t, "on", syncCommit, "the primary's commits are its own before they return")
@@ -398,15 +385,7 @@ func asynchronousFailover(t *testing.T, cutReplication bool) {
 	ledger := newFailoverLedger()
 	opts := &ConsumeOptions{BatchLimit: 20, MessageConcurrency: 4, ClaimPollRate: 20 * time.Millisecond,
 		InstanceTTL: failoverTTL, ShutdownTimeout: 500 * time.Millisecond}
-	cctx, stopConsuming := context.WithCancel(ctx)
-	defer stopConsuming()
-	consumed := make(chan error, 1)
-	go func() {
-		consumed <- c.Consume(cctx, func(_ context.Context, o *order) error {
-			ledger.handle(o.OrderID)
-			return nil
-		}, opts)
-	}()
+	stopConsuming := ledger.consume(t, c, opts)
 
 	// One producer at about 200 msg/s, each produce bounded, as in the
 	// synchronous test.
@@ -500,13 +479,7 @@ func asynchronousFailover(t *testing.T, cutReplication bool) {
 			return fmt.Sprintf("%d acknowledged messages in the new primary's log never consumed (first: %s)",
 				len(m), strings.Join(m[:min(len(m), 20)], " "))
 		})
-	stopConsuming()
-	select {
-	case err := <-consumed:
-		require.NoError(t, err)
-	case <-time.After(opts.ShutdownTimeout + ShutdownGrace + 10*time.Second):
-		t.Fatal("failover: Consume did not return after its context ended")
-	}
+	require.NoError(t, stopConsuming(), "Consume's result")
 
 	ledger.mu.Lock()
 	defer ledger.mu.Unlock()
@@ -585,4 +558,140 @@ func cutStandby(t *testing.T, standby *pgcluster.Cluster) time.Time {
 		case <-tick.C:
 		}
 	}
+}
+
+// TestNoPositionIsSkippedAcrossAPromotion aims at the claim gate's xid
+// sequence across a failover. The gate hands out only positions whose
+// producing transaction has ended (xid below the snapshot's xmin). At the
+// crash a transaction that produced is still open on the old primary: it
+// never commits (the promoted node has no such transaction, or aborts it),
+// and a message committed after it, which the gate held back, must be
+// consumed once the promotion has released the gate. Transactions on the
+// promoted node must get xids above every position the group had already
+// claimed, or their messages would fall behind the cursor and never be
+// delivered.
+func TestNoPositionIsSkippedAcrossAPromotion(t *testing.T) {
+	ctx := context.Background()
+	primary, standby := replicatedPair(t, "failover", pgcluster.StandbyOptions{Name: "node2", Synchronous: true})
+	pool := multiHostPool(t, primary, standby)
+
+	client, err := NewClient(ctx, pool, &ClientConfig{Schema: "failover", Logger: slog.New(newSink(t)),
+		Retry: Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}})
+	require.NoError(t, err)
+	s := Stream[order](client, "gate")
+	require.NoError(t, s.Register(ctx, nil))
+	c, err := s.Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+	g, err := client.Group(ctx, "gate", "g")
+	require.NoError(t, err)
+
+	ledger := newFailoverLedger()
+	stopConsuming := ledger.consume(t, c, &ConsumeOptions{ClaimPollRate: 20 * time.Millisecond, InstanceTTL: failoverTTL,
+		ShutdownTimeout: 500 * time.Millisecond})
+	produce := func(id string) error {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if _, err := s.Produce(pctx, order{OrderID: id}, nil); err != nil {
+			return err
+		}
+		ledger.ack(id)
+		return nil
+	}
+
+	for i := range 20 {
+		require.NoError(t, produce(fmt.Sprintf("a-%d", i)))
+	}
+	ledger.wait(t, time.Minute, "the first 20 messages consumed", func() bool { return len(ledger.handled) == 20 },
+		func() string { return fmt.Sprintf("%d handled", len(ledger.handled)) })
+
+	// A transaction that produced stays open on the old primary; a message
+	// committed after it waits behind the gate.
+	open, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = s.Produce(ctx, order{OrderID: "open"}, &ProduceOptions{Tx: open})
+	require.NoError(t, err)
+	require.NoError(t, produce("behind"))
+	before, err := g.Status(ctx)
+	require.NoError(t, err)
+	require.True(t, before.Committed.Xid < before.Head.Xid, "the message behind the open transaction is held back: committed %v, head %v",
+		before.Committed, before.Head)
+
+	require.NoError(t, primary.Kill(ctx))
+	require.NoError(t, standby.Promote(ctx))
+	_ = open.Rollback(ctx) // its connection died with the primary
+
+	var produceErrs int
+	for i := 0; i < 50; {
+		if err := produce(fmt.Sprintf("post-%d", i)); err != nil {
+			produceErrs++ // the pool is still finding the new primary
+			require.Less(t, produceErrs, 500, "produce on the promoted node keeps failing: %v", err)
+			continue
+		}
+		i++
+	}
+	ledger.wait(t, time.Minute, "every acknowledged message consumed", func() bool { return len(ledger.missing()) == 0 },
+		func() string {
+			m := ledger.missing()
+			return fmt.Sprintf("%d missing: %v", len(m), m[:min(len(m), 10)])
+		})
+
+	var minPost int64
+	require.NoError(t, pool.QueryRow(ctx, fmt.Sprintf("SELECT min(xid) FROM failover.stream_%d_log WHERE payload->>'order_id' LIKE 'post-%%'",
+		c.group.StreamID)).Scan(&minPost))
+	t.Logf("failover: before the crash the cursor was at %v and the head at %v; the promoted node's first produce has xid %d; %d produce errors while the pool found it",
+		before.Cursor, before.Head, minPost, produceErrs)
+	require.Greater(t, minPost, before.Cursor.Xid, "the promoted node's transactions come after every claimed position")
+
+	require.NoError(t, stopConsuming(), "Consume's result")
+	ledger.mu.Lock()
+	defer ledger.mu.Unlock()
+	require.Zero(t, ledger.handled["open"], "a transaction open at the crash never commits, and its message is never delivered")
+	require.Equal(t, 1, ledger.handled["behind"], "the message the open transaction held back is delivered once")
+}
+
+// replicatedPair starts a primary and a streaming standby of its own for t
+// (what names the test in its skip messages), both stopped when t ends;
+// each statement of prepare runs on the primary before the standby is
+// copied from it.
+func replicatedPair(t *testing.T, what string, opts pgcluster.StandbyOptions, prepare ...string) (primary, standby *pgcluster.Cluster) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip(what + ": skipped with -short (it starts a primary and a standby of its own)")
+	}
+	if pgtest.External() {
+		t.Skip(what + ": the database is external (SQLSTREAMS_TEST_DATABASE_URL); this test starts a primary and a " +
+			"streaming standby of its own, which needs the private cluster harness (the installed PostgreSQL binaries)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	primary, err := pgcluster.Start(ctx, pgcluster.Options{Replication: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, primary.Stop()) })
+	if len(prepare) > 0 {
+		conn, err := pgx.Connect(ctx, primary.URL("postgres"))
+		require.NoError(t, err)
+		for _, sql := range prepare {
+			_, err := conn.Exec(ctx, sql)
+			require.NoError(t, err, sql)
+		}
+		require.NoError(t, conn.Close(ctx))
+	}
+	standby, err = primary.StartStandby(ctx, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, standby.Stop()) })
+	return primary, standby
+}
+
+// multiHostPool is a pool on both nodes' multi-host URL
+// (target_session_attrs=read-write: whichever is the primary), closed
+// before the clusters stop (cleanups run last first).
+func multiHostPool(t *testing.T, nodes ...*pgcluster.Cluster) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgcluster.MultiHostURL("postgres", nodes...))
+	require.NoError(t, err)
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }

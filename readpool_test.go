@@ -193,22 +193,8 @@ func TestTheClaimPathNeverReadsFromTheReadPool(t *testing.T) {
 // listings are read there, see what was produced, and say so: FromReplica
 // with a known replay lag.
 func TestReadPoolOnAStandbyReportsItsLag(t *testing.T) {
-	if testing.Short() {
-		t.Skip("read pool: skipped with -short (it starts a primary and a standby of its own)")
-	}
-	if pgtest.External() {
-		t.Skip("read pool: the database is external (SQLSTREAMS_TEST_DATABASE_URL); this test starts a primary and a " +
-			"streaming standby of its own, which needs the private cluster harness (the installed PostgreSQL binaries)")
-	}
 	ctx := context.Background()
-	startCtx, cancelStart := context.WithTimeout(ctx, 3*time.Minute)
-	defer cancelStart()
-	primary, err := pgcluster.Start(startCtx, pgcluster.Options{Replication: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, primary.Stop()) })
-	standby, err := primary.StartStandby(startCtx, pgcluster.StandbyOptions{Name: "reader"})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, standby.Stop()) })
+	primary, standby := replicatedPair(t, "read pool", pgcluster.StandbyOptions{Name: "reader"})
 
 	pool, err := pgxpool.New(ctx, primary.URL("postgres"))
 	require.NoError(t, err)
