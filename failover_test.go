@@ -136,6 +136,50 @@ func (l *failoverLedger) consume(t *testing.T, c *Consumer[order], opts *Consume
 	return stop
 }
 
+// failoverProducer is produce's producer: its failed produces (errs, the
+// first one's text) and stop, which ends it and waits for it.
+type failoverProducer struct {
+	errs     atomic.Int64
+	firstErr atomic.Value
+	stop     func()
+}
+
+// produce produces f-0, f-1, … to s at about 200 msg/s, acknowledging each
+// success in the ledger. Each produce is bounded: during a failover one may
+// fail (it is then not acknowledged, and may or may not be consumed), but it
+// must not hang the test. The test's cleanup stops it in any case.
+func (l *failoverLedger) produce(t *testing.T, s *StreamHandle[order]) *failoverProducer {
+	p := &failoverProducer{}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		pace := time.NewTicker(5 * time.Millisecond)
+		defer pace.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-quit:
+				return
+			case <-pace.C:
+			}
+			id := fmt.Sprintf("f-%d", i)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err := s.Produce(ctx, order{OrderID: id}, nil)
+			cancel()
+			if err != nil {
+				p.errs.Add(1)
+				// pgx's multi-host connect error has a line per host.
+				p.firstErr.CompareAndSwap(nil, strings.ReplaceAll(err.Error(), "\n", " "))
+				continue
+			}
+			l.ack(id)
+		}
+	}()
+	var once sync.Once
+	p.stop = func() { once.Do(func() { close(quit); <-done }) }
+	t.Cleanup(p.stop)
+	return p
+}
+
 // missing returns the acknowledged ids not handled yet, sorted; under l.mu.
 func (l *failoverLedger) missing() []string {
 	var out []string
@@ -188,64 +232,8 @@ func synchronousFailover(t *testing.T, promoteAfter time.Duration) {
 	require.NoError(t, pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&syncCommit))
 	require.Equal(t, "on", syncCommit, "the client's sessions wait for the synchronous standby")
 
-	sink := newSink(t)
-	client, err := NewClient(ctx, pool, &ClientConfig{Schema: "failover", Logger: slog.New(sink),
-		Retry: Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}})
-	require.NoError(t, err)
-	s := Stream[order](client, "failover")
-	require.NoError(t, s.Register(ctx, nil))
-	c, err := s.Consumer("g").Register(ctx, nil)
-	require.NoError(t, err)
-
-	ledger := newFailoverLedger()
-	opts := &ConsumeOptions{BatchLimit: 20, MessageConcurrency: 4, ClaimPollRate: 20 * time.Millisecond,
-		InstanceTTL: failoverTTL, ShutdownTimeout: 500 * time.Millisecond}
-	stopConsuming := ledger.consume(t, c, opts)
-
-	// One producer at about 200 msg/s, each produce bounded: during the
-	// failover a produce may fail (it is then not acknowledged, and may or
-	// may not be consumed), but it must not hang the test.
-	var produceErrs atomic.Int64
-	var firstErr atomic.Value
-	stopProducing := make(chan struct{})
-	produced := make(chan struct{})
-	go func() {
-		defer close(produced)
-		pace := time.NewTicker(5 * time.Millisecond)
-		defer pace.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-stopProducing:
-				return
-			case <-pace.C:
-			}
-			id := fmt.Sprintf("f-%d", i)
-			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err := s.Produce(pctx, order{OrderID: id}, nil)
-			cancel()
-			if err != nil {
-				produceErrs.Add(1)
-				// pgx's multi-host connect error has a line per host.
-				firstErr.CompareAndSwap(nil, strings.ReplaceAll(err.Error(), "\n", " "))
-				continue
-			}
-			ledger.ack(id)
-		}
-	}()
-	defer func() {
-		select {
-		case <-stopProducing:
-		default:
-			close(stopProducing)
-		}
-		<-produced
-	}()
-
-	ledger.wait(t, time.Minute, "100 messages consumed before the failover",
-		func() bool { return len(ledger.handled) >= 100 },
-		func() string {
-			return fmt.Sprintf("%d acknowledged, %d handled", len(ledger.acked), len(ledger.handled))
-		})
+	client, sink, s, c := failoverClient(t, pool, "failover")
+	ledger, opts, stopConsuming, producer := failoverTraffic(t, s, c)
 
 	killed := time.Now()
 	require.NoError(t, primary.Kill(ctx))
@@ -271,10 +259,9 @@ func synchronousFailover(t *testing.T, promoteAfter time.Duration) {
 		func() bool { return !ledger.firstPostAt.IsZero() && ledger.postAcked >= 200 },
 		func() string {
 			return fmt.Sprintf("%d acknowledged after the promotion, first post-promotion consume at %v; %d produce errors (first: %v)",
-				ledger.postAcked, ledger.firstPostAt, produceErrs.Load(), firstErr.Load())
+				ledger.postAcked, ledger.firstPostAt, producer.errs.Load(), producer.firstErr.Load())
 		})
-	close(stopProducing)
-	<-produced
+	producer.stop()
 
 	ledger.wait(t, time.Minute, "every acknowledged message to be consumed",
 		func() bool { return len(ledger.missing()) == 0 },
@@ -311,7 +298,7 @@ func synchronousFailover(t *testing.T, promoteAfter time.Duration) {
 	}
 	recovery := ledger.firstPostAt.Sub(promotedAt)
 	t.Logf("failover: acknowledged %d (%d after the promotion), produce errors %d (first: %v), handled %d, missing 0, duplicates %d, "+
-		"consumed though not acknowledged %d", len(ledger.acked), ledger.postAcked, produceErrs.Load(), firstErr.Load(),
+		"consumed though not acknowledged %d", len(ledger.acked), ledger.postAcked, producer.errs.Load(), producer.firstErr.Load(),
 		len(ledger.handled), dups, unacked)
 	t.Logf("failover: recovery %s from the start of the promotion (pg_ctl promote) to the first message produced after it consumed (first consume of any message after it: %s); "+
 		"InstanceTTL %s, the issue's bound InstanceTTL + 5s = %s",
@@ -373,61 +360,8 @@ func asynchronousFailover(t *testing.T, cutReplication bool) {
 	require.NoError(t, pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&syncCommit))
 	require.Equal(t, "on", syncCommit, "the primary's commits are its own before they return")
 
-	sink := newSink(t)
-	client, err := NewClient(ctx, pool, &ClientConfig{Schema: "failover", Logger: slog.New(sink),
-		Retry: Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}})
-	require.NoError(t, err)
-	s := Stream[order](client, "failover")
-	require.NoError(t, s.Register(ctx, nil))
-	c, err := s.Consumer("g").Register(ctx, nil)
-	require.NoError(t, err)
-
-	ledger := newFailoverLedger()
-	opts := &ConsumeOptions{BatchLimit: 20, MessageConcurrency: 4, ClaimPollRate: 20 * time.Millisecond,
-		InstanceTTL: failoverTTL, ShutdownTimeout: 500 * time.Millisecond}
-	stopConsuming := ledger.consume(t, c, opts)
-
-	// One producer at about 200 msg/s, each produce bounded, as in the
-	// synchronous test.
-	var produceErrs atomic.Int64
-	stopProducing := make(chan struct{})
-	produced := make(chan struct{})
-	go func() {
-		defer close(produced)
-		pace := time.NewTicker(5 * time.Millisecond)
-		defer pace.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-stopProducing:
-				return
-			case <-pace.C:
-			}
-			id := fmt.Sprintf("f-%d", i)
-			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err := s.Produce(pctx, order{OrderID: id}, nil)
-			cancel()
-			if err != nil {
-				produceErrs.Add(1)
-				continue
-			}
-			ledger.ack(id)
-		}
-	}()
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			close(stopProducing)
-			<-produced
-		}
-	}
-	defer stop()
-
-	ledger.wait(t, time.Minute, "100 messages consumed before the failover",
-		func() bool { return len(ledger.handled) >= 100 },
-		func() string {
-			return fmt.Sprintf("%d acknowledged, %d handled", len(ledger.acked), len(ledger.handled))
-		})
+	client, _, s, c := failoverClient(t, pool, "failover")
+	ledger, opts, stopConsuming, producer := failoverTraffic(t, s, c)
 
 	var cutAt time.Time // zero unless cutReplication
 	if cutReplication {
@@ -444,9 +378,9 @@ func asynchronousFailover(t *testing.T, cutReplication bool) {
 		func() bool { return !ledger.firstPostAt.IsZero() && ledger.postAcked >= 200 },
 		func() string {
 			return fmt.Sprintf("%d acknowledged after the promotion, first post-promotion consume at %v; %d produce errors",
-				ledger.postAcked, ledger.firstPostAt, produceErrs.Load())
+				ledger.postAcked, ledger.firstPostAt, producer.errs.Load())
 		})
-	stop()
+	producer.stop()
 
 	// What the new primary's log holds is what survived.
 	row, err := client.store.LookupStream(ctx, nil, "failover")
@@ -510,7 +444,7 @@ func asynchronousFailover(t *testing.T, cutReplication bool) {
 	t.Logf("asynchronous failover: acknowledged %d (%d after the promotion), produce errors %d; LOST (acknowledged, not in the "+
 		"promoted node's log) %d, of which consumed from the old primary before the crash %d and never delivered %d; "+
 		"the newest lost was acknowledged at %s; duplicates %d",
-		len(ledger.acked), ledger.postAcked, produceErrs.Load(), lost, lostConsumed, lost-lostConsumed, window, dups)
+		len(ledger.acked), ledger.postAcked, producer.errs.Load(), lost, lostConsumed, lost-lostConsumed, window, dups)
 	if !cutAt.IsZero() {
 		require.Zero(t, cutKept, "failover: messages acknowledged after the standby stopped receiving are in the promoted node's log: "+
 			"the test cannot tell what was lost")
@@ -575,13 +509,7 @@ func TestNoPositionIsSkippedAcrossAPromotion(t *testing.T) {
 	primary, standby := replicatedPair(t, "failover", pgcluster.StandbyOptions{Name: "node2", Synchronous: true})
 	pool := multiHostPool(t, primary, standby)
 
-	client, err := NewClient(ctx, pool, &ClientConfig{Schema: "failover", Logger: slog.New(newSink(t)),
-		Retry: Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}})
-	require.NoError(t, err)
-	s := Stream[order](client, "gate")
-	require.NoError(t, s.Register(ctx, nil))
-	c, err := s.Consumer("g").Register(ctx, nil)
-	require.NoError(t, err)
+	client, _, s, c := failoverClient(t, pool, "gate")
 	g, err := client.Group(ctx, "gate", "g")
 	require.NoError(t, err)
 
@@ -647,6 +575,40 @@ func TestNoPositionIsSkippedAcrossAPromotion(t *testing.T) {
 	defer ledger.mu.Unlock()
 	require.Zero(t, ledger.handled["open"], "a transaction open at the crash never commits, and its message is never delivered")
 	require.Equal(t, 1, ledger.handled["behind"], "the message the open transaction held back is delivered once")
+}
+
+// failoverClient is a client on pool (schema "failover", logging to the
+// returned sink, retrying every 20–500 ms), stream registered, and its
+// group "g".
+func failoverClient(t *testing.T, pool *pgxpool.Pool, stream string) (*Client, *logSink, *StreamHandle[order], *Consumer[order]) {
+	t.Helper()
+	ctx := context.Background()
+	sink := newSink(t)
+	client, err := NewClient(ctx, pool, &ClientConfig{Schema: "failover", Logger: slog.New(sink),
+		Retry: Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}})
+	require.NoError(t, err)
+	s := Stream[order](client, stream)
+	require.NoError(t, s.Register(ctx, nil))
+	c, err := s.Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+	return client, sink, s, c
+}
+
+// failoverTraffic starts one Consume session of c and one producer to s
+// into a new ledger, and returns once 100 messages have been consumed.
+func failoverTraffic(t *testing.T, s *StreamHandle[order], c *Consumer[order]) (*failoverLedger, *ConsumeOptions, func() error, *failoverProducer) {
+	t.Helper()
+	ledger := newFailoverLedger()
+	opts := &ConsumeOptions{BatchLimit: 20, MessageConcurrency: 4, ClaimPollRate: 20 * time.Millisecond,
+		InstanceTTL: failoverTTL, ShutdownTimeout: 500 * time.Millisecond}
+	stopConsuming := ledger.consume(t, c, opts)
+	producer := ledger.produce(t, s)
+	ledger.wait(t, time.Minute, "100 messages consumed before the failover",
+		func() bool { return len(ledger.handled) >= 100 },
+		func() string {
+			return fmt.Sprintf("%d acknowledged, %d handled", len(ledger.acked), len(ledger.handled))
+		})
+	return ledger, opts, stopConsuming, producer
 }
 
 // replicatedPair starts a primary and a streaming standby of its own for t

@@ -39,14 +39,10 @@ func (l *Leftovers) Len() int {
 }
 
 func (l *Leftovers) put(rs []*inflight) {
-	if l == nil || len(rs) == 0 {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.ranges = append(l.ranges, rs...)
-	if n := len(l.ranges) - MaxLeftoverRanges; n > 0 {
-		l.ranges = append([]*inflight(nil), l.ranges[n:]...)
+	if l != nil {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.ranges = keep(l.ranges, rs)
 	}
 }
 
@@ -59,6 +55,15 @@ func (l *Leftovers) take() []*inflight {
 	rs := l.ranges
 	l.ranges = nil
 	return rs
+}
+
+// keep appends more to held and drops the oldest past MaxLeftoverRanges.
+func keep[T any](held, more []T) []T {
+	held = append(held, more...)
+	if n := len(held) - MaxLeftoverRanges; n > 0 {
+		held = append([]T(nil), held[n:]...)
+	}
+	return held
 }
 
 // leave hands the ranges this actor still holds to the consumer's
@@ -112,14 +117,10 @@ func (a *Actor) releaseAdopted(ctx context.Context) error {
 }
 
 func (l *Leftovers) putRuns(rs []*excRun) {
-	if l == nil || len(rs) == 0 {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.runs = append(l.runs, rs...)
-	if n := len(l.runs) - MaxLeftoverRanges; n > 0 {
-		l.runs = append([]*excRun(nil), l.runs[n:]...)
+	if l != nil {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.runs = keep(l.runs, rs)
 	}
 }
 
