@@ -28,7 +28,7 @@ type Leftovers struct {
 // oldest go first: their leases lapse first.
 const MaxLeftoverRanges = 1024
 
-// Len returns how many ranges wait to be adopted.
+// Len returns how many ranges and exception rows wait to be adopted.
 func (l *Leftovers) Len() int {
 	if l == nil {
 		return 0

@@ -322,8 +322,10 @@ func retryStore(ctx context.Context, c *Common, stop <-chan struct{}, f func(con
 // shutdown plan's hand-back deadline) ends: a database that is down when
 // the drain begins and back before the deadline (a restart, a failover)
 // still gets the work handed back and the settled messages recorded. What
-// it could not hand back is logged, not returned: those leases lapse after
-// InstanceTTL and another instance delivers their messages.
+// it could not hand back is logged, and reported (handed false) so that the
+// caller leaves it to the consumer's next session (Leftovers); without one,
+// those leases lapse after InstanceTTL and another instance delivers their
+// messages.
 func retryHandBack(ctx context.Context, c *Common, what string, hand func(context.Context) error) (handed bool) {
 	err := retryStore(ctx, c, nil, hand)
 	if err == nil {
