@@ -296,12 +296,7 @@ func TestALapsedIncarnationRecordsWhatItSettled(t *testing.T) {
 	require.NoError(t, err)
 	within(t, obs.ok, "m-0, run again by the next incarnation")
 	require.NoError(t, b.stop(t))
-	mu.Lock()
-	defer mu.Unlock()
-	require.Len(t, succeeded, 10)
-	for id, n := range succeeded {
-		require.Equal(t, 1, n, "%s succeeded %d times", id, n)
-	}
+	requireEachOnce(t, &mu, succeeded, 10)
 	require.Empty(t, e.leases(c))
 }
 
@@ -344,12 +339,7 @@ func TestTheNextSessionRecordsWhatAStoppedSessionCouldNotHandBack(t *testing.T) 
 	second := consume(t, c, h, opts)
 	within(t, obs.ok, "m-0, released by the second session and run again")
 	require.NoError(t, second.stop(t))
-	mu.Lock()
-	defer mu.Unlock()
-	require.Len(t, succeeded, 10)
-	for id, n := range succeeded {
-		require.Equal(t, 1, n, "%s succeeded %d times", id, n)
-	}
+	requireEachOnce(t, &mu, succeeded, 10)
 	require.Zero(t, c.leftovers.Len())
 	require.Empty(t, e.leases(c))
 }
@@ -402,6 +392,17 @@ func TestTheNextSessionWritesAnExceptionResultAStoppedSessionCouldNot(t *testing
 	require.Zero(t, c.leftovers.Len())
 	require.NoError(t, second.stop(t))
 	require.EqualValues(t, 1, succeeded.Load(), "the retry that succeeded is not run again")
+}
+
+// requireEachOnce checks, under mu, that n messages succeeded, each once.
+func requireEachOnce(t *testing.T, mu *sync.Mutex, succeeded map[string]int, n int) {
+	t.Helper()
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, succeeded, n)
+	for id, k := range succeeded {
+		require.Equal(t, 1, k, "%s succeeded %d times", id, k)
+	}
 }
 
 // deliveries returns the group's delivery-log rows.

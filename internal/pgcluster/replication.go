@@ -269,23 +269,32 @@ func MultiHostURL(dbname string, nodes ...*Cluster) string {
 // queryRow runs one statement on a connection of its own, bounded by
 // queryWait, and scans its single row into dest.
 func (c *Cluster) queryRow(ctx context.Context, sql string, args []any, dest ...any) error {
-	ctx, cancel := context.WithTimeout(ctx, queryWait)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, c.URL(""))
-	if err != nil {
-		return fmt.Errorf("connect to port %d: %w", c.port, err)
-	}
-	defer conn.Close(ctx)
-	if err := conn.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
-		return fmt.Errorf("query on port %d: %w", c.port, err)
-	}
-	return nil
+	return c.withConn(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+		if err := conn.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
+			return fmt.Errorf("query on port %d: %w", c.port, err)
+		}
+		return nil
+	})
 }
 
 // exec runs statements in order on a connection of its own, bounded by
 // queryWait. ALTER SYSTEM cannot run in a transaction block, so each runs
 // on its own.
 func (c *Cluster) exec(ctx context.Context, sqls ...string) error {
+	return c.withConn(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+		for _, sql := range sqls {
+			if _, err := conn.Exec(ctx, "-- pgcluster\n"+sql); err != nil {
+				return fmt.Errorf("%s on port %d: %w", sql, c.port, err)
+			}
+		}
+		return nil
+	})
+}
+
+// withConn runs f on a connection of its own to the node, the whole
+// bounded by queryWait: a node in the middle of a failover may never
+// answer.
+func (c *Cluster) withConn(ctx context.Context, f func(context.Context, *pgx.Conn) error) error {
 	ctx, cancel := context.WithTimeout(ctx, queryWait)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, c.URL(""))
@@ -293,12 +302,7 @@ func (c *Cluster) exec(ctx context.Context, sqls ...string) error {
 		return fmt.Errorf("connect to port %d: %w", c.port, err)
 	}
 	defer conn.Close(ctx)
-	for _, sql := range sqls {
-		if _, err := conn.Exec(ctx, "-- pgcluster\n"+sql); err != nil {
-			return fmt.Errorf("%s on port %d: %w", sql, c.port, err)
-		}
-	}
-	return nil
+	return f(ctx, conn)
 }
 
 // poll calls check until it reports done or ctx ends; the last error check
