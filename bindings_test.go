@@ -452,6 +452,17 @@ func TestSystemProducesAlerts(t *testing.T) {
 	_, _ = e.incumbent(t, c, mock, []string{"a.#"})
 	c2, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: []string{"b.#"}})
 	require.NoError(t, err)
+
+	// The watcher runs, and the client's notification listener listens,
+	// before the alert is published: with the mock clock no poll ever
+	// fires, so the alert's produce must wake the watcher (a watcher
+	// started after the waiting attempt could claim before the alert's
+	// commit and then wait forever: once in a loaded suite run).
+	e.client.hub.Signals.Listening.Init()
+	listening := e.client.hub.Signals.Listening.C()
+	got := make(chan Alert, 4)
+	ws := consume(t, watch, func(_ context.Context, a *Alert) error { got <- *a; return nil }, &ConsumeOptions{DisableManager: true})
+	within(t, listening, "the notification listener")
 	first := e.logs.next(waitingLog)
 	// The mock clock moves minutes ahead below (the stall): the waiting
 	// session must not retry, swap and start a manager meanwhile, whose
@@ -459,10 +470,7 @@ func TestSystemProducesAlerts(t *testing.T) {
 	// whose backoff timers would then wait on the mock clock.
 	consume(t, c2, func(context.Context, *order) error { return nil }, &ConsumeOptions{BindingRetryInterval: 24 * time.Hour, DisableManager: true})
 	within(t, first, "the waiting attempt")
-
-	got := make(chan Alert, 4)
-	ws := consume(t, watch, func(_ context.Context, a *Alert) error { got <- *a; return nil }, &ConsumeOptions{DisableManager: true})
-	a := within(t, got, "the binding alert") // the first claim runs at once: no mock time needed
+	a := within(t, got, "the binding alert")
 	require.Equal(t, AlertBindingWaiting, a.Kind)
 	require.Equal(t, "g", a.Group)
 	require.Equal(t, []string{"b.#"}, a.Wanted)

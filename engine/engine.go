@@ -326,14 +326,18 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 			return err // anything else, during a drain too, is a reason to restart
 		})))
 	}
+	if n > 1 {
+		// The lost incarnation's actors will never report a recovery; and
+		// the new tree's claimers take no expired lease over for a while
+		// (claimer.TakeoverGrace): the instances cut off with this one
+		// record what they settled first.
+		s.health.Forget()
+	}
 	supCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	done := sup.ServeBackground(supCtx)
 	if cfg.OnStart != nil {
 		cfg.OnStart(msgID)
-	}
-	if n > 1 {
-		s.health.Forget() // the lost incarnation's actors will never report a recovery
 	}
 	s.health.SetConsuming(true)
 

@@ -274,10 +274,10 @@ func (a *Actor) Queued() int { return a.queued }
 func (a *Actor) Run(ctx context.Context, j Job) Outcome { return a.runner.Run(ctx, j) }
 
 // Claim takes one range when a whole batch fits in the queue, reclaiming an
-// expired lease of the group before reading new positions, and returns the
-// jobs ready to run.
+// expired lease of the group before reading new positions (outside
+// TakeoverGrace), and returns the jobs ready to run.
 func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
-	jobs, _, err := a.claimWith(ctx, true)
+	jobs, _, err := a.claimWith(ctx, !a.cfg.takeoversHeld())
 	return jobs, err
 }
 
@@ -976,12 +976,13 @@ func (a *Actor) begin(ctx context.Context) error {
 }
 
 // claim is the loop's claim: a sweep (expired leases, the gate probe) only
-// when one is due, and again after a reclaim, since more leases may have
-// expired together.
+// when one is due and no takeover is held back (Common.takeoversHeld), and
+// again after a reclaim, since more leases may have expired together.
 func (a *Actor) claim(ctx context.Context) ([]Job, bool, error) {
 	before := a.queued
-	jobs, reclaimed, err := a.claimWith(ctx, a.sweep)
-	if a.sweep && err == nil && !a.starved && a.cfg.Liveness.Valid() { // the sweep ran
+	sweep := a.sweep && !a.cfg.takeoversHeld()
+	jobs, reclaimed, err := a.claimWith(ctx, sweep)
+	if sweep && err == nil && !a.starved && a.cfg.Liveness.Valid() { // the sweep ran
 		a.sweep = reclaimed
 	}
 	return jobs, err == nil && (reclaimed || a.queued-before >= a.cfg.BatchLimit), err
@@ -994,6 +995,31 @@ func sweepTicks(poll time.Duration) int {
 		return 1
 	}
 	return int((MinSweep + poll - 1) / poll)
+}
+
+// TakeoverGrace is how long after its session came back from an outage
+// (outage.Health.RecoveredAt: an actor reached the database after failing
+// to, or a new incarnation replaced a lapsed one) a claimer takes no expired
+// lease over: a range's sweep and the exception claim's takeover of running
+// rows wait, new positions and due rows do not. Every instance cut off by the
+// same outage comes back within about UnreachableRetry, and one whose
+// leases expired meanwhile first records what its handlers had settled: a
+// lapsed incarnation's salvage, the next session's adoption of a stopped
+// session's leftovers. A takeover that came first ran those messages again
+// (most of the chaos run's repeats after a PostgreSQL restart). It is half
+// the lease, at most MaxTakeoverGrace: a lease that expired during the
+// outage was already overdue, and an instance that died for good is taken
+// over that much later.
+func TakeoverGrace(lease time.Duration) time.Duration { return min(lease/2, MaxTakeoverGrace) }
+
+// MaxTakeoverGrace bounds TakeoverGrace.
+const MaxTakeoverGrace = time.Second
+
+// takeoversHeld reports whether the session came back from an outage less
+// than TakeoverGrace ago.
+func (c *Common) takeoversHeld() bool {
+	at := c.Health.RecoveredAt()
+	return !at.IsZero() && c.Clock.Now().Before(at.Add(TakeoverGrace(c.Lease)))
 }
 
 // MinSweep bounds how often an actor does the work a poll does beyond

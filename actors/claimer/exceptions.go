@@ -82,7 +82,8 @@ func (a *ExceptionActor) Running() int { return len(a.running) }
 // Run executes one job synchronously (the step tests drive).
 func (a *ExceptionActor) Run(ctx context.Context, j Job) Outcome { return a.runner.Run(ctx, j) }
 
-// Claim leases due rows up to the free worker slots and returns their jobs.
+// Claim leases due rows up to the free worker slots and returns their jobs;
+// rows whose lease expired are taken over only outside TakeoverGrace.
 func (a *ExceptionActor) Claim(ctx context.Context) ([]Job, error) {
 	free := a.cfg.Concurrency - len(a.running)
 	if free <= 0 || !a.cfg.Liveness.Valid() {
@@ -94,7 +95,7 @@ func (a *ExceptionActor) Claim(ctx context.Context) ([]Job, error) {
 		}
 	}
 	rows, err := a.db.ClaimExceptions(ctx, store.ClaimExceptions{Owner: a.cfg.InstanceID, Limit: free, Chain: a.cfg.Chain,
-		Lease: a.cfg.Lease, Now: a.cfg.DBNow()})
+		Lease: a.cfg.Lease, Now: a.cfg.DBNow(), HoldTakeovers: a.cfg.takeoversHeld()})
 	if err != nil {
 		return nil, err
 	}

@@ -183,8 +183,12 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		case <-ctx.Done():
 			if c.Liveness.Lost() {
 				// The incarnation was lost: nothing more starts, but what
-				// has settled is recorded where the lease is still ours.
+				// has settled is recorded where the lease is still ours,
+				// and what is still held goes to the consumer's next
+				// incarnation, which writes what salvage could not and
+				// releases the rest (token-fenced, as every write).
 				salvage(ctx, c, l, p, 0)
+				l.leave()
 			}
 			return ctx.Err()
 		case <-drainC:

@@ -115,6 +115,10 @@ type Health struct {
 	// that succeeds, once something waits on it (Reached).
 	reached chan struct{}
 	waiting atomic.Bool
+	// recoveredAt is when an actor of the session last reached the
+	// database after failing to, or a new incarnation replaced a lost one
+	// (RecoveredAt).
+	recoveredAt time.Time
 	// disrupted, if set, is told of every failed store call (OnFailure).
 	disrupted func(error)
 
@@ -249,12 +253,15 @@ func (h *Health) Watch(f func()) (stop func()) {
 
 // Forget drops every actor's outage: a new incarnation of the session
 // starts with new actors, and the old ones' failures must not hold its
-// readiness down (they will never report a recovery).
+// readiness down (they will never report a recovery). It counts as a
+// recovery (RecoveredAt): the session lost its incarnation because it could
+// not renew it, an outage of its own.
 func (h *Health) Forget() {
 	if h == nil {
 		return
 	}
 	h.mu.Lock()
+	h.recoveredAt = h.clock.Now()
 	for r, t := range h.timers {
 		t.Stop()
 		delete(h.timers, r)
@@ -306,11 +313,28 @@ func (h *Health) failed(r *Reporter) {
 	h.mu.Unlock()
 }
 
+// RecoveredAt is when the session last came back from an outage of its
+// own: one of its actors reached the database after failing to, or a new
+// incarnation replaced one that lapsed. Zero if never; a nil *Health's is
+// zero. The claimers take no expired lease over for a while after it (see
+// claimer.TakeoverGrace): the other instances that lived through the same
+// outage are coming back too, and each should record what it settled
+// before anyone runs its messages again.
+func (h *Health) RecoveredAt() time.Time {
+	if h == nil {
+		return time.Time{}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.recoveredAt
+}
+
 func (h *Health) recovered(r *Reporter) {
 	if h == nil {
 		return
 	}
 	h.mu.Lock()
+	h.recoveredAt = h.clock.Now()
 	delete(h.failing, r)
 	if t := h.timers[r]; t != nil {
 		t.Stop()

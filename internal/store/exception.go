@@ -27,13 +27,16 @@ type ClaimExceptions struct {
 	Chain int    // rows of an ordered key to lease behind its head
 	Lease time.Duration
 	Now   Now
+	// HoldTakeovers leaves running and queued rows whose lease expired
+	// alone: only pending rows that are due are claimed.
+	HoldTakeovers bool
 }
 
 // ClaimExceptions leases up to Limit due exception rows of the group, and
 // behind each ordered head up to Chain more rows of its key, queued, in log
 // order (rows come back in log order: a key's queued rows follow its head).
 func (g Group) ClaimExceptions(ctx context.Context, c ClaimExceptions) ([]ExceptionRun, error) {
-	rows, err := g.st.pool.Query(ctx, g.sql(claimExceptionsSQL), g.GroupID, c.Now, c.Limit, c.Owner, c.Lease, c.Chain)
+	rows, err := g.st.pool.Query(ctx, g.sql(claimExceptionsSQL), g.GroupID, c.Now, c.Limit, c.Owner, c.Lease, c.Chain, c.HoldTakeovers)
 	if err != nil {
 		return nil, fmt.Errorf("claim exceptions: %w", err)
 	}
@@ -165,14 +168,14 @@ WITH RECURSIVE keys AS (
     SELECT h.message_xid, h.message_id, h.can_run_after FROM heads h
     WHERE h.concurrency = 'ordered'
       AND ((h.status = 'pending' AND h.can_run_after <= coalesce($2, now()))
-        OR (h.status IN ('running', 'queued') AND h.expires_at < coalesce($2, now())))
+        OR (NOT $7::boolean AND h.status IN ('running', 'queued') AND h.expires_at < coalesce($2, now())))
       AND NOT EXISTS (` + keyHeldLive("h.message_key") + `)
       AND NOT EXISTS (` + rangeHoldsEarlier("h.message_key", "h.message_xid", "h.message_id", "") + `)
     UNION ALL
     (SELECT x.message_xid, x.message_id, x.can_run_after FROM {s}.{t}_exception x
      WHERE x.group_id = $1 AND x.status <> 'dead' AND x.concurrency <> 'ordered'
        AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
-         OR (x.status IN ('running', 'queued') AND x.expires_at < coalesce($2, now())))
+         OR (NOT $7::boolean AND x.status IN ('running', 'queued') AND x.expires_at < coalesce($2, now())))
        -- A row whose key a live holder has would only be parked again.
        AND (x.concurrency = 'parallel' OR x.message_key IS NULL OR NOT EXISTS (` + keyHeldLive("x.message_key") + `))
      ORDER BY x.can_run_after
@@ -185,7 +188,7 @@ WITH RECURSIVE keys AS (
     JOIN {s}.{t}_exception x ON x.group_id = $1 AND x.message_xid = c.message_xid AND x.message_id = c.message_id
     WHERE x.status <> 'dead'
       AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
-        OR (x.status IN ('running', 'queued') AND x.expires_at < coalesce($2, now())))
+        OR (NOT $7::boolean AND x.status IN ('running', 'queued') AND x.expires_at < coalesce($2, now())))
     ORDER BY c.can_run_after
     LIMIT $3
     FOR UPDATE OF x SKIP LOCKED

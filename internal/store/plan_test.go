@@ -131,7 +131,7 @@ func TestOrderedKeyChecksUseTheLogIndexWithStaleStatistics(t *testing.T) {
 		args []any
 	}{
 		"blockOrdered":    {tb.sql(blockOrderedSQL), []any{groupID, []string{"k", "kx"}, []int64{1, 1}, []int64{5, 6}, int64(0), owner}},
-		"claimExceptions": {tb.sql(claimExceptionsSQL), []any{groupID, nil, 4, owner, time.Minute, 20}},
+		"claimExceptions": {tb.sql(claimExceptionsSQL), []any{groupID, nil, 4, owner, time.Minute, 20, false}},
 	} {
 		text := explain(t, st, name, q.sql, q.args...)
 		require.NotContains(t, text, "Seq Scan on "+tablePrefix(streamID)+"_log", "%s plan:\n%s", name, text)
