@@ -5,7 +5,7 @@ SEEDS ?= 200
 DURATION ?= 5m
 RATE ?= 100
 
-.PHONY: test demo vet bench bench-200k bench-1m bench-quick chaos failover sim check-postgres check-chromium
+.PHONY: test demo vet bench bench-200k bench-1m bench-quick bench-capacity chaos failover sim check-postgres check-chromium
 
 ## test: vet, then the whole suite with the race detector, on a private PostgreSQL (this module, then the
 ## prometheus, otel and browsertest modules; the console's browser tests need Chromium), then a
@@ -33,11 +33,18 @@ demo: check-postgres
 chaos: check-postgres
 	SQLSTREAMS_CHAOS=$(DURATION) SQLSTREAMS_CHAOS_RATE=$(RATE) $(GO) test -race -count=1 -run '^TestChaos$$' -v -timeout 0 .
 
-## failover: the synchronous-failover test REPEAT times in a row (issue 23's acceptance is 10); make test
-## runs it once
+## failover: the synchronous-failover test REPEAT times in a row (issue 23's acceptance is 10; make test
+## runs it once); the automated failover with pg_auto_failover (skipped where postgresql-15-auto-failover
+## is not installed); then the failover chaos run: a failover every FAILOVER_EVERY for FAILOVER_CHAOS,
+## each followed by a new synchronous standby
 REPEAT ?= 10
+FAILOVER_CHAOS ?= 2m
+FAILOVER_EVERY ?= 15s
 failover: check-postgres
 	$(GO) test -race -count=$(REPEAT) -run '^TestSynchronousFailoverLosesNothing$$' -v -timeout 0 .
+	SQLSTREAMS_FAILOVER_AUTO=1 $(GO) test -race -count=1 -run '^TestAutomatedFailoverLosesNothing$$' -v -timeout 0 .
+	SQLSTREAMS_FAILOVER_CHAOS=$(FAILOVER_CHAOS) SQLSTREAMS_FAILOVER_EVERY=$(FAILOVER_EVERY) \
+		$(GO) test -race -count=1 -run '^TestFailoverChaos$$' -v -timeout 0 .
 
 ## sim: the simulator's random runs for SEEDS seeds (make sim SEEDS=1000); make test runs 50
 sim: check-postgres
@@ -57,11 +64,18 @@ bench-200k: check-postgres
 bench-1m: check-postgres
 	cd bench && $(GO) run . -n 1000000 $(BENCHFLAGS)
 
+## bench-capacity: the capacity scenarios behind docs/scaling.md: per message, server and client CPU, WAL
+## bytes and fsyncs, connections, as instances, groups, streams and retained rows grow, and idle sessions'
+## cost (3 runs of 10 windows; writes bench/results/capacity/latest.*)
+bench-capacity: check-postgres
+	cd bench && $(GO) run . -only capacity -runs 3 -results results/capacity $(BENCHFLAGS)
+
 ## bench-quick: every PostgreSQL workload at toy sizes (about 45 s; not the NATS and RabbitMQ reference
 ## points, so that CI needs no server but PostgreSQL); results go to a temp dir, figures mean nothing
 bench-quick: check-postgres
 	cd bench && $(GO) run . -n 5000 -runs 1 -singles 500 -latency-for 2s -keysn 2000 -growth 20000 -growth-n 5000 \
-		-only raw,produce,burndown,latency,fanout,selective,keys,growth,river,watermill -results $${TMPDIR:-/tmp}/sqlstreams-bench-quick
+		-capacity-rate 50 -capacity-window 1s -capacity-retained 20000 \
+		-only raw,produce,burndown,latency,fanout,selective,keys,growth,capacity,river,watermill -results $${TMPDIR:-/tmp}/sqlstreams-bench-quick
 
 # Fail at once, with the command that fixes it, when there is no PostgreSQL to use.
 ## check-chromium: the console's browser tests drive Debian's chromium (the system binary)

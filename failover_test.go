@@ -74,10 +74,12 @@ func (l *failoverLedger) handle(id string) {
 	l.signal()
 }
 
+// promoted starts a promotion's accounting (a later one starts afresh).
 func (l *failoverLedger) promoted(at time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.promotedAt = at
+	l.postAcked, l.firstAnyAfter, l.firstPostAt = 0, time.Time{}, time.Time{}
 }
 
 // wait waits, on the ledger's signals, until cond holds (read under the
@@ -252,7 +254,17 @@ func synchronousFailover(t *testing.T, promoteAfter time.Duration) {
 	require.NoError(t, standby.Promote(ctx))
 	t.Logf("failover: primary killed, standby promoted %s later (the orchestrator waited %s; Promote took %s)",
 		time.Since(killed).Round(time.Millisecond), promoteAfter, time.Since(promotedAt).Round(time.Millisecond))
+	checkFailover(t, client, sink, ledger, opts, stopConsuming, producer, promotedAt)
+}
 
+// checkFailover is what every failover test checks once the new primary
+// takes writes (promotedAt): consuming resumes within InstanceTTL + 5 s,
+// every acknowledged message is consumed, the group's state on the new
+// primary is whole; it reports duplicates and the recovery time.
+func checkFailover(t *testing.T, client *Client, sink *logSink, ledger *failoverLedger, opts *ConsumeOptions,
+	stopConsuming func() error, producer *failoverProducer, promotedAt time.Time) {
+	t.Helper()
+	ctx := context.Background()
 	// Consuming again: a message produced after the promotion is handled.
 	// The bound is a safety net; the figure is reported below.
 	ledger.wait(t, opts.InstanceTTL+time.Minute, "a message produced after the promotion to be consumed",

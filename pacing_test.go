@@ -20,13 +20,14 @@ import (
 type callerCounter struct {
 	mu      sync.Mutex
 	counts  map[string]int
+	first   map[string]time.Time // when each caller first sent a statement
 	until   string
 	n       int
 	reached chan struct{}
 }
 
 func newCallerCounter(until string, n int) *callerCounter {
-	return &callerCounter{counts: map[string]int{}, until: until, n: n, reached: make(chan struct{})}
+	return &callerCounter{counts: map[string]int{}, first: map[string]time.Time{}, until: until, n: n, reached: make(chan struct{})}
 }
 
 func (c *callerCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
@@ -41,6 +42,9 @@ func (c *callerCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.counts[name]++
+	if c.counts[name] == 1 {
+		c.first[name] = time.Now()
+	}
 	if name == c.until && c.counts[name] == c.n {
 		close(c.reached)
 	}
@@ -67,7 +71,9 @@ func (c *callerCounter) snapshot() map[string]int {
 func TestAFastPollSweepsAtMostEveryMinSweep(t *testing.T) {
 	ctx := context.Background()
 	const poll = 10 * time.Millisecond
-	const polls = 60
+	// Two seconds of polls: the first TakeoverGrace after the session
+	// begins (1 s at the default InstanceTTL) looks for no expired lease.
+	const polls = 200
 	counter := newCallerCounter("store.ClaimRange", polls)
 	cfg, err := pgxpool.ParseConfig(pgtest.URL())
 	require.NoError(t, err)
@@ -84,10 +90,11 @@ func TestAFastPollSweepsAtMostEveryMinSweep(t *testing.T) {
 
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
+	started := time.Now()
 	go func() {
 		done <- c.Consume(cctx, func(context.Context, *order) error { return nil }, &ConsumeOptions{ClaimPollRate: poll})
 	}()
-	within(t, counter.reached, "60 polls of an idle instance")
+	within(t, counter.reached, "200 polls of an idle instance")
 	cancel()
 	require.NoError(t, within(t, done, "Consume to return"))
 
@@ -99,6 +106,11 @@ func TestAFastPollSweepsAtMostEveryMinSweep(t *testing.T) {
 	bound := claims / 5
 	require.GreaterOrEqual(t, claims, polls)
 	require.Positive(t, got["store.ReclaimRange"], "expired leases are still looked for")
+	counter.mu.Lock()
+	firstSweep := counter.first["store.ReclaimRange"].Sub(started)
+	counter.mu.Unlock()
+	require.GreaterOrEqual(t, firstSweep, claimer.TakeoverGrace(DefaultInstanceTTL),
+		"a session that begins takes no expired lease over for TakeoverGrace (decision 0032)")
 	require.LessOrEqual(t, got["store.ReclaimRange"], bound, "the look for expired leases runs at most every MinSweep (%s)", claimer.MinSweep)
 	require.LessOrEqual(t, got["store.GateProbe"], bound, "the gate probe runs at most every MinSweep")
 	require.Positive(t, got["store.ClaimExceptions"], "exception rows are still claimed")

@@ -47,6 +47,9 @@ type config struct {
 	statements             bool
 	peerN                  int
 	refN                   int
+	capacityRate           int
+	capacityRetained       int
+	capacityWindow         time.Duration
 }
 
 func main() {
@@ -61,7 +64,7 @@ func main() {
 	flag.DurationVar(&c.latencyFor, "latency-for", 10*time.Second, "latency workload: how long to produce")
 	flag.IntVar(&c.keysN, "keysn", 20000, "failures/keys workloads: messages per stream")
 	flag.StringVar(&c.growth, "growth", "1000000,10000000", "growth workload: comma-separated retained-row counts")
-	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency,fanout,selective,keys,growth,river,watermill,nats,rabbitmq (default all)")
+	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency,fanout,selective,keys,growth,river,watermill,nats,rabbitmq (default all), and capacity (only when named)")
 	flag.IntVar(&c.riverWorkers, "river-workers", 2000, "river: MaxWorkers of the peer's queue")
 	flag.IntVar(&c.watermillBatch, "watermill-batch", 10000, "watermill: SubscribeBatchSize of the peer's subscriber")
 	flag.StringVar(&c.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the whole run to this file")
@@ -70,6 +73,9 @@ func main() {
 	flag.IntVar(&c.refN, "ref-n", 200000, "nats, rabbitmq: messages each reference run publishes and consumes (BENCH_NATS_URL, BENCH_AMQP_URL; skipped when no server answers)")
 	flag.IntVar(&c.peerN, "peer-n", 0, "river, watermill: messages each run times from the peer's backlog of -n (0: all of them); make bench-1m reads 200,000 of 1,000,000, the peers' rate at that backlog")
 	flag.BoolVar(&c.statements, "statements", false, "private cluster only: load pg_stat_statements and print the statements that took the most server time in the run (a diagnostic; it adds a little per-statement overhead)")
+	flag.IntVar(&c.capacityRate, "capacity-rate", 400, "capacity: messages offered per second in each window (single Produce calls unless the scenario batches)")
+	flag.DurationVar(&c.capacityWindow, "capacity-window", 10*time.Second, "capacity: how long each window produces (idle windows: how long they last)")
+	flag.IntVar(&c.capacityRetained, "capacity-retained", 1000000, "capacity: rows the retained-rows scenario's stream holds")
 	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
 	flag.BoolVar(&c.allowShared, "allow-port-5432", false, "allow a -url on port 5432 (refused by default: that is usually a shared server)")
 	flag.Parse()
@@ -88,6 +94,9 @@ func main() {
 }
 
 func (c config) want(workload string) bool {
+	if workload == "capacity" { // not part of "every workload": make bench-capacity
+		return slices.Contains(strings.Split(c.only, ","), workload)
+	}
 	return c.only == "" || slices.Contains(strings.Split(c.only, ","), workload)
 }
 
@@ -202,6 +211,11 @@ func run(ctx context.Context, c config) (err error) {
 	}
 	if c.want("produce") || c.want("burndown") || c.want("latency") || c.want("fanout") || c.want("selective") || c.want("keys") || c.want("growth") {
 		if err := b.streams(ctx); err != nil {
+			return err
+		}
+	}
+	if c.want("capacity") {
+		if err := b.capacity(ctx); err != nil {
 			return err
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,6 +44,12 @@ type report struct {
 	Selective []selectiveResult `json:"selective,omitempty"`
 	// DeadTuples are the sqlstreams tables' dead tuples at the end.
 	DeadTuples []deadTuples `json:"dead_tuples,omitempty"`
+	// Capacity holds the capacity scenarios' medians, CapacityRuns every
+	// window.
+	Capacity       []capacityRun `json:"capacity,omitempty"`
+	CapacityRuns   []capacityRun `json:"capacity_runs,omitempty"`
+	CapacityRate   int           `json:"capacity_rate,omitempty"`
+	CapacityWindow string        `json:"capacity_window,omitempty"`
 }
 
 // peerInfo is a peer library the run measured beside sqlstreams: the module
@@ -466,6 +473,20 @@ func (r *report) markdown() string {
 		}
 		if g, ok := r.selectiveCost(); ok {
 			p("\nMedian group cost (window CPU minus the producer-alone window): the 1%%-bound group costs %.1f× the idle group (target ≤ 2×).\n", g)
+		}
+		p("\n")
+	}
+	if len(r.Capacity) > 0 {
+		p("Capacity: %d msg/s offered for %s per window; medians of %d runs. Per message produced (each delivered to every group of its stream); idle rows: per session-second.\n\n",
+			r.CapacityRate, r.CapacityWindow, r.Params.Runs)
+		p("| scenario | offered msg/s | processes | sessions | messages | deliveries | server CPU µs | client CPU µs | WAL bytes | WAL fsyncs | connections a process | a session |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, x := range r.Capacity {
+			rate := strconv.Itoa(x.Rate)
+			if x.Messages == 0 {
+				rate = "idle"
+			}
+			p("| %s | %s | %d | %d | %d | %d | %.1f | %.1f | %.0f | %.3f | %.1f | %.2f |\n", x.Scenario, rate, x.Processes, x.Sessions, x.Messages, x.Deliveries,
+				x.ServerCPUus, x.ClientCPUus, x.WALBytes, x.WALSyncs, x.ConnsPerProcess, x.ConnsPerSession)
 		}
 		p("\n")
 	}

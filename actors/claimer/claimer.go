@@ -250,6 +250,9 @@ type Actor struct {
 	// transaction's end wait for the next sweep.
 	starved, sweep bool
 	ticks          int
+	// begunAt is when the serve loop's begin ran: takeovers wait
+	// TakeoverGrace after it (zero for the step functions' callers).
+	begunAt time.Time
 }
 
 // New returns a range claimer.
@@ -277,7 +280,7 @@ func (a *Actor) Run(ctx context.Context, j Job) Outcome { return a.runner.Run(ct
 // expired lease of the group before reading new positions (outside
 // TakeoverGrace), and returns the jobs ready to run.
 func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
-	jobs, _, err := a.claimWith(ctx, !a.cfg.takeoversHeld())
+	jobs, _, err := a.claimWith(ctx, !a.cfg.takeoversHeld(a.begunAt))
 	return jobs, err
 }
 
@@ -960,7 +963,7 @@ func (a *Actor) claimAfter([]Job) bool { return a.starved }
 // begin expires the ranges a restarted claimer's earlier run held: they are
 // no longer known, and the heartbeat would keep them alive.
 func (a *Actor) begin(ctx context.Context) error {
-	a.sweep = true
+	a.sweep, a.begunAt = true, a.cfg.Clock.Now()
 	if err := a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow()); err != nil {
 		return err
 	}
@@ -980,7 +983,7 @@ func (a *Actor) begin(ctx context.Context) error {
 // again after a reclaim, since more leases may have expired together.
 func (a *Actor) claim(ctx context.Context) ([]Job, bool, error) {
 	before := a.queued
-	sweep := a.sweep && !a.cfg.takeoversHeld()
+	sweep := a.sweep && !a.cfg.takeoversHeld(a.begunAt)
 	jobs, reclaimed, err := a.claimWith(ctx, sweep)
 	if sweep && err == nil && !a.starved && a.cfg.Liveness.Valid() { // the sweep ran
 		a.sweep = reclaimed
@@ -1015,10 +1018,17 @@ func TakeoverGrace(lease time.Duration) time.Duration { return min(lease/2, MaxT
 // MaxTakeoverGrace bounds TakeoverGrace.
 const MaxTakeoverGrace = time.Second
 
-// takeoversHeld reports whether the session came back from an outage less
-// than TakeoverGrace ago.
-func (c *Common) takeoversHeld() bool {
+// takeoversHeld reports whether the session came back from an outage, or
+// the actor began (begunAt; zero for the step functions' callers), less
+// than TakeoverGrace ago. A session that begins may be starting right after
+// an outage it never saw (its process restarted, or it was started while the
+// database was down): its first sweep would race the instances coming back
+// from it.
+func (c *Common) takeoversHeld(begunAt time.Time) bool {
 	at := c.Health.RecoveredAt()
+	if begunAt.After(at) {
+		at = begunAt
+	}
 	return !at.IsZero() && c.Clock.Now().Before(at.Add(TakeoverGrace(c.Lease)))
 }
 

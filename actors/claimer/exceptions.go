@@ -3,6 +3,7 @@ package claimer
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/outage"
@@ -61,6 +62,9 @@ type ExceptionActor struct {
 	// at once. A row that falls due meanwhile (its backoff ends, or another
 	// instance parks it) waits up to MinSweep for its next attempt.
 	idle int
+	// begunAt is when the serve loop's begin ran: takeovers wait
+	// TakeoverGrace after it (zero for the step functions' callers).
+	begunAt time.Time
 }
 
 // NewExceptionActor returns an exception claimer.
@@ -95,7 +99,7 @@ func (a *ExceptionActor) Claim(ctx context.Context) ([]Job, error) {
 		}
 	}
 	rows, err := a.db.ClaimExceptions(ctx, store.ClaimExceptions{Owner: a.cfg.InstanceID, Limit: free, Chain: a.cfg.Chain,
-		Lease: a.cfg.Lease, Now: a.cfg.DBNow(), HoldTakeovers: a.cfg.takeoversHeld()})
+		Lease: a.cfg.Lease, Now: a.cfg.DBNow(), HoldTakeovers: a.cfg.takeoversHeld(a.begunAt)})
 	if err != nil {
 		return nil, err
 	}
@@ -294,6 +298,7 @@ func (a *ExceptionActor) claimAfter(jobs []Job) bool {
 
 // begin releases what a restarted claimer's earlier run held.
 func (a *ExceptionActor) begin(ctx context.Context) error {
+	a.begunAt = a.cfg.Clock.Now()
 	if err := a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow()); err != nil {
 		return err
 	}
