@@ -30,6 +30,7 @@ var ErrNoAutoFailover = errors.New("pg_autoctl (pg_auto_failover) is not install
 // while the secondary is healthy (replication quorum).
 type Formation struct {
 	dir         string
+	autoctl     string // the pg_autoctl binary
 	x           *executor
 	monitorPort int
 	nodes       []*autoNode
@@ -54,6 +55,10 @@ var monitorSettings = []string{
 	"pgautofailover.health_check_max_retries = 1",
 	"pgautofailover.health_check_retry_delay = 500",
 	"pgautofailover.node_considered_unhealthy_timeout = 3000",
+	// How long the monitor waits for an unreachable primary to demote
+	// itself before the promoted node takes writes (default 30 s): the
+	// guard against two primaries, which a dead machine cannot violate.
+	"pgautofailover.primary_demote_timeout = 5000",
 }
 
 // StartFormation starts a monitor and two data nodes and returns once one
@@ -63,8 +68,11 @@ func StartFormation(ctx context.Context) (*Formation, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := os.Stat(filepath.Join(binDir, "pg_autoctl")); err != nil {
-		return nil, ErrNoAutoFailover
+	autoctl := filepath.Join(binDir, "pg_autoctl")
+	if _, err := os.Stat(autoctl); err != nil {
+		if autoctl, err = exec.LookPath("pg_autoctl"); err != nil { // Debian puts it in /usr/bin
+			return nil, ErrNoAutoFailover
+		}
 	}
 	x, err := newExecutor(binDir, nil)
 	if err != nil {
@@ -79,7 +87,7 @@ func StartFormation(ctx context.Context) (*Formation, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create formation dir: %w", err)
 	}
-	f := &Formation{dir: dir, x: x}
+	f := &Formation{dir: dir, x: x, autoctl: autoctl}
 	if err := f.start(ctx); err != nil {
 		return nil, errors.Join(err, f.Stop())
 	}
@@ -150,7 +158,7 @@ func (f *Formation) start(ctx context.Context) error {
 // launch starts a pg_autoctl service for n, as the postgres OS user when we
 // are root, with its configuration under the formation's directory.
 func (f *Formation) launch(n *autoNode, args ...string) error {
-	cmd := exec.Command(filepath.Join(f.x.binDir, "pg_autoctl"), args...)
+	cmd := exec.Command(f.autoctl, args...)
 	logf, err := os.Create(filepath.Join(f.dir, n.name+".log"))
 	if err != nil {
 		return err
@@ -243,14 +251,14 @@ func (f *Formation) KillNode(ctx context.Context, name string) error {
 		if n.name != name {
 			continue
 		}
+		// The service and the server it started share a process group:
+		// SIGKILL to the group is the machine dying under them.
 		if n.cmd != nil && n.cmd.Process != nil {
 			_ = syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
 			<-n.done
 		}
-		data := filepath.Join(f.dir, name)
-		if out, err := f.x.run(ctx, f.dir, "pg_ctl", "stop", "-D", data, "-m", "immediate", "-w", "-t", "60"); err != nil &&
-			!strings.Contains(string(out), "not running") && !strings.Contains(string(out), "does not exist") {
-			return fmt.Errorf("pg_ctl stop -m immediate %s: %w: %s", name, err, tail(out))
+		if pid, ok := livePostmaster(filepath.Join(f.dir, name)); ok { // it left the group: kill it too
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 		return nil
 	}
@@ -340,10 +348,13 @@ func (f *Formation) stop() error {
 			<-n.done
 		}
 		t.Stop()
-		data := filepath.Join(f.dir, n.name)
-		if _, err := os.Stat(filepath.Join(data, "postmaster.pid")); err == nil {
-			if out, err := f.x.run(context.Background(), f.dir, "pg_ctl", "stop", "-D", data, "-m", "immediate", "-w", "-t", "60"); err != nil {
-				errs = append(errs, fmt.Errorf("stop %s: %w: %s", n.name, err, tail(out)))
+		if pid, ok := livePostmaster(filepath.Join(f.dir, n.name)); ok {
+			_ = syscall.Kill(pid, syscall.SIGQUIT) // immediate shutdown
+			if !waitGone(pid, 30*time.Second) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				if !waitGone(pid, 10*time.Second) {
+					errs = append(errs, fmt.Errorf("stop %s: postmaster %d does not exit", n.name, pid))
+				}
 			}
 		}
 	}
@@ -351,4 +362,31 @@ func (f *Formation) stop() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// livePostmaster returns the pid in data's postmaster.pid when that process
+// is alive.
+func livePostmaster(data string) (int, bool) {
+	b, err := os.ReadFile(filepath.Join(data, "postmaster.pid"))
+	if err != nil {
+		return 0, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	return pid, syscall.Kill(pid, 0) == nil
+}
+
+// waitGone waits up to bound for pid to exit.
+func waitGone(pid int, bound time.Duration) bool {
+	deadline := time.Now().Add(bound)
+	for syscall.Kill(pid, 0) == nil {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond) // another process's exit: nothing to wait on but its pid
+	}
+	return true
 }
