@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -120,12 +119,7 @@ func TestFailoverChaos(t *testing.T) {
 		break
 	}
 	producer.stop()
-	ledger.wait(t, time.Minute, "every acknowledged message to be consumed",
-		func() bool { return len(ledger.missing()) == 0 },
-		func() string {
-			m := ledger.missing()
-			return fmt.Sprintf("%d acknowledged, %d missing (first: %s)", len(ledger.acked), len(m), strings.Join(m[:min(len(m), 20)], " "))
-		})
+	ledger.waitAllConsumed(t)
 	for _, stop := range stops {
 		require.NoError(t, stop(), "Consume's result")
 	}

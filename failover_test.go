@@ -182,6 +182,18 @@ func (l *failoverLedger) produce(t *testing.T, s *StreamHandle[order]) *failover
 	return p
 }
 
+// waitAllConsumed waits, up to a minute, until every acknowledged message
+// has been consumed, failing t with the missing ones.
+func (l *failoverLedger) waitAllConsumed(t *testing.T) {
+	t.Helper()
+	l.wait(t, time.Minute, "every acknowledged message to be consumed",
+		func() bool { return len(l.missing()) == 0 },
+		func() string {
+			m := l.missing()
+			return fmt.Sprintf("%d acknowledged, %d missing (first: %s)", len(l.acked), len(m), strings.Join(m[:min(len(m), 20)], " "))
+		})
+}
+
 // missing returns the acknowledged ids not handled yet, sorted; under l.mu.
 func (l *failoverLedger) missing() []string {
 	var out []string
@@ -275,12 +287,7 @@ func checkFailover(t *testing.T, client *Client, sink *logSink, ledger *failover
 		})
 	producer.stop()
 
-	ledger.wait(t, time.Minute, "every acknowledged message to be consumed",
-		func() bool { return len(ledger.missing()) == 0 },
-		func() string {
-			m := ledger.missing()
-			return fmt.Sprintf("%d acknowledged, %d missing (first: %s)", len(ledger.acked), len(m), strings.Join(m[:min(len(m), 20)], " "))
-		})
+	ledger.waitAllConsumed(t)
 
 	require.NoError(t, stopConsuming(), "Consume's result")
 

@@ -265,19 +265,8 @@ func TestALapsedIncarnationRecordsWhatItSettled(t *testing.T) {
 	e, s, c := setup(t, &ClientConfig{Observer: obs}, "g", 0)
 	e.produceN(s, "m", 10)
 	ctx := context.Background()
-	var mu sync.Mutex
-	succeeded := map[string]int{}
-	var firstM0 atomic.Bool
-	h := func(ctx context.Context, o *order) error {
-		if o.OrderID == "m-0" && firstM0.CompareAndSwap(false, true) {
-			<-ctx.Done() // it runs until the lapse stops the incarnation
-			return ctx.Err()
-		}
-		mu.Lock()
-		succeeded[o.OrderID]++
-		mu.Unlock()
-		return nil
-	}
+	runs := newHeldM0()
+	h := runs.handle
 	b := consume(t, c, h, &ConsumeOptions{BatchLimit: 10, QueueSize: 20, MessageConcurrency: 10, InstanceTTL: 3 * time.Second,
 		ClaimPollRate: time.Hour}) // no flush tick: nothing is recorded unless the lapse records it
 	id := within(t, b.id, "the first incarnation")
@@ -296,7 +285,7 @@ func TestALapsedIncarnationRecordsWhatItSettled(t *testing.T) {
 	require.NoError(t, err)
 	within(t, obs.ok, "m-0, run again by the next incarnation")
 	require.NoError(t, b.stop(t))
-	requireEachOnce(t, &mu, succeeded, 10)
+	requireEachOnce(t, &runs.mu, runs.succeeded, 10)
 	require.Empty(t, e.leases(c))
 }
 
@@ -310,19 +299,8 @@ func TestTheNextSessionRecordsWhatAStoppedSessionCouldNotHandBack(t *testing.T) 
 	obs := &successObserver{ok: make(chan struct{}, 64)}
 	e, s, c := setup(t, &ClientConfig{Observer: obs, Retry: Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}}, "g", 0)
 	e.produceN(s, "m", 10)
-	var mu sync.Mutex
-	succeeded := map[string]int{}
-	var firstM0 atomic.Bool
-	h := func(ctx context.Context, o *order) error {
-		if o.OrderID == "m-0" && firstM0.CompareAndSwap(false, true) {
-			<-ctx.Done() // still running when the drain's deadline cuts it off
-			return ctx.Err()
-		}
-		mu.Lock()
-		succeeded[o.OrderID]++
-		mu.Unlock()
-		return nil
-	}
+	runs := newHeldM0()
+	h := runs.handle
 	opts := &ConsumeOptions{BatchLimit: 10, QueueSize: 20, MessageConcurrency: 10, InstanceTTL: 2 * time.Second,
 		ShutdownTimeout: 200 * time.Millisecond, DisableManager: true,
 		ClaimPollRate: time.Hour} // no flush tick: nothing is recorded before the stop
@@ -339,7 +317,7 @@ func TestTheNextSessionRecordsWhatAStoppedSessionCouldNotHandBack(t *testing.T) 
 	second := consume(t, c, h, opts)
 	within(t, obs.ok, "m-0, released by the second session and run again")
 	require.NoError(t, second.stop(t))
-	requireEachOnce(t, &mu, succeeded, 10)
+	requireEachOnce(t, &runs.mu, runs.succeeded, 10)
 	require.Zero(t, c.leftovers.Len())
 	require.Empty(t, e.leases(c))
 }
@@ -395,6 +373,28 @@ func TestTheNextSessionWritesAnExceptionResultAStoppedSessionCouldNot(t *testing
 }
 
 // requireEachOnce checks, under mu, that n messages succeeded, each once.
+// heldM0 is a handler that holds its first run of m-0 until its context
+// ends (still running when the session stops, drains or loses its
+// incarnation) and counts every success.
+type heldM0 struct {
+	mu        sync.Mutex
+	succeeded map[string]int
+	first     atomic.Bool
+}
+
+func newHeldM0() *heldM0 { return &heldM0{succeeded: map[string]int{}} }
+
+func (h *heldM0) handle(ctx context.Context, o *order) error {
+	if o.OrderID == "m-0" && h.first.CompareAndSwap(false, true) {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	h.mu.Lock()
+	h.succeeded[o.OrderID]++
+	h.mu.Unlock()
+	return nil
+}
+
 func requireEachOnce(t *testing.T, mu *sync.Mutex, succeeded map[string]int, n int) {
 	t.Helper()
 	mu.Lock()

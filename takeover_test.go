@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -110,19 +108,8 @@ func TestTheNextIncarnationRecordsWhatALapsedOneCouldNot(t *testing.T) {
 	e, s, c := setup(t, &ClientConfig{Observer: obs}, "g", 0)
 	e.produceN(s, "m", 10)
 	ctx := context.Background()
-	var mu sync.Mutex
-	succeeded := map[string]int{}
-	var firstM0 atomic.Bool
-	h := func(ctx context.Context, o *order) error {
-		if o.OrderID == "m-0" && firstM0.CompareAndSwap(false, true) {
-			<-ctx.Done() // it runs until the lapse stops the incarnation
-			return ctx.Err()
-		}
-		mu.Lock()
-		succeeded[o.OrderID]++
-		mu.Unlock()
-		return nil
-	}
+	runs := newHeldM0()
+	h := runs.handle
 	b := consume(t, c, h, &ConsumeOptions{BatchLimit: 10, QueueSize: 20, MessageConcurrency: 10, InstanceTTL: 2 * time.Second,
 		ClaimPollRate: time.Hour}) // no flush tick: nothing is recorded unless the lapse's salvage or the next incarnation does
 	id := within(t, b.id, "the first incarnation")
@@ -146,7 +133,7 @@ func TestTheNextIncarnationRecordsWhatALapsedOneCouldNot(t *testing.T) {
 	require.NoError(t, lock.Rollback(ctx))
 	within(t, obs.ok, "m-0, released by the second incarnation and run again")
 	require.NoError(t, b.stop(t))
-	requireEachOnce(t, &mu, succeeded, 10)
+	requireEachOnce(t, &runs.mu, runs.succeeded, 10)
 	require.Empty(t, e.leases(c))
 	require.Zero(t, c.leftovers.Len())
 }

@@ -295,45 +295,28 @@ func produceAtRate(ctx context.Context, streams []*sqlstreams.StreamHandle[Order
 	calls := max(1, int(float64(rate)*window.Seconds())/batch)
 	every := window / time.Duration(calls)
 	produced := make([]atomic.Int64, len(streams))
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, produceWorkers)
 	items := make([]sqlstreams.BatchItem[Order], batch)
 	for i := range items {
 		items[i].Msg = baseOrder
 	}
 	start := wall.Now()
-	for range produceWorkers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				c := int(next.Add(1)) - 1
-				if c >= calls {
-					return
-				}
-				if d := start.Add(time.Duration(c) * every).Sub(wall.Now()); d > 0 {
-					wall.Sleep(d) // paced: the offered rate, not the producers' maximum
-				}
-				s := c % len(streams)
-				var err error
-				if batch == 1 {
-					_, err = streams[s].Produce(ctx, baseOrder, nil)
-				} else {
-					_, err = streams[s].ProduceBatch(ctx, items, nil)
-				}
-				if err != nil {
-					errs <- err
-					next.Store(int64(calls))
-					return
-				}
-				produced[s].Add(int64(batch))
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	err := eachCall(calls, func(c int) error {
+		if d := start.Add(time.Duration(c) * every).Sub(wall.Now()); d > 0 {
+			wall.Sleep(d) // paced: the offered rate, not the producers' maximum
+		}
+		s := c % len(streams)
+		var err error
+		if batch == 1 {
+			_, err = streams[s].Produce(ctx, baseOrder, nil)
+		} else {
+			_, err = streams[s].ProduceBatch(ctx, items, nil)
+		}
+		if err == nil {
+			produced[s].Add(int64(batch))
+		}
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
 	out := make([]int64, len(streams))

@@ -267,12 +267,31 @@ func produceBatch(ctx context.Context, s *sqlstreams.StreamHandle[Order], n int,
 // calls of per messages, are written, and returns messages per second. A call
 // writes k messages, numbered first to first+k-1 of the n.
 func parallel(ctx context.Context, n, per int, label string, call func(ctx context.Context, first, k int) error) (float64, error) {
-	calls := (n + per - 1) / per
-	var next, done atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, produceWorkers)
+	var done atomic.Int64
 	stop := progress(label, "msgs", int64(n), &done)
 	start := wall.Now()
+	err := eachCall((n+per-1)/per, func(c int) error {
+		k := min(per, n-c*per)
+		if err := call(ctx, c*per, k); err != nil {
+			return err
+		}
+		done.Add(int64(k))
+		return nil
+	})
+	elapsed := wall.Since(start)
+	stop()
+	if err != nil {
+		return 0, err
+	}
+	return report1(label, "msgs", n, elapsed), nil
+}
+
+// eachCall runs do(0) … do(calls-1) from produceWorkers goroutines, each
+// taking the next index, and stops at the first error, which it returns.
+func eachCall(calls int, do func(c int) error) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, produceWorkers)
 	for range produceWorkers {
 		wg.Add(1)
 		go func() {
@@ -282,24 +301,17 @@ func parallel(ctx context.Context, n, per int, label string, call func(ctx conte
 				if c >= calls {
 					return
 				}
-				k := min(per, n-c*per)
-				if err := call(ctx, c*per, k); err != nil {
+				if err := do(c); err != nil {
 					errs <- err
 					next.Store(int64(calls))
 					return
 				}
-				done.Add(int64(k))
 			}
 		}()
 	}
 	wg.Wait()
-	elapsed := wall.Since(start)
-	stop()
 	close(errs)
-	if err := <-errs; err != nil {
-		return 0, err
-	}
-	return report1(label, "msgs", n, elapsed), nil
+	return <-errs
 }
 
 // burnDown times a fresh group consuming the whole backlog of n messages

@@ -74,18 +74,9 @@ func StartFormation(ctx context.Context) (*Formation, error) {
 			return nil, ErrNoAutoFailover
 		}
 	}
-	x, err := newExecutor(binDir, nil)
+	x, dir, err := prepare(binDir, nil)
 	if err != nil {
 		return nil, err
-	}
-	root, err := x.tempRoot()
-	if err != nil {
-		return nil, err
-	}
-	x.sweep(root)
-	dir, err := os.MkdirTemp(root, dirPattern)
-	if err != nil {
-		return nil, fmt.Errorf("create formation dir: %w", err)
 	}
 	f := &Formation{dir: dir, x: x, autoctl: autoctl}
 	if err := f.start(ctx); err != nil {

@@ -160,25 +160,35 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	x, err := newExecutor(binDir, opts.Log)
+	x, dir, err := prepare(binDir, opts.Log)
 	if err != nil {
 		return nil, err
-	}
-	root, err := x.tempRoot()
-	if err != nil {
-		return nil, err
-	}
-	x.sweep(root)
-
-	dir, err := os.MkdirTemp(root, dirPattern)
-	if err != nil {
-		return nil, fmt.Errorf("create cluster dir: %w", err)
 	}
 	c := &Cluster{dir: dir, x: x, durable: opts.Durable, replication: opts.Replication}
 	if err := c.start(ctx, opts); err != nil {
 		return nil, errors.Join(err, c.Stop())
 	}
 	return c, nil
+}
+
+// prepare returns an executor of the binaries in binDir and a new private
+// directory under the temporary root, after removing the clusters there
+// whose owning process has died.
+func prepare(binDir string, log io.Writer) (*executor, string, error) {
+	x, err := newExecutor(binDir, log)
+	if err != nil {
+		return nil, "", err
+	}
+	root, err := x.tempRoot()
+	if err != nil {
+		return nil, "", err
+	}
+	x.sweep(root)
+	dir, err := os.MkdirTemp(root, dirPattern)
+	if err != nil {
+		return nil, "", fmt.Errorf("create cluster dir: %w", err)
+	}
+	return x, dir, nil
 }
 
 func (c *Cluster) start(ctx context.Context, opts Options) error {
