@@ -74,7 +74,7 @@ bench-capacity: check-postgres
 ## points, so that CI needs no server but PostgreSQL); results go to a temp dir, figures mean nothing
 bench-quick: check-postgres
 	cd bench && $(GO) run . -n 5000 -runs 1 -singles 500 -latency-for 2s -keysn 2000 -growth 20000 -growth-n 5000 \
-		-capacity-rate 50 -capacity-window 1s -capacity-retained 20000 \
+		-capacity-rate 50 -capacity-window 1s -capacity-retained 20000 -capacity-streams 8 \
 		-only raw,produce,burndown,latency,fanout,selective,keys,growth,capacity,river,watermill -results $${TMPDIR:-/tmp}/sqlstreams-bench-quick
 
 # Fail at once, with the command that fixes it, when there is no PostgreSQL to use.

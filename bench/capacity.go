@@ -56,7 +56,7 @@ type capacityScenario struct {
 }
 
 func (b *bench) capacity(ctx context.Context) error {
-	rate, window := b.c.capacityRate, b.c.capacityWindow
+	rate, window, many := b.c.capacityRate, b.c.capacityWindow, b.c.capacityStreams
 	scenarios := []capacityScenario{
 		{name: "base: 1 stream, 1 group, 1 instance", processes: 1, streams: 1, groups: 1, sessionsPerGroup: 1, batch: 1},
 		{name: "base at a quarter of the rate", processes: 1, streams: 1, groups: 1, sessionsPerGroup: 1, batch: 1, rate: rate / 4},
@@ -67,9 +67,9 @@ func (b *bench) capacity(ctx context.Context) error {
 		{name: "groups: 4 read the stream", processes: 4, streams: 1, groups: 4, sessionsPerGroup: 1, batch: 1},
 		{name: "groups: 16 read the stream", processes: 4, streams: 1, groups: 16, sessionsPerGroup: 1, batch: 1},
 		{name: "streams: load over 10", processes: 4, streams: 10, groups: 1, sessionsPerGroup: 1, batch: 1},
-		{name: "streams: load over 100", processes: 4, streams: 100, groups: 1, sessionsPerGroup: 1, batch: 1},
+		{name: fmt.Sprintf("streams: load over %d", many), processes: 4, streams: many, groups: 1, sessionsPerGroup: 1, batch: 1},
 		{name: fmt.Sprintf("retained: stream holds %d rows", b.c.capacityRetained), processes: 1, streams: 1, groups: 1, sessionsPerGroup: 1, batch: 1, retained: b.c.capacityRetained},
-		{name: "idle: 100 sessions, nothing produced", processes: 4, streams: 100, groups: 1, sessionsPerGroup: 1, idle: true},
+		{name: fmt.Sprintf("idle: %d sessions, nothing produced", many), processes: 4, streams: many, groups: 1, sessionsPerGroup: 1, idle: true},
 	}
 	fmt.Printf("capacity: %d msg/s offered for %s per window (idle windows: %s with nothing produced)\n", rate, window, window)
 	for i, sc := range scenarios {

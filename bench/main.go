@@ -49,6 +49,7 @@ type config struct {
 	refN                   int
 	capacityRate           int
 	capacityRetained       int
+	capacityStreams        int
 	capacityWindow         time.Duration
 }
 
@@ -75,13 +76,15 @@ func main() {
 	flag.BoolVar(&c.statements, "statements", false, "private cluster only: load pg_stat_statements and print the statements that took the most server time in the run (a diagnostic; it adds a little per-statement overhead)")
 	flag.IntVar(&c.capacityRate, "capacity-rate", 400, "capacity: messages offered per second in each window (single Produce calls unless the scenario batches)")
 	flag.DurationVar(&c.capacityWindow, "capacity-window", 10*time.Second, "capacity: how long each window produces (idle windows: how long they last)")
+	flag.IntVar(&c.capacityStreams, "capacity-streams", 100, "capacity: streams of the many-streams and idle scenarios (a group and a session each)")
 	flag.IntVar(&c.capacityRetained, "capacity-retained", 1000000, "capacity: rows the retained-rows scenario's stream holds")
 	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
 	flag.BoolVar(&c.allowShared, "allow-port-5432", false, "allow a -url on port 5432 (refused by default: that is usually a shared server)")
 	flag.Parse()
 	if c.n < 1000 || c.keysN < 1000 || c.fanoutN < 1 || c.growthN < 1000 || c.runs < 1 || c.singles < 4 || c.rate < 0 || c.latencyFor <= 0 ||
-		c.riverWorkers < 1 || c.riverWorkers > 10000 || c.watermillBatch < 1 {
-		fmt.Fprintln(os.Stderr, "bench: -n and -keysn must be at least 1000, -runs, -singles, -rate, -latency-for and -watermill-batch positive, -river-workers 1 to 10000")
+		c.riverWorkers < 1 || c.riverWorkers > 10000 || c.watermillBatch < 1 || c.capacityRate < 4 || c.capacityWindow <= 0 ||
+		c.capacityStreams < 1 || c.capacityRetained < 1 {
+		fmt.Fprintln(os.Stderr, "bench: -n and -keysn must be at least 1000, -runs, -singles, -rate, -latency-for and -watermill-batch positive, -river-workers 1 to 10000, -capacity-rate at least 4, -capacity-window, -capacity-streams and -capacity-retained positive")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
