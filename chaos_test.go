@@ -667,7 +667,7 @@ func (r *successfulRuns) causes(warnings []chaosEvent) string {
 		}
 		return -1
 	}
-	tally := map[string]int{}
+	tally, gaps, places := map[string]int{}, map[string]int{}, map[string]int{}
 	for _, runs := range r.byID {
 		for k := 1; k < len(runs); k++ {
 			prev, cur := runs[k-1], runs[k]
@@ -692,13 +692,34 @@ func (r *successfulRuns) causes(warnings []chaosEvent) string {
 				path = "exception"
 			}
 			tally[path+"/"+cause]++
+			// How long after the first run, and where, the repeat ran:
+			// the next session's diagnostics (a repeat within a flush tick
+			// of its first run is a different story from one a lease later).
+			gap := cur.at.Sub(prev.at)
+			bucket := ">5s"
+			for _, b := range []struct {
+				under time.Duration
+				name  string
+			}{{100 * time.Millisecond, "<100ms"}, {500 * time.Millisecond, "<500ms"}, {2 * time.Second, "<2s"}, {5 * time.Second, "<5s"}} {
+				if gap < b.under {
+					bucket = b.name
+					break
+				}
+			}
+			where := "another instance"
+			if cur.inst == prev.inst {
+				where = "the same instance"
+			}
+			gaps[cause+" "+bucket]++
+			places[where]++
 		}
 	}
 	logged := map[string]int{}
 	for _, w := range warnings {
 		logged[w.kind]++
 	}
-	return sortedCounts(tally) + "; warnings: " + sortedCounts(logged)
+	return sortedCounts(tally) + "; by fault and time after the run before it: " + sortedCounts(gaps) + "; on " + sortedCounts(places) +
+		"; warnings: " + sortedCounts(logged)
 }
 
 func sortedCounts(m map[string]int) string {
