@@ -24,8 +24,12 @@ import (
 // how often each id was handled. It signals every change on fresh, so the
 // test waits on events rather than on time.
 type failoverLedger struct {
-	mu         sync.Mutex
-	acked      map[string]time.Time
+	mu    sync.Mutex
+	acked map[string]time.Time
+	// sent is when each acknowledged message's Produce began: a produce
+	// that began after the standby stopped receiving cannot be on it,
+	// whatever the moment its acknowledgement was recorded.
+	sent       map[string]time.Time
 	handled    map[string]int
 	promotedAt time.Time // zero until the standby's promotion starts
 	postAcked  int       // acknowledged after the promotion
@@ -37,7 +41,7 @@ type failoverLedger struct {
 }
 
 func newFailoverLedger() *failoverLedger {
-	return &failoverLedger{acked: map[string]time.Time{}, handled: map[string]int{}, fresh: make(chan struct{}, 1)}
+	return &failoverLedger{acked: map[string]time.Time{}, sent: map[string]time.Time{}, handled: map[string]int{}, fresh: make(chan struct{}, 1)}
 }
 
 func (l *failoverLedger) signal() {
@@ -47,11 +51,11 @@ func (l *failoverLedger) signal() {
 	}
 }
 
-func (l *failoverLedger) ack(id string) {
+func (l *failoverLedger) ack(id string, sent time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := time.Now()
-	l.acked[id] = now
+	l.acked[id], l.sent[id] = now, sent
 	if !l.promotedAt.IsZero() {
 		l.postAcked++
 	}
@@ -165,6 +169,7 @@ func (l *failoverLedger) produce(t *testing.T, s *StreamHandle[order]) *failover
 			}
 			id := fmt.Sprintf("f-%d", i)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			sent := time.Now()
 			_, err := s.Produce(ctx, order{OrderID: id}, nil)
 			cancel()
 			if err != nil {
@@ -173,7 +178,7 @@ func (l *failoverLedger) produce(t *testing.T, s *StreamHandle[order]) *failover
 				p.firstErr.CompareAndSwap(nil, strings.ReplaceAll(err.Error(), "\n", " "))
 				continue
 			}
-			l.ack(id)
+			l.ack(id, sent)
 		}
 	}()
 	var once sync.Once
@@ -387,7 +392,7 @@ func asynchronousFailover(t *testing.T, cutReplication bool) {
 		cutAt = cutStandby(t, standby)
 		ledger.wait(t, time.Minute, "50 messages acknowledged after the standby stopped receiving",
 			func() bool { return ackedAfter(ledger, cutAt) >= 50 },
-			func() string { return fmt.Sprintf("%d acknowledged after the cut", ackedAfter(ledger, cutAt)) })
+			func() string { return fmt.Sprintf("%d sent after the cut and acknowledged", ackedAfter(ledger, cutAt)) })
 	}
 	killed := time.Now()
 	require.NoError(t, primary.Kill(ctx))
@@ -440,7 +445,7 @@ func asynchronousFailover(t *testing.T, cutReplication bool) {
 	var lastLost time.Time
 	for id, at := range ledger.acked {
 		if inLog[id] {
-			if !cutAt.IsZero() && at.After(cutAt) && at.Before(ledger.promotedAt) {
+			if !cutAt.IsZero() && ledger.sent[id].After(cutAt) && at.Before(ledger.promotedAt) {
 				cutKept++
 			}
 			continue
@@ -467,14 +472,15 @@ func asynchronousFailover(t *testing.T, cutReplication bool) {
 	if !cutAt.IsZero() {
 		require.Zero(t, cutKept, "failover: messages acknowledged after the standby stopped receiving are in the promoted node's log: "+
 			"the test cannot tell what was lost")
-		require.GreaterOrEqual(t, lost, 50, "failover: the 50 messages acknowledged after the cut were lost and the count missed them")
+		require.GreaterOrEqual(t, lost, 50, "failover: the 50 messages sent after the cut and acknowledged were lost and the count missed them")
 	}
 }
 
-// ackedAfter counts the messages acknowledged after at; under l.mu.
+// ackedAfter counts the acknowledged messages whose Produce began after at;
+// under l.mu.
 func ackedAfter(l *failoverLedger, at time.Time) int {
 	n := 0
-	for _, a := range l.acked {
+	for _, a := range l.sent {
 		if a.After(at) {
 			n++
 		}
@@ -538,10 +544,11 @@ func TestNoPositionIsSkippedAcrossAPromotion(t *testing.T) {
 	produce := func(id string) error {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
+		sent := time.Now()
 		if _, err := s.Produce(pctx, order{OrderID: id}, nil); err != nil {
 			return err
 		}
-		ledger.ack(id)
+		ledger.ack(id, sent)
 		return nil
 	}
 
