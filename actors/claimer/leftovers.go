@@ -38,23 +38,32 @@ func (l *Leftovers) Len() int {
 	return len(l.ranges) + len(l.runs)
 }
 
-func (l *Leftovers) put(rs []*inflight) {
-	if l != nil {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.ranges = keep(l.ranges, rs)
+func (l *Leftovers) put(rs []*inflight) { give(l, func() *[]*inflight { return &l.ranges }, rs) }
+func (l *Leftovers) take() []*inflight  { return takeAll(l, func() *[]*inflight { return &l.ranges }) }
+
+// give appends more to the list of l that list names, keeping at most
+// MaxLeftoverRanges; a nil l keeps nothing.
+func give[T any](l *Leftovers, list func() *[]T, more []T) {
+	if l == nil {
+		return
 	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	held := list()
+	*held = keep(*held, more)
 }
 
-func (l *Leftovers) take() []*inflight {
+// takeAll empties the list of l that list names and returns what it held.
+func takeAll[T any](l *Leftovers, list func() *[]T) []T {
 	if l == nil {
 		return nil
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	rs := l.ranges
-	l.ranges = nil
-	return rs
+	held := list()
+	out := *held
+	*held = nil
+	return out
 }
 
 // keep appends more to held and drops the oldest past MaxLeftoverRanges.
@@ -116,24 +125,8 @@ func (a *Actor) releaseAdopted(ctx context.Context) error {
 	return nil
 }
 
-func (l *Leftovers) putRuns(rs []*excRun) {
-	if l != nil {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.runs = keep(l.runs, rs)
-	}
-}
-
-func (l *Leftovers) takeRuns() []*excRun {
-	if l == nil {
-		return nil
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	rs := l.runs
-	l.runs = nil
-	return rs
-}
+func (l *Leftovers) putRuns(rs []*excRun) { give(l, func() *[]*excRun { return &l.runs }, rs) }
+func (l *Leftovers) takeRuns() []*excRun  { return takeAll(l, func() *[]*excRun { return &l.runs }) }
 
 // leave hands the exception rows this actor still holds (their results
 // written or not) to the consumer's Leftovers: its drain could not hand
