@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -165,7 +166,7 @@ func TestChaos(t *testing.T) {
 		n      int          // its number, in start order
 	}
 	var calm atomic.Bool
-	runs := &successfulRuns{byID: map[string][]successfulRun{}}
+	runs := &successfulRuns{byID: map[string][]successfulRun{}, abrupt: map[int]bool{}}
 	var mu sync.Mutex
 	var running []*inst
 	var all []*inst
@@ -176,7 +177,10 @@ func TestChaos(t *testing.T) {
 		mu.Lock()
 		in := &inst{cancel: cancel, done: make(chan error, 1), abrupt: abrupt, n: len(all)}
 		mu.Unlock()
-		o.test = &testHooks{fault: func(site string) error {
+		runs.mu.Lock()
+		runs.abrupt[in.n] = abrupt
+		runs.mu.Unlock()
+		o.test = &testHooks{trace: func(kind claimer.TraceKind, ids []int64) { runs.trace(in.n, kind, ids) }, fault: func(site string) error {
 			defer func() {
 				if p := recover(); p != nil {
 					runs.event(in.n, "actor panic: "+site)
@@ -192,7 +196,7 @@ func TestChaos(t *testing.T) {
 			}
 			if err == nil {
 				meta, _ := MetaFromContext(ctx)
-				runs.add(o.OrderID, successfulRun{attempt: meta.Attempt, inst: in.n, at: time.Now()})
+				runs.add(o.OrderID, successfulRun{attempt: meta.Attempt, inst: in.n, at: time.Now(), msg: meta.ID})
 			}
 			return err
 		}
@@ -599,12 +603,76 @@ type successfulRuns struct {
 	mu     sync.Mutex
 	byID   map[string][]successfulRun
 	events []chaosEvent
+	// fates holds, per message id, what the claimers said became of its
+	// outcomes (claimer.Common.Trace).
+	fates map[int64][]fate
+	// abrupt marks the instances started with DisableGracefulShutdown.
+	abrupt map[int]bool
 }
 
 type successfulRun struct {
 	attempt int
 	inst    int
 	at      time.Time
+	msg     int64
+}
+
+type fate struct {
+	at   time.Time
+	inst int
+	kind claimer.TraceKind
+}
+
+func (r *successfulRuns) trace(inst int, kind claimer.TraceKind, ids []int64) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fates == nil {
+		r.fates = map[int64][]fate{}
+	}
+	for _, id := range ids {
+		r.fates[id] = append(r.fates[id], fate{at: now, inst: inst, kind: kind})
+	}
+}
+
+// fateOf says what became of a successful run's outcome before the message
+// ran again: written (by any instance: then the repeat is the engine's
+// bug), lost with its lease at the write, applied but never written,
+// dropped by its actor, or never handed to it.
+func (r *successfulRuns) fateOf(prev, cur successfulRun) string {
+	// The earlier run's own instance's events count, and after its
+	// outcome was adopted, the adopter's; a write by a third instance is
+	// of a later attempt (a failure), not of this outcome.
+	seen := map[claimer.TraceKind]bool{}
+	for _, f := range r.fates[prev.msg] {
+		if f.at.Before(prev.at) || f.at.After(cur.at) {
+			continue
+		}
+		if f.inst == prev.inst || f.kind == claimer.TraceAdopted || (seen[claimer.TraceAdopted] && (f.kind == claimer.TraceRecorded || f.kind == claimer.TraceLost)) {
+			seen[f.kind] = true
+		}
+	}
+	switch {
+	case seen[claimer.TraceRecorded]:
+		return "written, delivered again"
+	case seen[claimer.TraceLost] && seen[claimer.TraceAdopted]:
+		return "left, adopted, lease lost at the write"
+	case seen[claimer.TraceLost]:
+		return "lease lost at the write"
+	case seen[claimer.TraceAdopted]:
+		return "left, adopted, never written"
+	case seen[claimer.TraceLeft]:
+		return "left, never adopted"
+	case seen[claimer.TraceAbandoned] && r.abrupt[prev.inst]:
+		return "abandoned by an abrupt stop"
+	case seen[claimer.TraceAbandoned]:
+		return "abandoned by a graceful session's stop"
+	case seen[claimer.TraceApplied]:
+		return "applied, never written"
+	case seen[claimer.TraceDropped]:
+		return "dropped by its actor"
+	}
+	return "never reached its actor"
 }
 
 // chaosEvent is a fault at a time, in one instance (inst) or everywhere (-1).
@@ -667,7 +735,7 @@ func (r *successfulRuns) causes(warnings []chaosEvent) string {
 		}
 		return -1
 	}
-	tally, gaps, places := map[string]int{}, map[string]int{}, map[string]int{}
+	tally, gaps, places, fates := map[string]int{}, map[string]int{}, map[string]int{}, map[string]int{}
 	for _, runs := range r.byID {
 		for k := 1; k < len(runs); k++ {
 			prev, cur := runs[k-1], runs[k]
@@ -692,6 +760,7 @@ func (r *successfulRuns) causes(warnings []chaosEvent) string {
 				path = "exception"
 			}
 			tally[path+"/"+cause]++
+			fates[r.fateOf(prev, cur)+" / "+cause]++
 			// How long after the first run, and where, the repeat ran:
 			// the next session's diagnostics (a repeat within a flush tick
 			// of its first run is a different story from one a lease later).
@@ -719,6 +788,7 @@ func (r *successfulRuns) causes(warnings []chaosEvent) string {
 		logged[w.kind]++
 	}
 	return sortedCounts(tally) + "; by fault and time after the run before it: " + sortedCounts(gaps) + "; on " + sortedCounts(places) +
+		"; by what became of the earlier run's outcome, and fault: " + sortedCounts(fates) +
 		"; warnings: " + sortedCounts(logged)
 }
 

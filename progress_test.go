@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/c1702965/sqlstreams/actors/claimer"
+	"github.com/c1702965/sqlstreams/internal/store"
 
 	"github.com/stretchr/testify/require"
 
@@ -259,34 +260,46 @@ func (o *successObserver) AttemptDone(a AttemptEvent) {
 // its lease is still its own: the write is fenced by the range's token), so
 // the next incarnation (or another instance) delivers only what had not
 // settled. Before, a lapse dropped every outcome not yet recorded, and a
-// restart of PostgreSQL that outlasted the TTL ran them all again.
+// restart of PostgreSQL that outlasted the TTL ran them all again. The
+// same holds when the row that lapses is the session's other worker's (its
+// exception worker): the session registers both again, and before, the
+// range claimer, whose own row was still live, stopped as if killed and
+// dropped what it had settled (the chaos run's "abandoned" repeats under a
+// graceful session).
 func TestALapsedIncarnationRecordsWhatItSettled(t *testing.T) {
-	obs := &successObserver{ok: make(chan struct{}, 64)}
-	e, s, c := setup(t, &ClientConfig{Observer: obs}, "g", 0)
-	e.produceN(s, "m", 10)
-	ctx := context.Background()
-	runs := newHeldM0()
-	h := runs.handle
-	b := consume(t, c, h, &ConsumeOptions{BatchLimit: 10, QueueSize: 20, MessageConcurrency: 10, InstanceTTL: 3 * time.Second,
-		ClaimPollRate: time.Hour}) // no flush tick: nothing is recorded unless the lapse records it
-	id := within(t, b.id, "the first incarnation")
-	for range 9 {
-		within(t, obs.ok, "m-1 … m-9 settled in the claimer")
+	for _, worker := range []string{store.WorkerMessageConsumer, store.WorkerExceptionConsumer} {
+		t.Run(worker, func(t *testing.T) {
+			obs := &successObserver{ok: make(chan struct{}, 64)}
+			e, s, c := setup(t, &ClientConfig{Observer: obs}, "g", 0)
+			e.produceN(s, "m", 10)
+			ctx := context.Background()
+			runs := newHeldM0()
+			h := runs.handle
+			b := consume(t, c, h, &ConsumeOptions{BatchLimit: 10, QueueSize: 20, MessageConcurrency: 10, InstanceTTL: 3 * time.Second,
+				ClaimPollRate: time.Hour}) // no flush tick: nothing is recorded unless the lapse records it
+			within(t, b.id, "the first incarnation")
+			for range 9 {
+				within(t, obs.ok, "m-1 … m-9 settled in the claimer")
+			}
+			// The incarnation lapses (a stall, a partition): a row
+			// expires, and the next renewal finds it lapsed. Once the
+			// session has stopped that incarnation and registers again,
+			// its range lease is expired too, so the next incarnation
+			// reclaims the range.
+			lapsed := e.logs.next("instance lapsed")
+			tag, err := e.pool.Exec(ctx, fmt.Sprintf(`UPDATE %[1]s.worker_instance w SET expires_at = '-infinity'
+FROM %[1]s.worker_config wc WHERE wc.id = w.worker_config_id AND wc.consumer_group_id = $1 AND wc.name = $2`, e.client.Schema()), c.group.ID, worker)
+			require.NoError(t, err)
+			require.EqualValues(t, 1, tag.RowsAffected(), "the session's %s row", worker)
+			within(t, lapsed, "the lapse")
+			_, err = e.pool.Exec(ctx, fmt.Sprintf("UPDATE %s.stream_%d_range SET expires_at = '-infinity'", e.client.Schema(), c.group.StreamID))
+			require.NoError(t, err)
+			within(t, obs.ok, "m-0, run again by the next incarnation")
+			require.NoError(t, b.stop(t))
+			requireEachOnce(t, &runs.mu, runs.succeeded, 10)
+			require.Empty(t, e.leases(c))
+		})
 	}
-	// The incarnation lapses (a stall, a partition): its row expires, and
-	// the next renewal finds it lapsed. Once the session has stopped that
-	// incarnation and registers again, its range lease is expired too, so
-	// the next incarnation reclaims the range.
-	lapsed := e.logs.next("instance lapsed")
-	_, err := e.pool.Exec(ctx, fmt.Sprintf("UPDATE %[1]s.worker_instance SET expires_at = '-infinity' WHERE id = $1; ", e.client.Schema()), id)
-	require.NoError(t, err)
-	within(t, lapsed, "the lapse")
-	_, err = e.pool.Exec(ctx, fmt.Sprintf("UPDATE %s.stream_%d_range SET expires_at = '-infinity'", e.client.Schema(), c.group.StreamID))
-	require.NoError(t, err)
-	within(t, obs.ok, "m-0, run again by the next incarnation")
-	require.NoError(t, b.stop(t))
-	requireEachOnce(t, &runs.mu, runs.succeeded, 10)
-	require.Empty(t, e.leases(c))
 }
 
 // A session stopped while PostgreSQL is down cannot hand its ranges back.
@@ -411,4 +424,49 @@ func (st *stepper) deliveries(t *testing.T) []storetest.Delivery {
 	log, err := storetest.Deliveries(context.Background(), st.e.client.store, st.c.group.StreamID, st.c.group.ID, nil)
 	require.NoError(t, err)
 	return log
+}
+
+// A session that takes another session's leftovers while the database is
+// down gives them back when its write fails, so the session that reaches
+// the database first writes them. Before, it kept them through its backoff
+// (or until its own incarnation lapsed), and another instance could take
+// their leases over first: the chaos run's "left, adopted, never written"
+// repeats. Here the second adoption attempt is the proof: with the ranges
+// kept, nothing is left to adopt again before the taker's lapse, minutes
+// away.
+func TestAnAdoptionTheDatabaseRefusesGoesBackToTheLeftovers(t *testing.T) {
+	obs := &successObserver{ok: make(chan struct{}, 64)}
+	e, s, c := setup(t, &ClientConfig{Observer: obs, Retry: Backoff{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond}}, "g", 0)
+	e.produceN(s, "m", 10)
+	runs := newHeldM0()
+	first := consume(t, c, runs.handle, &ConsumeOptions{BatchLimit: 10, QueueSize: 20, MessageConcurrency: 10, InstanceTTL: 2 * time.Second,
+		ShutdownTimeout: 200 * time.Millisecond, DisableManager: true,
+		ClaimPollRate: time.Hour}) // no flush tick: nothing is recorded before the stop
+	within(t, first.id, "the first session")
+	for range 9 {
+		within(t, obs.ok, "m-1 … m-9 settled in the first session's claimer")
+	}
+	adopted := make(chan struct{}, 64)
+	second := consume(t, c, runs.handle, &ConsumeOptions{InstanceTTL: 2 * time.Minute, ShutdownTimeout: 200 * time.Millisecond,
+		DisableManager: true, ClaimPollRate: 20 * time.Millisecond, test: &testHooks{trace: func(kind claimer.TraceKind, _ []int64) {
+			if kind == claimer.TraceAdopted {
+				select {
+				case adopted <- struct{}{}:
+				default:
+				}
+			}
+		}}})
+	within(t, second.id, "the second session")
+
+	start := pgtest.StopFor(t, "fast")
+	require.NoError(t, first.stop(t), "the drain returns within its budget with the database down")
+	within(t, adopted, "the second session to take the leftovers")
+	within(t, adopted, "the second session to take them again: its failed write gave them back")
+	start()
+
+	within(t, obs.ok, "m-0, released by the second session and run again")
+	require.NoError(t, second.stop(t))
+	requireEachOnce(t, &runs.mu, runs.succeeded, 10)
+	require.Zero(t, c.leftovers.Len())
+	require.Empty(t, e.leases(c))
 }

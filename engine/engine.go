@@ -118,6 +118,8 @@ type Config struct {
 	Hub *Hub
 	// Fault, if set, is called at the top of every claim (chaos tests).
 	Fault func(site string) error
+	// Trace, if set, is the claimers' Trace (chaos tests).
+	Trace func(kind claimer.TraceKind, messages []int64)
 	// Alerts, if set, publishes the session's alert events (a binding wait,
 	// a delivery stall) on the alerts actor's goroutine, fed by a bounded
 	// queue the other actors never wait on.
@@ -295,7 +297,7 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		Concurrency: o.MessageConcurrency, PollRate: o.ClaimPollRate, Lease: o.InstanceTTL,
 		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: ShutdownBudget(o, s.snap),
 		Clock: cfg.Clock, Logger: logger, DBNow: s.dbNow, Stats: cfg.Stats, Drain: s.plan, Fault: cfg.Fault,
-		Health: s.health, Retry: cfg.Retry, Observer: cfg.Observer, StreamName: cfg.StreamName, GroupName: cfg.GroupName,
+		Trace: cfg.Trace, Health: s.health, Retry: cfg.Retry, Observer: cfg.Observer, StreamName: cfg.StreamName, GroupName: cfg.GroupName,
 	}
 	rc := common
 	rc.InstanceID, rc.Liveness = msgID, msgLive
@@ -357,7 +359,12 @@ wait:
 		}
 		if msgLive.Lost() || excLive.Lost() {
 			// Lost: stop this tree at once (its leases may be another
-			// instance's by now), and register again.
+			// instance's by now), and register again. Both workers'
+			// incarnations end, so both claimers salvage what they
+			// settled and leave the rest to the next incarnation, the one
+			// whose row was still live too.
+			msgLive.Lose()
+			excLive.Lose()
 			s.health.SetConsuming(false)
 			stop()
 			s.waitTree(ctx, done, logger, cfg.Clock.Now().Add(shutdown.Grace))

@@ -123,6 +123,10 @@ type Common struct {
 	Skipped func(m *store.Message, bindings int64)
 	// Broken is nil outside the simulator's tests: see Broken.
 	Broken *Broken
+	// Trace, if set, is told what becomes of outcomes: applied in memory,
+	// dropped (a stale or cancelled run), written, or lost with the lease.
+	// The chaos test accounts for its duplicates with it; nil elsewhere.
+	Trace func(kind TraceKind, messages []int64)
 }
 
 // Broken holds test-only fault switches. Each breaks one promise on purpose
@@ -158,6 +162,37 @@ type Config struct {
 	Wake <-chan struct{}
 	// Alerts, if set, is told of each stall once, with when it began.
 	Alerts *alerts.Queue
+}
+
+// TraceKind is what a Trace event says became of outcomes.
+type TraceKind uint8
+
+const (
+	TraceApplied   TraceKind = iota // the actor took the outcome in
+	TraceDropped                    // the actor ignored it: a stale, handed-back or cancelled run
+	TraceRecorded                   // written: a reclaimer does not deliver it again
+	TraceLost                       // the write found the lease gone
+	TraceLeft                       // left, unwritten, to the consumer's Leftovers
+	TraceAdopted                    // taken from the Leftovers by a later session
+	TraceAbandoned                  // unwritten when the actor stopped without a hand-back
+)
+
+func (c *Common) trace(kind TraceKind, ids ...int64) {
+	if c.Trace != nil && len(ids) > 0 && ids[0] != 0 {
+		c.Trace(kind, ids)
+	}
+}
+
+// doneUnrecorded lists the ids of the range's messages with an outcome not
+// yet written.
+func (in *inflight) doneUnrecorded() []int64 {
+	var ids []int64
+	for i, st := range in.state {
+		if st == done && !in.rec[i] {
+			ids = append(ids, in.r.Messages[i].ID)
+		}
+	}
+	return ids
 }
 
 type msgState uint8
@@ -583,10 +618,12 @@ func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 	rf := o.Ref
 	in, ok := a.ranges[rf.rangeID]
 	if !ok || in.r.Token != rf.token || in.state[rf.index] != running || o.Canceled {
+		a.cfg.trace(TraceDropped, o.msgID)
 		return nil, nil // a range dropped after a lost lease or a hand-back, or an earlier incarnation's job
 	}
 	i := rf.index
 	m := &in.r.Messages[i]
+	a.cfg.trace(TraceApplied, m.ID)
 	// The result is computed before anything changes: should a step panic,
 	// the actor's salvage (serve.go) finds the range as it was.
 	group := a.cfg.Group()
@@ -727,6 +764,14 @@ func (a *Actor) commit(ctx context.Context, id int64) error {
 	}
 	s := store.RangeCommit{RangeID: id, Token: in.r.Token, Exceptions: writes, Deliveries: in.log, Keys: a.releaseKeys(in), Now: a.cfg.DBNow()}
 	err := a.db.CommitRange(ctx, s)
+	if a.cfg.Trace != nil {
+		switch {
+		case err == nil || (errors.Is(err, store.ErrRangeGone) && in.uncertain):
+			a.cfg.trace(TraceRecorded, in.doneUnrecorded()...)
+		case errors.Is(err, store.ErrRangeGone) || errors.Is(err, store.ErrLeaseLost):
+			a.cfg.trace(TraceLost, in.doneUnrecorded()...)
+		}
+	}
 	switch {
 	case errors.Is(err, store.ErrRangeGone) && in.uncertain:
 		// No one holds the range and its row is gone: the earlier attempt
@@ -896,7 +941,17 @@ func (a *Actor) RecordProgress(ctx context.Context) error {
 	for i, p := range ps {
 		in := a.ranges[p.RangeID]
 		if !advanced[p.RangeID] || in == nil || in.r.Token != p.Token {
+			if in != nil && a.cfg.Trace != nil {
+				a.cfg.trace(TraceLost, in.doneUnrecorded()...)
+			}
 			continue // lease lost: the commit finds out and says so
+		}
+		if a.cfg.Trace != nil {
+			ids := make([]int64, 0, len(fresh[i]))
+			for _, j := range fresh[i] {
+				ids = append(ids, in.r.Messages[j].ID)
+			}
+			a.cfg.trace(TraceRecorded, ids...)
 		}
 		for _, j := range fresh[i] {
 			in.writes[j] = nil // written: the commit must not write it again
@@ -967,15 +1022,12 @@ func (a *Actor) begin(ctx context.Context) error {
 	if err := a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow()); err != nil {
 		return err
 	}
-	if a.adopt(); a.cfg.Leftovers == nil {
+	if a.cfg.Leftovers == nil {
 		return nil
 	}
 	// What an earlier session left is recorded and released now, not at
 	// the first poll tick (ClaimPollRate may be long).
-	if err := a.Flush(ctx); err != nil {
-		return err
-	}
-	return a.releaseAdopted(ctx)
+	return a.flushAdopting(ctx)
 }
 
 // claim is the loop's claim: a sweep (expired leases, the gate probe) only
@@ -1046,17 +1098,20 @@ func (a *Actor) flush(ctx context.Context) ([]Job, error) {
 	if a.ticks++; a.ticks >= sweepTicks(a.cfg.PollRate) { // the poll tick: a sweep is due every sweepTicks
 		a.ticks, a.sweep = 0, true
 	}
-	a.adopt()
-	if err := a.Flush(ctx); err != nil {
-		return nil, err
-	}
-	return nil, a.releaseAdopted(ctx)
+	return nil, a.flushAdopting(ctx)
 }
 func (a *Actor) reconcile(ctx context.Context) error {
 	a.sweep = true // every Lease/3, however long ClaimPollRate is
 	return a.Reconcile(ctx)
 }
 func (a *Actor) handBack(ctx context.Context) error { return a.HandBack(ctx) }
+func (a *Actor) abandon() {
+	if a.cfg.Trace != nil {
+		for _, in := range a.ranges {
+			a.cfg.trace(TraceAbandoned, in.doneUnrecorded()...)
+		}
+	}
+}
 
 // newRunner returns the handler runner of an actor with this config: a
 // handler starts only once the incarnation is valid.

@@ -172,6 +172,12 @@ func (a *ExceptionActor) settle(ctx context.Context, r *excRun, s store.Settleme
 	s.Position, s.Token, s.Now = r.run.Position, r.run.Token, a.cfg.DBNow()
 	started, err := a.db.SettleException(ctx, s)
 	switch {
+	case err == nil:
+		a.cfg.trace(TraceRecorded, r.run.Message.ID)
+	case errors.Is(err, store.ErrLeaseLost):
+		a.cfg.trace(TraceLost, r.run.Message.ID)
+	}
+	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		a.cfg.Stats.LeasesLost.Add(1)
 		delete(a.running, r.run.Position)
@@ -203,8 +209,10 @@ func (a *ExceptionActor) Outcome(ctx context.Context, o Outcome) ([]Job, error) 
 	pos := o.Ref.row
 	r, ok := a.running[pos]
 	if !ok || o.Canceled {
+		a.cfg.trace(TraceDropped, o.msgID)
 		return nil, nil
 	}
+	a.cfg.trace(TraceApplied, r.run.Message.ID)
 	group := a.cfg.Group()
 	next := policy.Decide(atWrite(r.eff, &r.run.Message, group), group.InitialBackoffOrDefault(), r.run.Attempts, r.run.Delays, o.Err)
 	a.cfg.Stats.count(next, o.Err, r.run.Attempts)
@@ -334,6 +342,13 @@ func (a *ExceptionActor) reconcile(ctx context.Context) error {
 	return a.Reconcile(ctx)
 }
 func (a *ExceptionActor) handBack(ctx context.Context) error { return a.HandBack(ctx) }
+func (a *ExceptionActor) abandon() {
+	for _, r := range a.running {
+		if r.unwritten != nil {
+			a.cfg.trace(TraceAbandoned, r.run.Message.ID)
+		}
+	}
+}
 
 // Reconcile returns to pending the rows this instance holds as running
 // without knowing (a claim whose reply was lost to a cut connection) and

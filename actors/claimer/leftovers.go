@@ -84,6 +84,9 @@ func (a *Actor) leave() {
 		in := a.ranges[id]
 		a.releaseKeys(in)
 		rs = append(rs, in)
+		if a.cfg.Trace != nil {
+			a.cfg.trace(TraceLeft, in.doneUnrecorded()...)
+		}
 	}
 	a.cfg.Leftovers.put(rs)
 }
@@ -99,12 +102,45 @@ func (a *Actor) adopt() {
 			continue
 		}
 		in.adopted = true
+		if a.cfg.Trace != nil {
+			a.cfg.trace(TraceAdopted, in.doneUnrecorded()...)
+		}
 		a.ranges[in.r.ID] = in
 		a.order = append(a.order, in.r.ID)
 		if in.pending == 0 {
 			a.toCommit = append(a.toCommit, ref{rangeID: in.r.ID, token: in.r.Token})
 		}
 	}
+}
+
+// flushAdopting takes what earlier sessions left, records it with this
+// actor's own ranges (Flush) and releases it. Should a write fail, the
+// adopted ranges still held go back to the Leftovers: the session that
+// reaches the database first writes them, within the takeover grace other
+// instances give after an outage, instead of one that took them and then
+// backs off for longer holding them until their leases are taken over.
+func (a *Actor) flushAdopting(ctx context.Context) error {
+	a.adopt()
+	err := a.Flush(ctx)
+	if err == nil {
+		err = a.releaseAdopted(ctx)
+	}
+	if err != nil {
+		a.unadopt()
+	}
+	return err
+}
+
+// unadopt gives the adopted ranges still held back to the Leftovers.
+func (a *Actor) unadopt() {
+	var back []*inflight
+	for _, id := range append([]int64(nil), a.order...) {
+		if in := a.ranges[id]; in.adopted {
+			back = append(back, in)
+			a.forget(id)
+		}
+	}
+	a.cfg.Leftovers.put(back)
 }
 
 // releaseAdopted releases the adopted ranges whose settled messages are
@@ -135,6 +171,9 @@ func (a *ExceptionActor) leave() {
 	rs := make([]*excRun, 0, len(a.running))
 	for _, r := range a.running {
 		rs = append(rs, r)
+		if r.unwritten != nil {
+			a.cfg.trace(TraceLeft, r.run.Message.ID)
+		}
 	}
 	a.cfg.Leftovers.putRuns(rs)
 }
@@ -144,13 +183,23 @@ func (a *ExceptionActor) leave() {
 // else back to pending without spending a retry), each under the row's
 // token; what cannot be written yet waits for the next flush tick.
 func (a *ExceptionActor) writeAdopted(ctx context.Context) error {
-	a.adopted = append(a.adopted, a.cfg.Leftovers.takeRuns()...)
+	took := a.cfg.Leftovers.takeRuns()
+	for _, r := range took {
+		if r.unwritten != nil {
+			a.cfg.trace(TraceAdopted, r.run.Message.ID)
+		}
+	}
+	a.adopted = append(a.adopted, took...)
 	n := len(a.adopted)
 	if n == 0 {
 		return nil
 	}
 	for len(a.adopted) > 0 {
 		if err := a.handBackRun(ctx, a.adopted[0]); err != nil {
+			// Back to the Leftovers, for the session that reaches the
+			// database first (see flushAdopting).
+			a.cfg.Leftovers.putRuns(a.adopted)
+			a.adopted = nil
 			return err
 		}
 		a.adopted = a.adopted[1:]

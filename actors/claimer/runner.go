@@ -48,6 +48,7 @@ type Outcome struct {
 	// (until its result, or until it was abandoned).
 	Started  time.Time
 	Duration time.Duration
+	msgID    int64 // for Trace
 }
 
 // errNotLive is the outcome of a job the runner did not start because the
@@ -128,6 +129,14 @@ func (r *runner) newExecutor() *executor {
 // dropping it when its handler is abandoned), or on a one-shot executor
 // when slot is nil.
 func (r *runner) run(ctx context.Context, j Job, slot **executor) Outcome {
+	o := r.runJob(ctx, j, slot)
+	if j.Delivery.Msg != nil {
+		o.msgID = j.Delivery.Msg.ID
+	}
+	return o
+}
+
+func (r *runner) runJob(ctx context.Context, j Job, slot **executor) Outcome {
 	if ctx.Err() != nil {
 		return Outcome{Ref: j.Ref, Err: ctx.Err(), Canceled: true}
 	}

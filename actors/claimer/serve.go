@@ -46,6 +46,8 @@ type loop interface {
 	// frees); otherwise only when a wake, a poll, a backoff's end or an
 	// outcome claimAfter names makes one due.
 	eager() bool
+	// abandon tells Trace what an abrupt stop leaves unwritten.
+	abandon()
 }
 
 // serve runs l until ctx ends (an abrupt stop: nothing is committed or
@@ -90,6 +92,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		holdoff         <-chan time.Time // set while backing off after a failure
 		up              <-chan struct{}  // with holdoff after an outage: closed when another actor reaches the database
 		due             = true           // a claim is due at the top of the loop
+		recovered       bool             // a backoff has just ended: flush before claiming
 		sctx            = ctx            // store calls' context: bounded once draining
 		timers          []func() bool
 	)
@@ -160,14 +163,22 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		for !draining && begun && holdoff == nil && due {
 			// A flush tick that fired while the loop was claiming runs
 			// before the next claim: under load a claim takes a while, and
-			// outcomes would wait unrecorded behind claim after claim.
+			// outcomes would wait unrecorded behind claim after claim. So
+			// does the first flush after an outage: what settled while the
+			// database was out of reach is recorded before other
+			// instances' takeover grace ends (TakeoverGrace), not after a
+			// claim.
+			flushNow := recovered
 			select {
 			case <-poll.C:
+				flushNow = true
+			default:
+			}
+			if recovered = false; flushNow {
 				flush()
 				if holdoff != nil {
 					continue // the loop's condition ends the claims
 				}
-			default:
 			}
 			jobs, more, err := l.claim(ctx)
 			report(err)
@@ -181,7 +192,8 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		busy.Waiting()
 		select {
 		case <-ctx.Done():
-			if c.Liveness.Lost() {
+			switch {
+			case c.Liveness.Lost():
 				// The incarnation was lost: nothing more starts, but what
 				// has settled is recorded where the lease is still ours,
 				// and what is still held goes to the consumer's next
@@ -189,6 +201,17 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 				// releases the rest (token-fenced, as every write).
 				salvage(ctx, c, l, p, 0)
 				l.leave()
+			case plan.Begun():
+				// A graceful stop cut short (its drain ran out of time:
+				// the database was out of reach, say): the session has
+				// no time left to write, but what has settled is kept
+				// for the consumer's next session, as a failed hand-back
+				// keeps it, instead of being delivered again when the
+				// leases lapse.
+				absorb(ctx, l, p, func(error) {}, func([]Job) {})
+				l.leave()
+			default:
+				l.abandon() // an abrupt stop records nothing, as a crash would not
 			}
 			return ctx.Err()
 		case <-drainC:
@@ -219,9 +242,9 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			}
 			due = true // and a sweep: leases expire on this timescale, whatever the poll
 		case <-holdoff:
-			holdoff, up, due = nil, nil, true
+			holdoff, up, due, recovered = nil, nil, true, true
 		case <-up: // another actor reached the database: no need to wait out the backoff
-			holdoff, up, due = nil, nil, true
+			holdoff, up, due, recovered = nil, nil, true, true
 		}
 	}
 }

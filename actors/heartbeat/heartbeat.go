@@ -126,7 +126,11 @@ func (l *Liveness) renew(sentAt time.Time) {
 	l.poke()
 }
 
-func (l *Liveness) lose() {
+// Lose ends the incarnation: the heartbeat calls it when the row lapsed or
+// was gone, and the engine for a session's other worker when one of its
+// two rows was lost (the session registers both again, so what either
+// claimer still holds is salvaged and left to the next incarnation).
+func (l *Liveness) Lose() {
 	if l == nil {
 		return
 	}
@@ -242,7 +246,7 @@ func (a *Actor) Step(ctx context.Context) error {
 	}
 	if !live {
 		a.lost = true
-		a.cfg.Liveness.lose()
+		a.cfg.Liveness.Lose()
 		codes.InstanceLost.Log(ctx, a.cfg.Logger, "worker instance row had lapsed or was gone at renewal; the session registers again as a new incarnation",
 			"instance", a.cfg.InstanceID)
 		return nil
