@@ -77,6 +77,12 @@ type ClientConfig struct {
 	// client neither migrates nor checks it there. Default nil: every read
 	// on the primary's pool.
 	ReadPool *pgxpool.Pool
+	// Decoder decodes stored payloads into consumers' message types.
+	// Default FastJSON (github.com/goccy/go-json, encoding/json's rules at
+	// about 5 times the speed: decoding was two thirds of a typed
+	// consumer's CPU); StandardJSON is encoding/json itself. Producers
+	// always encode with encoding/json.
+	Decoder Decoder
 }
 
 // Backoff is a retry curve for the client's own store calls: the first
@@ -148,6 +154,9 @@ func (c *ClientConfig) withDefaults() ClientConfig {
 		out.Clock = clock.New()
 	}
 	out.Retry = out.Retry.withDefaults()
+	if out.Decoder == nil {
+		out.Decoder = FastJSON
+	}
 	return out
 }
 

@@ -3,7 +3,6 @@ package sqlstreams
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/thejerf/suture/v4"
@@ -517,11 +516,11 @@ func (s *Session) Stats() Stats { return statsOf(&s.stats) }
 // Delay(d) runs it again after d without spending a retry. A panic is a
 // failure, never a crash. The handler's ctx ends at the message's Timeout.
 //
-// msg is decoded with encoding/json. A consumer of Stream[json.RawMessage]
-// receives the payload's bytes as stored, with no decoding at all (the
-// database validated them as JSON at produce): decoding is most of a
-// typed consumer's CPU, so a handler that decodes with a faster library of
-// its choice, or only looks at part of the message, starts there.
+// msg is decoded with the client's Decoder (ClientConfig.Decoder: FastJSON
+// by default, which keeps encoding/json's rules). A consumer of
+// Stream[json.RawMessage] receives the payload's bytes as stored, with no
+// decoding at all (the database validated them as JSON at produce): a
+// handler that only looks at part of the message starts there.
 type Handler[T any] func(ctx context.Context, msg *T) error
 
 // Consume runs one instance of the group until ctx ends, then drains (unless
@@ -582,7 +581,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 		Leftovers: &c.leftovers,
 		Alerts:    client.publishAlerts(c.s.name, c.group.Name, c.patterns),
 		Clock:     client.cfg.Clock, Logger: client.cfg.Logger, Stats: stats,
-		OnStart: o.test.start(), Fault: o.test.faults(),
+		OnStart: o.test.start(), Fault: o.test.faults(), Trace: o.test.tracer(),
 	})
 }
 
@@ -597,6 +596,7 @@ func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
 			return inner(ctx, msg)
 		}
 	}
+	dec := c.s.c.cfg.Decoder
 	return func(ctx context.Context, d *claimer.Delivery) error {
 		m := d.Msg
 		if m.Version != c.version {
@@ -613,12 +613,8 @@ func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
 			*raw = append(json.RawMessage(nil), m.Payload...)
 			return h(context.WithValue(ctx, metaKey{}, meta), &msg)
 		}
-		if err := json.Unmarshal(m.Payload, &msg); err != nil {
-			var te *json.UnmarshalTypeError
-			if errors.As(err, &te) {
-				return Terminal(fmt.Errorf("%w: message %d into %T: field %q wants %s", ErrDecode, m.ID, msg, te.Field, te.Type))
-			}
-			return Terminal(fmt.Errorf("%w: message %d into %T", ErrDecode, m.ID, msg))
+		if err := dec.Unmarshal(m.Payload, &msg); err != nil {
+			return decodeError(err, m.ID, msg)
 		}
 		return h(context.WithValue(ctx, metaKey{}, meta), &msg)
 	}
@@ -631,6 +627,14 @@ func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
 type testHooks struct {
 	onStart func(instanceID string)
 	fault   func(site string) error
+	trace   func(kind claimer.TraceKind, messages []int64)
+}
+
+func (h *testHooks) tracer() func(claimer.TraceKind, []int64) {
+	if h == nil {
+		return nil
+	}
+	return h.trace
 }
 
 func (h *testHooks) start() func(string) {

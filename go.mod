@@ -4,6 +4,7 @@ go 1.26
 
 require (
 	github.com/benbjohnson/clock v1.3.5
+	github.com/goccy/go-json v0.12.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/jackc/puddle/v2 v2.2.3
 	github.com/robfig/cron/v3 v3.0.1
