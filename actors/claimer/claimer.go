@@ -177,8 +177,16 @@ const (
 	TraceAbandoned                  // unwritten when the actor stopped without a hand-back
 )
 
-func (c *Common) trace(kind TraceKind, ids ...int64) {
-	if c.Trace != nil && len(ids) > 0 && ids[0] != 0 {
+// trace tells Trace about one message (0: unknown, nothing said). The
+// slice is built only when Trace is set: the hot path allocates nothing.
+func (c *Common) trace(kind TraceKind, id int64) {
+	if c.Trace != nil && id != 0 {
+		c.Trace(kind, []int64{id})
+	}
+}
+
+func (c *Common) traceAll(kind TraceKind, ids []int64) {
+	if c.Trace != nil && len(ids) > 0 {
 		c.Trace(kind, ids)
 	}
 }
@@ -767,9 +775,9 @@ func (a *Actor) commit(ctx context.Context, id int64) error {
 	if a.cfg.Trace != nil {
 		switch {
 		case err == nil || (errors.Is(err, store.ErrRangeGone) && in.uncertain):
-			a.cfg.trace(TraceRecorded, in.doneUnrecorded()...)
+			a.cfg.traceAll(TraceRecorded, in.doneUnrecorded())
 		case errors.Is(err, store.ErrRangeGone) || errors.Is(err, store.ErrLeaseLost):
-			a.cfg.trace(TraceLost, in.doneUnrecorded()...)
+			a.cfg.traceAll(TraceLost, in.doneUnrecorded())
 		}
 	}
 	switch {
@@ -942,7 +950,7 @@ func (a *Actor) RecordProgress(ctx context.Context) error {
 		in := a.ranges[p.RangeID]
 		if !advanced[p.RangeID] || in == nil || in.r.Token != p.Token {
 			if in != nil && a.cfg.Trace != nil {
-				a.cfg.trace(TraceLost, in.doneUnrecorded()...)
+				a.cfg.traceAll(TraceLost, in.doneUnrecorded())
 			}
 			continue // lease lost: the commit finds out and says so
 		}
@@ -951,7 +959,7 @@ func (a *Actor) RecordProgress(ctx context.Context) error {
 			for _, j := range fresh[i] {
 				ids = append(ids, in.r.Messages[j].ID)
 			}
-			a.cfg.trace(TraceRecorded, ids...)
+			a.cfg.traceAll(TraceRecorded, ids)
 		}
 		for _, j := range fresh[i] {
 			in.writes[j] = nil // written: the commit must not write it again
@@ -1108,7 +1116,7 @@ func (a *Actor) handBack(ctx context.Context) error { return a.HandBack(ctx) }
 func (a *Actor) abandon() {
 	if a.cfg.Trace != nil {
 		for _, in := range a.ranges {
-			a.cfg.trace(TraceAbandoned, in.doneUnrecorded()...)
+			a.cfg.traceAll(TraceAbandoned, in.doneUnrecorded())
 		}
 	}
 }

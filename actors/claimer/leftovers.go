@@ -85,7 +85,7 @@ func (a *Actor) leave() {
 		a.releaseKeys(in)
 		rs = append(rs, in)
 		if a.cfg.Trace != nil {
-			a.cfg.trace(TraceLeft, in.doneUnrecorded()...)
+			a.cfg.traceAll(TraceLeft, in.doneUnrecorded())
 		}
 	}
 	a.cfg.Leftovers.put(rs)
@@ -103,7 +103,7 @@ func (a *Actor) adopt() {
 		}
 		in.adopted = true
 		if a.cfg.Trace != nil {
-			a.cfg.trace(TraceAdopted, in.doneUnrecorded()...)
+			a.cfg.traceAll(TraceAdopted, in.doneUnrecorded())
 		}
 		a.ranges[in.r.ID] = in
 		a.order = append(a.order, in.r.ID)
