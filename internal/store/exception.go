@@ -260,8 +260,6 @@ FROM upd JOIN {s}.{t}_log m ON m.xid = upd.message_xid AND m.id = upd.message_id
 ORDER BY m.xid, m.id`)
 
 // Settle one exception attempt under its lease token: delete on
-// success, else write the next state; release the row's key lease.
-// Settle one exception attempt under its lease token: delete on
 // success, else write the next state. The row's key lease is
 // released, or, when $14 names the next row of its ordered chain,
 // handed to that row, which starts running.
