@@ -5,7 +5,7 @@ SEEDS ?= 200
 DURATION ?= 5m
 RATE ?= 100
 
-.PHONY: test demo vet bench bench-200k bench-1m bench-quick bench-capacity chaos failover sim check-postgres check-chromium
+.PHONY: test demo vet bench bench-200k bench-1m bench-quick bench-capacity bench-scale chaos failover sim check-postgres check-chromium
 
 ## test: vet, then the whole suite with the race detector, on a private PostgreSQL (this module, then the
 ## prometheus, otel and browsertest modules; the console's browser tests need Chromium), then a
@@ -70,12 +70,20 @@ bench-1m: check-postgres
 bench-capacity: check-postgres
 	cd bench && $(GO) run . -only capacity -runs 3 -results results/capacity $(BENCHFLAGS)
 
+## bench-scale: many streams and groups (issue 22): registering 1,000 streams and 2,000 groups (time,
+## catalog), 2,000 idle sessions over 4 processes for 60 s (server CPU), 200,000 messages produced and
+## burnt down over 1,000 streams against one stream (3 runs; writes bench/results/scale/latest.*)
+bench-scale: check-postgres
+	cd bench && $(GO) run . -only scale -runs 3 -results results/scale $(BENCHFLAGS)
+
 ## bench-quick: every PostgreSQL workload at toy sizes (about 45 s; not the NATS and RabbitMQ reference
-## points, so that CI needs no server but PostgreSQL); results go to a temp dir, figures mean nothing
+## points, so that CI needs no server but PostgreSQL; PgQ is skipped with a note unless Debian's
+## postgresql-15-pgq3 is installed); results go to a temp dir, figures mean nothing
 bench-quick: check-postgres
 	cd bench && $(GO) run . -n 5000 -runs 1 -singles 500 -latency-for 2s -keysn 2000 -growth 20000 -growth-n 5000 \
 		-capacity-rate 50 -capacity-window 1s -capacity-retained 20000 -capacity-streams 8 \
-		-only raw,produce,burndown,latency,fanout,selective,keys,growth,capacity,river,watermill -results $${TMPDIR:-/tmp}/sqlstreams-bench-quick
+		-scale-streams 20 -scale-groups 2 -scale-n 2000 -scale-idle 2s \
+		-only raw,produce,burndown,latency,fanout,selective,keys,growth,capacity,scale,river,watermill,pgq -results $${TMPDIR:-/tmp}/sqlstreams-bench-quick
 
 # Fail at once, with the command that fixes it, when there is no PostgreSQL to use.
 ## check-chromium: the console's browser tests drive Debian's chromium (the system binary)

@@ -2,6 +2,7 @@ package sqlstreams_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -265,4 +266,28 @@ func Example_groupStatus() {
 	// Output:
 	// lag 3, in flight 0, dead 0, live instances 0
 	// true
+}
+
+// Consumers decode payloads with the client's Decoder: FastJSON unless
+// ClientConfig.Decoder says otherwise. It keeps encoding/json's rules
+// (unknown fields ignored, a type mismatch reported as a
+// *json.UnmarshalTypeError naming the field), so switching between it and
+// StandardJSON changes speed, not results.
+func Example_decoder() {
+	var ok PaymentRequestedV1
+	err := sqlstreams.FastJSON.Unmarshal([]byte(`{"order_id":"o-1","cents":1999,"note":"unknown field"}`), &ok)
+	fmt.Println(ok, err)
+
+	var bad PaymentRequestedV1
+	err = sqlstreams.FastJSON.Unmarshal([]byte(`{"order_id":"o-2","cents":"lots"}`), &bad)
+	var mismatch *json.UnmarshalTypeError
+	fmt.Println(errors.As(err, &mismatch), mismatch.Field)
+
+	// encoding/json for every consumer of this client:
+	cfg := &sqlstreams.ClientConfig{Decoder: sqlstreams.StandardJSON}
+	fmt.Println(cfg.Decoder.Unmarshal([]byte(`{"cents":5}`), &ok), ok.Cents)
+	// Output:
+	// {o-1 1999} <nil>
+	// true cents
+	// <nil> 5
 }

@@ -51,6 +51,11 @@ type config struct {
 	capacityRetained       int
 	capacityStreams        int
 	capacityWindow         time.Duration
+	scaleStreams           int
+	scaleGroups            int
+	scaleProcesses         int
+	scaleN                 int
+	scaleIdle              time.Duration
 }
 
 func main() {
@@ -65,7 +70,7 @@ func main() {
 	flag.DurationVar(&c.latencyFor, "latency-for", 10*time.Second, "latency workload: how long to produce")
 	flag.IntVar(&c.keysN, "keysn", 20000, "failures/keys workloads: messages per stream")
 	flag.StringVar(&c.growth, "growth", "1000000,10000000", "growth workload: comma-separated retained-row counts")
-	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency,fanout,selective,keys,growth,river,watermill,nats,rabbitmq (default all), and capacity (only when named)")
+	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency,fanout,selective,keys,growth,river,watermill,pgq,nats,rabbitmq (default all), and capacity and scale (only when named)")
 	flag.IntVar(&c.riverWorkers, "river-workers", 2000, "river: MaxWorkers of the peer's queue")
 	flag.IntVar(&c.watermillBatch, "watermill-batch", 10000, "watermill: SubscribeBatchSize of the peer's subscriber")
 	flag.StringVar(&c.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the whole run to this file")
@@ -78,13 +83,19 @@ func main() {
 	flag.DurationVar(&c.capacityWindow, "capacity-window", 10*time.Second, "capacity: how long each window produces (idle windows: how long they last)")
 	flag.IntVar(&c.capacityStreams, "capacity-streams", 100, "capacity: streams of the many-streams and idle scenarios (a group and a session each)")
 	flag.IntVar(&c.capacityRetained, "capacity-retained", 1000000, "capacity: rows the retained-rows scenario's stream holds")
+	flag.IntVar(&c.scaleStreams, "scale-streams", 1000, "scale: streams registered, idle and spread over")
+	flag.IntVar(&c.scaleGroups, "scale-groups", 2, "scale: groups on each stream in the idle window (a Consume session each)")
+	flag.IntVar(&c.scaleProcesses, "scale-processes", 4, "scale: clients with their own pools (processes) the sessions are spread over")
+	flag.IntVar(&c.scaleN, "scale-n", 200000, "scale: messages produced and burnt down, over all the streams and on one")
+	flag.DurationVar(&c.scaleIdle, "scale-idle", time.Minute, "scale: how long the idle window lasts")
 	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
 	flag.BoolVar(&c.allowShared, "allow-port-5432", false, "allow a -url on port 5432 (refused by default: that is usually a shared server)")
 	flag.Parse()
 	if c.n < 1000 || c.keysN < 1000 || c.fanoutN < 1 || c.growthN < 1000 || c.runs < 1 || c.singles < 4 || c.rate < 0 || c.latencyFor <= 0 ||
 		c.riverWorkers < 1 || c.riverWorkers > 10000 || c.watermillBatch < 1 || c.capacityRate < 4 || c.capacityWindow <= 0 ||
-		c.capacityStreams < 1 || c.capacityRetained < 1 {
-		fmt.Fprintln(os.Stderr, "bench: -n and -keysn must be at least 1000, -runs, -singles, -rate, -latency-for and -watermill-batch positive, -river-workers 1 to 10000, -capacity-rate at least 4, -capacity-window, -capacity-streams and -capacity-retained positive")
+		c.capacityStreams < 1 || c.capacityRetained < 1 ||
+		c.scaleStreams < 1 || c.scaleGroups < 1 || c.scaleProcesses < 1 || c.scaleN < produceBatchLen || c.scaleIdle <= 0 {
+		fmt.Fprintln(os.Stderr, "bench: -n and -keysn must be at least 1000, -runs, -singles, -rate, -latency-for and -watermill-batch positive, -river-workers 1 to 10000, -capacity-rate at least 4, -capacity-window, -capacity-streams and -capacity-retained positive, -scale-streams, -scale-groups, -scale-processes and -scale-idle positive, -scale-n at least 100")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -97,7 +108,7 @@ func main() {
 }
 
 func (c config) want(workload string) bool {
-	if workload == "capacity" { // not part of "every workload": make bench-capacity
+	if workload == "capacity" || workload == "scale" { // not part of "every workload": make bench-capacity, make bench-scale
 		return slices.Contains(strings.Split(c.only, ","), workload)
 	}
 	return c.only == "" || slices.Contains(strings.Split(c.only, ","), workload)
@@ -222,12 +233,17 @@ func run(ctx context.Context, c config) (err error) {
 			return err
 		}
 	}
+	if c.want("scale") {
+		if err := b.scale(ctx); err != nil {
+			return fmt.Errorf("scale: %w", err)
+		}
+	}
 	// The peers, after sqlstreams, whose burn-down they are compared to; then
 	// the reference points outside PostgreSQL, where the machine runs them.
 	for _, w := range []struct {
 		name string
 		run  func(context.Context) error
-	}{{"river", b.river}, {"watermill", b.watermill}, {"nats", b.natsRef}, {"rabbitmq", b.rabbitRef}} {
+	}{{"river", b.river}, {"watermill", b.watermill}, {"pgq", b.pgq}, {"nats", b.natsRef}, {"rabbitmq", b.rabbitRef}} {
 		if !c.want(w.name) {
 			continue
 		}

@@ -47,6 +47,7 @@ type report struct {
 	// Capacity holds the capacity scenarios' medians, CapacityRuns every
 	// window.
 	Capacity       []capacityRun `json:"capacity,omitempty"`
+	Scale          *scaleResult  `json:"scale,omitempty"`
 	CapacityRuns   []capacityRun `json:"capacity_runs,omitempty"`
 	CapacityRate   int           `json:"capacity_rate,omitempty"`
 	CapacityWindow string        `json:"capacity_window,omitempty"`
@@ -344,6 +345,11 @@ func (r *report) finish() {
 		add("sqlstreams burn-down 4 instances / "+peer.name+" burn-down", "burndown_4", peer.key, peer.floor)
 		add("sqlstreams burn-down 1 instance / "+peer.name+" burn-down", "burndown_1", peer.key, 0)
 	}
+	add("scale: produce over many streams / one stream", "scale_produce_many", "scale_produce_one", 0.80)
+	add("scale: burn-down over many streams / one stream", "scale_burndown_many", "scale_burndown_one", 0.80)
+	add("batched produce / PgQ batched insert_event", "produce_batch", "pgq_produce", 0.80)
+	add("sqlstreams burn-down 4 instances / PgQ consumer", "burndown_4", "pgq_consume", 1)
+	add("sqlstreams burn-down 1 instance / PgQ consumer", "burndown_1", "pgq_consume", 0)
 	for _, t := range r.Results {
 		if strings.HasPrefix(t.Key, "growth_") && t.Key != "growth_1000000" {
 			add(t.Name+" / at 1000000 retained", t.Key, "growth_1000000", 0.8)
@@ -392,6 +398,10 @@ func (r *report) print(w io.Writer) {
 	}
 	if g, ok := r.selectiveCost(); ok {
 		fmt.Fprintf(w, "  %-72s %6.1f×   target ≤ 2×\n", "selective: server CPU of a 1%-bound group / of an idle group", g)
+	}
+	if r.Scale != nil {
+		fmt.Fprintln(w)
+		r.Scale.table(func(f string, a ...any) { fmt.Fprintf(w, f, a...) })
 	}
 	if len(r.Ratios) > 0 {
 		fmt.Fprintln(w, "ratios:")
@@ -490,6 +500,9 @@ func (r *report) markdown() string {
 		}
 		p("\n")
 	}
+	if r.Scale != nil {
+		r.Scale.table(p)
+	}
 	if len(r.Ratios) > 0 {
 		p("| ratio (of medians) | value | floor |\n|---|---:|---|\n")
 		for _, q := range r.Ratios {
@@ -538,4 +551,18 @@ func (r *report) selectiveCost() (float64, bool) {
 		return 0, false
 	}
 	return median(gs), true
+}
+
+// table writes the scale section as a markdown table through p.
+func (x *scaleResult) table(p func(string, ...any)) {
+	p("Scale: %d streams, %d groups each, %d processes.\n\n", x.Streams, x.Groups, x.Processes)
+	p("| measure | value | target |\n|---|---:|---|\n")
+	p("| register %d streams | %.1f s | under 60 s |\n", x.Streams, x.RegisterStreamsSeconds)
+	p("| register %d groups | %.1f s | |\n", x.Streams*x.Groups, x.RegisterGroupsSeconds)
+	p("| catalog added: tables / indexes / relations with files | %d / %d / %d | |\n", x.Tables, x.Indexes, x.Files)
+	p("| catalog added: bytes on disk | %.1f MB | |\n", float64(x.Bytes)/1e6)
+	p("| idle: %d sessions for %.0f s, server CPU | %.1f%% of one core (%.0f µs a session-second) | at most 5%% |\n",
+		x.IdleSessions, x.IdleSeconds, 100*x.IdleServerCore, x.IdleServerPerSess)
+	p("| idle: client CPU, all processes | %.1f%% of one core | |\n", 100*x.IdleClientCore)
+	p("| idle: connections a process | %.1f | |\n\n", x.IdleConnsPerProc)
 }

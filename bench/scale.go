@@ -1,0 +1,256 @@
+package main
+
+// Scale (-only scale; make bench-scale): many streams and many groups, the
+// shape of a large deployment rather than a fast one (issue 22, target 4).
+//
+//  1. Registering -scale-streams streams, then a group per stream: how long
+//     each takes, and what the catalog holds afterwards (tables, indexes,
+//     relations with a file, bytes on disk).
+//  2. Idle: -scale-groups groups on each of those streams (2,000 over 1,000
+//     by default), one Consume session each, spread over -scale-processes
+//     clients with their own pools (processes), and nothing produced for
+//     -scale-idle: the server CPU that costs, as a share of one core.
+//  3. Spread: -scale-n messages produced (ProduceBatch, 100 a call, 4
+//     goroutines) round-robin over the streams, then burnt down by one
+//     session per stream; and the same volume on one stream, burnt down by
+//     -scale-processes sessions. The ratios of the two.
+//
+// Run only when named, like capacity: its sizes are its own.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/c1702965/sqlstreams"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// scaleResult is the scale workload's report section.
+type scaleResult struct {
+	Streams   int `json:"streams"`
+	Groups    int `json:"groups_per_stream"`
+	Processes int `json:"processes"`
+	// Registration.
+	RegisterStreamsSeconds float64 `json:"register_streams_s"`
+	RegisterGroupsSeconds  float64 `json:"register_groups_s"`
+	Tables                 int     `json:"tables"`
+	Indexes                int     `json:"indexes"`
+	Files                  int     `json:"relations_with_files"`
+	Bytes                  int64   `json:"bytes_on_disk"`
+	// Idle.
+	IdleSessions      int     `json:"idle_sessions"`
+	IdleSeconds       float64 `json:"idle_seconds"`
+	IdleServerCore    float64 `json:"idle_server_share_of_one_core"`
+	IdleClientCore    float64 `json:"idle_client_share_of_one_core"`
+	IdleConnsPerProc  float64 `json:"idle_connections_per_process"`
+	IdleServerPerSess float64 `json:"idle_server_us_per_session_second"`
+}
+
+func (b *bench) scale(ctx context.Context) error {
+	S, G, P := b.c.scaleStreams, b.c.scaleGroups, b.c.scaleProcesses
+	res := &scaleResult{Streams: S, Groups: G, Processes: P}
+	b.rep.Scale = res
+	fmt.Printf("scale: %d streams, %d groups each, %d processes; idle for %s; spread %d messages\n", S, G, P, b.c.scaleIdle, b.c.scaleN)
+
+	// 1. Registration, on the benchmark's pool.
+	client, err := sqlstreams.NewClient(ctx, b.pool, &sqlstreams.ClientConfig{Schema: "sqlstreams_bench", Logger: b.logger})
+	if err != nil {
+		return err
+	}
+	before, err := b.catalog(ctx)
+	if err != nil {
+		return err
+	}
+	const prefix = "scale"
+	start := wall.Now()
+	for i := range S {
+		if err := sqlstreams.Stream[Order](client, fmt.Sprintf("bench.%s.s%d", prefix, i)).Register(ctx, nil); err != nil {
+			return fmt.Errorf("register stream %d: %w", i, err)
+		}
+	}
+	res.RegisterStreamsSeconds = wall.Since(start).Seconds()
+	start = wall.Now()
+	for i := range S {
+		s := sqlstreams.Stream[Order](client, fmt.Sprintf("bench.%s.s%d", prefix, i))
+		for g := range G {
+			if _, err := s.Consumer(fmt.Sprintf("%s-s%d-g%d", prefix, i, g)).Register(ctx, &sqlstreams.ConsumerConfig{Start: sqlstreams.StartHead}); err != nil {
+				return fmt.Errorf("register group %d of stream %d: %w", g, i, err)
+			}
+		}
+	}
+	res.RegisterGroupsSeconds = wall.Since(start).Seconds()
+	after, err := b.catalog(ctx)
+	if err != nil {
+		return err
+	}
+	res.Tables, res.Indexes, res.Files, res.Bytes = after.tables-before.tables, after.indexes-before.indexes, after.files-before.files, after.bytes-before.bytes
+	fmt.Printf("  registered %d streams in %.1f s and %d groups in %.1f s; the catalog gained %d tables, %d indexes, %d relations with files, %.1f MB\n",
+		S, res.RegisterStreamsSeconds, S*G, res.RegisterGroupsSeconds, res.Tables, res.Indexes, res.Files, float64(res.Bytes)/1e6)
+
+	// 2. Idle: the same streams and groups (capacityWindow's registrations
+	// are then re-declarations of the same config).
+	run, err := b.capacityWindow(ctx, prefix, capacityScenario{processes: P, streams: S, groups: G, sessionsPerGroup: 1, idle: true}, 0, b.c.scaleIdle)
+	if err != nil {
+		return fmt.Errorf("scale idle: %w", err)
+	}
+	res.IdleSessions, res.IdleSeconds, res.IdleConnsPerProc, res.IdleServerPerSess = run.Sessions, run.Seconds, run.ConnsPerProcess, run.ServerCPUus
+	sessSeconds := float64(run.Sessions) * run.Seconds
+	res.IdleServerCore = run.ServerCPUus * sessSeconds / 1e6 / run.Seconds
+	res.IdleClientCore = run.ClientCPUus * sessSeconds / 1e6 / run.Seconds
+	fmt.Printf("  idle: %d sessions for %.0f s: server %.1f%% of one core (%.0f µs a session-second), clients %.1f%%; %.1f connections a process\n",
+		run.Sessions, run.Seconds, 100*res.IdleServerCore, run.ServerCPUus, 100*res.IdleClientCore, run.ConnsPerProcess)
+
+	// 3. Spread against one stream, each -runs times.
+	prodMany := b.rep.throughput("scale_produce_many", fmt.Sprintf("ProduceBatch over %d streams (100 a call, round-robin)", S), "msg/s")
+	prodOne := b.rep.throughput("scale_produce_one", "ProduceBatch to 1 stream (100 a call)", "msg/s")
+	burnMany := b.rep.throughput("scale_burndown_many", fmt.Sprintf("burn-down over %d streams, 1 session each, %d processes", S, P), "msg/s")
+	burnOne := b.rep.throughput("scale_burndown_one", fmt.Sprintf("burn-down of 1 stream, %d sessions, %d processes", P, P), "msg/s")
+	for r := 1; r <= b.c.runs; r++ {
+		for _, v := range []struct {
+			streams, sessions int
+			prod, burn        *throughputResult
+		}{{S, 1, prodMany, burnMany}, {1, P, prodOne, burnOne}} {
+			label := fmt.Sprintf("scale %d stream(s) run %d/%d", v.streams, r, b.c.runs)
+			p, d, err := b.spread(ctx, fmt.Sprintf("sp%d_%d_", v.streams, r), v.streams, v.sessions, label)
+			if err != nil {
+				return fmt.Errorf("%s: %w", label, err)
+			}
+			v.prod.add(label, p)
+			v.burn.add(label, d)
+		}
+	}
+	return nil
+}
+
+type catalogCount struct {
+	tables, indexes, files int
+	bytes                  int64
+}
+
+// catalog counts the benchmark schema's relations and their size on disk.
+func (b *bench) catalog(ctx context.Context) (c catalogCount, err error) {
+	err = b.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE c.relkind IN ('r', 'p')),
+  count(*) FILTER (WHERE c.relkind IN ('i', 'I')),
+  count(*) FILTER (WHERE c.relkind IN ('r', 'i', 't', 'S', 'm')),
+  coalesce(sum(pg_relation_size(c.oid)), 0)::bigint
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'sqlstreams_bench' OR (c.relkind = 't' AND n.nspname = 'pg_toast')`).Scan(&c.tables, &c.indexes, &c.files, &c.bytes)
+	return c, err
+}
+
+// spread produces -scale-n messages round-robin over streams fresh streams,
+// then times their burn-down by sessions sessions per stream's group spread
+// over -scale-processes clients; it returns both rates.
+func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int, label string) (produce, burn float64, err error) {
+	n := b.c.scaleN
+	producer, err := sqlstreams.NewClient(ctx, b.pool, &sqlstreams.ClientConfig{Schema: "sqlstreams_bench", Logger: b.logger})
+	if err != nil {
+		return 0, 0, err
+	}
+	handles := make([]*sqlstreams.StreamHandle[Order], streams)
+	for i := range handles {
+		handles[i] = sqlstreams.Stream[Order](producer, fmt.Sprintf("bench.%s.s%d", prefix, i))
+		if err := handles[i].Register(ctx, nil); err != nil {
+			return 0, 0, err
+		}
+		if _, err := handles[i].Consumer(fmt.Sprintf("%sg%d", prefix, i)).Register(ctx, nil); err != nil {
+			return 0, 0, err
+		}
+	}
+	items := make([]sqlstreams.BatchItem[Order], produceBatchLen)
+	for i := range items {
+		items[i].Msg = baseOrder
+	}
+	calls := (n + produceBatchLen - 1) / produceBatchLen
+	b.checkpoint(ctx)
+	start := wall.Now()
+	if err := eachCall(calls, func(c int) error {
+		_, err := handles[c%streams].ProduceBatch(ctx, items, nil)
+		return err
+	}); err != nil {
+		return 0, 0, err
+	}
+	total := calls * produceBatchLen
+	produce = report1(label+" produce", "msgs", total, wall.Since(start))
+
+	// The consumers: one client (pool) per process.
+	var pools []*pgxpool.Pool
+	defer func() {
+		for _, p := range pools {
+			p.Close()
+		}
+	}()
+	var clients []*sqlstreams.Client
+	for range b.c.scaleProcesses {
+		cfg := b.pool.Config()
+		cfg.MaxConns = 16
+		p, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return 0, 0, err
+		}
+		pools = append(pools, p)
+		c, err := sqlstreams.NewClient(ctx, p, &sqlstreams.ClientConfig{Schema: "sqlstreams_bench", Logger: b.logger})
+		if err != nil {
+			return 0, 0, err
+		}
+		clients = append(clients, c)
+	}
+	b.checkpoint(ctx)
+	var handled atomic.Int64
+	done := make(chan struct{})
+	var once sync.Once
+	cctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	errs := make(chan error, streams*sessions)
+	stop := progress(label+" burn-down", "msgs", int64(total), &handled)
+	start = wall.Now()
+	k := 0
+	for i := range streams {
+		for range sessions {
+			cons, err := sqlstreams.Stream[Order](clients[k%len(clients)], fmt.Sprintf("bench.%s.s%d", prefix, i)).Consumer(fmt.Sprintf("%sg%d", prefix, i)).Register(ctx, nil)
+			if err != nil {
+				cancel()
+				wg.Wait()
+				stop()
+				return 0, 0, err
+			}
+			k++
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs <- cons.Consume(cctx, func(context.Context, *Order) error {
+					if handled.Add(1) == int64(total) {
+						once.Do(func() { close(done) })
+					}
+					return nil
+				}, nil)
+			}()
+		}
+	}
+	var failed error
+	select {
+	case <-done:
+	case <-wall.After(burnTimeout):
+		failed = fmt.Errorf("timed out after %s with %d of %d handled", burnTimeout, handled.Load(), total)
+	case <-ctx.Done():
+		failed = ctx.Err()
+	}
+	elapsed := wall.Since(start)
+	stop()
+	cancel()
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		if e != nil && !errors.Is(e, context.Canceled) && failed == nil {
+			failed = e
+		}
+	}
+	if failed != nil {
+		return 0, 0, failed
+	}
+	burn = report1(label+" burn-down", "msgs", total, elapsed)
+	return produce, burn, nil
+}
