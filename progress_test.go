@@ -446,17 +446,16 @@ func TestAnAdoptionTheDatabaseRefusesGoesBackToTheLeftovers(t *testing.T) {
 	for range 9 {
 		within(t, obs.ok, "m-1 … m-9 settled in the first session's claimer")
 	}
-	adopted := make(chan struct{}, 64)
+	adopted, begun := make(chan struct{}, 64), make(chan struct{}, 1)
 	second := consume(t, c, runs.handle, &ConsumeOptions{InstanceTTL: 2 * time.Minute, ShutdownTimeout: 200 * time.Millisecond,
 		DisableManager: true, ClaimPollRate: 20 * time.Millisecond, test: &testHooks{trace: func(kind claimer.TraceKind, _ []int64) {
-			if kind == claimer.TraceAdopted {
-				select {
-				case adopted <- struct{}{}:
-				default:
-				}
+			ch := map[claimer.TraceKind]chan struct{}{claimer.TraceAdopted: adopted, claimer.TraceBegun: begun}[kind]
+			select {
+			case ch <- struct{}{}:
+			default: // nil (another kind), or full
 			}
 		}}})
-	within(t, second.id, "the second session")
+	within(t, begun, "the second session's claimer to begin (a begin that cannot reach the database adopts nothing)")
 
 	start := pgtest.StopFor(t, "fast")
 	require.NoError(t, first.stop(t), "the drain returns within its budget with the database down")

@@ -360,3 +360,49 @@ func TestTheRetryDecisionUsesTheConfigAtTheExceptionWrite(t *testing.T) {
 		})
 	}
 }
+
+// The exception claimer writes the settlements of unkeyed retries that end
+// together in one round trip and one commit (store.SettleExceptions), where
+// one each held the exception path to a few hundred rows a second. Each is
+// still fenced by its row's token: a row another instance took over
+// meanwhile is left to it and counted as a lost lease, and the others are
+// settled.
+func TestRetriesThatEndTogetherSettleInOneWrite(t *testing.T) {
+	st, s := newStepper(t, &ConsumerConfig{ExceptionInitialBackoff: time.Second}, func(_ *order, attempt int) error {
+		if attempt == 1 {
+			return errors.New("first attempt fails")
+		}
+		return nil
+	})
+	ctx := context.Background()
+	n := st.common.Concurrency // one claim's worth
+	for i := range n {
+		_, err := s.Produce(ctx, order{OrderID: fmt.Sprintf("o%d", i)}, nil)
+		require.NoError(t, err)
+	}
+	require.Equal(t, n, st.claimRange())
+	require.Len(t, st.states(), n, "an exception row each, due after its backoff")
+	st.mock.Add(2 * time.Second)
+	jobs, err := st.exc.Claim(ctx)
+	require.NoError(t, err)
+	require.Len(t, jobs, n)
+	var outs []claimer.Outcome
+	for _, j := range jobs {
+		outs = append(outs, st.exc.Run(ctx, j))
+	}
+	// Another instance takes the third row over (its lease lapsed, say).
+	third := jobs[2].Delivery.Msg
+	tag, err := st.e.pool.Exec(ctx, fmt.Sprintf("UPDATE %s.stream_%d_exception SET token = gen_random_uuid() WHERE message_id = $1",
+		st.e.client.Schema(), st.c.group.StreamID), third.ID)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+
+	more, err := st.exc.Outcomes(ctx, outs)
+	require.NoError(t, err)
+	require.Empty(t, more)
+	left := st.states()
+	require.Len(t, left, 1, "the other retries settled; the row taken over is left to its new holder")
+	require.Equal(t, third.ID, left[0].MessageID)
+	require.EqualValues(t, 1, st.stats.LeasesLost.Load())
+	require.Zero(t, st.exc.Running())
+}

@@ -175,6 +175,7 @@ const (
 	TraceLeft                       // left, unwritten, to the consumer's Leftovers
 	TraceAdopted                    // taken from the Leftovers by a later session
 	TraceAbandoned                  // unwritten when the actor stopped without a hand-back
+	TraceBegun                      // the range claimer's begin succeeded (no messages)
 )
 
 // trace tells Trace about one message (0: unknown, nothing said). The
@@ -1030,12 +1031,17 @@ func (a *Actor) begin(ctx context.Context) error {
 	if err := a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow()); err != nil {
 		return err
 	}
-	if a.cfg.Leftovers == nil {
-		return nil
+	if a.cfg.Leftovers != nil {
+		// What an earlier session left is recorded and released now, not
+		// at the first poll tick (ClaimPollRate may be long).
+		if err := a.flushAdopting(ctx); err != nil {
+			return err
+		}
 	}
-	// What an earlier session left is recorded and released now, not at
-	// the first poll tick (ClaimPollRate may be long).
-	return a.flushAdopting(ctx)
+	if a.cfg.Trace != nil {
+		a.cfg.Trace(TraceBegun, nil)
+	}
+	return nil
 }
 
 // claim is the loop's claim: a sweep (expired leases, the gate probe) only
@@ -1102,6 +1108,7 @@ func (c *Common) takeoversHeld(begunAt time.Time) bool {
 const MinSweep = 100 * time.Millisecond
 
 func (a *Actor) outcome(ctx context.Context, o Outcome) ([]Job, error) { return a.Outcome(ctx, o) }
+func (a *Actor) written(context.Context) error                         { return nil }
 func (a *Actor) flush(ctx context.Context) ([]Job, error) {
 	if a.ticks++; a.ticks >= sweepTicks(a.cfg.PollRate) { // the poll tick: a sweep is due every sweepTicks
 		a.ticks, a.sweep = 0, true

@@ -3,6 +3,7 @@ package claimer
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/c1702965/sqlstreams/internal/codes"
@@ -52,6 +53,8 @@ type ExceptionActor struct {
 	outage  *outage.Reporter
 	// draining_: a drain is under way, so no chain starts its next row.
 	draining_ bool
+	// pending are rows whose settlement apply queued for writePending.
+	pending []*excRun
 	// adopted are the rows an earlier session of the consumer left
 	// (Leftovers), still to be written.
 	adopted []*excRun
@@ -206,6 +209,34 @@ func (a *ExceptionActor) giveBack(ctx context.Context, runs []store.ExceptionRun
 // Outcome writes one attempt's result under the row's lease token and
 // returns the job of the chain's next row, if it starts.
 func (a *ExceptionActor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
+	jobs, err := a.apply(ctx, o)
+	return jobs, errors.Join(err, a.writePending(ctx))
+}
+
+// Outcomes applies several attempts' results as the serve loop does with
+// the outcomes waiting at once: the settlements of unkeyed rows are
+// written together, in one statement (writePending), the others each at
+// once.
+func (a *ExceptionActor) Outcomes(ctx context.Context, os []Outcome) ([]Job, error) {
+	var jobs []Job
+	var errs []error
+	for _, o := range os {
+		more, err := a.apply(ctx, o)
+		jobs, errs = append(jobs, more...), append(errs, err)
+	}
+	return jobs, errors.Join(append(errs, a.writePending(ctx))...)
+}
+
+// batchable: the row's settlement may wait for writePending, which writes
+// several in one statement. A keyed row's settlement also moves or frees
+// its key lease (and may start its chain's next row), so it is written
+// alone, at once.
+func (r *excRun) batchable() bool { return r.run.Key == "" && len(r.queued) == 0 }
+
+// apply decides one attempt's result. A batchable row's settlement is kept
+// as unwritten and queued for writePending (the serve loop calls it once
+// the outcomes already waiting are in); any other is written now.
+func (a *ExceptionActor) apply(ctx context.Context, o Outcome) ([]Job, error) {
 	pos := o.Ref.row
 	r, ok := a.running[pos]
 	if !ok || o.Canceled {
@@ -222,12 +253,68 @@ func (a *ExceptionActor) Outcome(ctx context.Context, o Outcome) ([]Job, error) 
 	if outcome := policy.OutcomeOf(next, o.Err, r.run.Attempts); group.Logs(outcome) {
 		s.Outcome = outcome
 	}
+	if r.batchable() {
+		r.unwritten = &s
+		a.pending = append(a.pending, r)
+		return nil, nil
+	}
 	return a.settle(ctx, r, s)
+}
+
+// writePending writes the settlements apply queued, and any other
+// batchable row's that an earlier write failed to write, in one statement
+// and one commit (store.SettleExceptions). On failure they stay unwritten:
+// Flush tries again, a hand-back writes them, a lapse leaves them.
+func (a *ExceptionActor) writePending(ctx context.Context) error {
+	queued := a.pending
+	a.pending = nil
+	seen := make(map[*excRun]bool, len(queued))
+	var batch []*excRun
+	for _, r := range queued {
+		if !seen[r] && r.unwritten != nil && a.running[r.run.Position] == r {
+			seen[r] = true
+			batch = append(batch, r)
+		}
+	}
+	if len(batch) == 0 {
+		return nil
+	}
+	slices.SortFunc(batch, func(x, y *excRun) int { return positionOrder(x.run.Position, y.run.Position) }) // lock order: locks.go
+	ss := make([]store.Settlement, len(batch))
+	now := a.cfg.DBNow()
+	for i, r := range batch {
+		ss[i] = *r.unwritten
+		ss[i].Next = nil
+		ss[i].Position, ss[i].Token, ss[i].Now = r.run.Position, r.run.Token, now
+	}
+	lost, err := a.db.SettleExceptions(ctx, ss)
+	if err != nil {
+		return err
+	}
+	for i, r := range batch {
+		r.unwritten = nil
+		delete(a.running, r.run.Position)
+		if lost[i] {
+			a.cfg.Stats.LeasesLost.Add(1)
+			a.cfg.trace(TraceLost, r.run.Message.ID)
+		} else {
+			a.cfg.trace(TraceRecorded, r.run.Message.ID)
+		}
+	}
+	return nil
 }
 
 // Flush writes settlements that failed earlier (a database restart, say)
 // and returns the jobs of chains they start.
 func (a *ExceptionActor) Flush(ctx context.Context) ([]Job, error) {
+	for _, r := range a.running {
+		if r.unwritten != nil && r.batchable() {
+			a.pending = append(a.pending, r)
+		}
+	}
+	if err := a.writePending(ctx); err != nil {
+		return nil, err
+	}
 	var jobs []Job
 	for _, r := range a.running {
 		if r.unwritten == nil {
@@ -292,7 +379,9 @@ func (a *ExceptionActor) handlers() string { return "exception handlers" }
 func (a *ExceptionActor) eager() bool      { return false }
 func (a *ExceptionActor) inFlight() int    { return len(a.running) }
 func (a *ExceptionActor) draining()        { a.draining_ = true }
-func (a *ExceptionActor) reset()           { a.running, a.draining_ = map[store.Position]*excRun{}, false }
+func (a *ExceptionActor) reset() {
+	a.running, a.draining_, a.pending = map[store.Position]*excRun{}, false, nil
+}
 
 // claimAfter: a chain's next row keeps the slot its head freed, so only an
 // outcome that started nothing makes a claim due.
@@ -327,8 +416,9 @@ func (a *ExceptionActor) claim(ctx context.Context) ([]Job, bool, error) {
 }
 
 func (a *ExceptionActor) outcome(ctx context.Context, o Outcome) ([]Job, error) {
-	return a.Outcome(ctx, o)
+	return a.apply(ctx, o) // written by written, once the outcomes waiting are in
 }
+func (a *ExceptionActor) written(ctx context.Context) error { return a.writePending(ctx) }
 func (a *ExceptionActor) flush(ctx context.Context) ([]Job, error) {
 	a.idle = max(a.idle-1, 0) // the poll tick
 	jobs, err := a.Flush(ctx)
@@ -370,4 +460,16 @@ func (a *ExceptionActor) Reconcile(ctx context.Context) error {
 			"rows", runs, "key_leases", leases)
 	}
 	return nil
+}
+
+// positionOrder orders positions as the log does (the exception rows' lock
+// order).
+func positionOrder(p, q store.Position) int {
+	switch {
+	case p.Less(q):
+		return -1
+	case q.Less(p):
+		return 1
+	}
+	return 0
 }

@@ -48,6 +48,10 @@ type loop interface {
 	eager() bool
 	// abandon tells Trace what an abrupt stop leaves unwritten.
 	abandon()
+	// written writes what outcome left for one write after the outcomes
+	// that were waiting (the exception claimer's settlements: one
+	// statement and one commit for them all).
+	written(ctx context.Context) error
 }
 
 // serve runs l until ctx ends (an abrupt stop: nothing is committed or
@@ -227,6 +231,18 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			report(err)
 			send(jobs)
 			due = due || l.claimAfter(jobs)
+			for more := true; more; { // the outcomes already waiting share its write
+				select {
+				case o := <-p.out:
+					jobs, err := l.outcome(sctx, o)
+					report(err)
+					send(jobs)
+					due = due || l.claimAfter(jobs)
+				default:
+					more = false
+				}
+			}
+			report(l.written(sctx))
 		case <-wake: // produced to: claim now
 			due = true
 		case <-poll.C:
@@ -316,6 +332,7 @@ func absorb(ctx context.Context, l loop, p *pool, report func(error), send func(
 			report(err)
 			send(jobs)
 		default:
+			report(l.written(ctx))
 			return
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // ExceptionRun is an exception row leased for one attempt.
@@ -98,6 +100,41 @@ func (g Group) SettleException(ctx context.Context, s Settlement) (nextStarted b
 		return false, fmt.Errorf("settle exception %d: %w", pos.ID, ErrLeaseLost)
 	}
 	return started > 0, nil
+}
+
+// SettleExceptions writes several attempts' results, each as
+// SettleException does, in one round trip and one transaction (a pipeline
+// without explicit transaction control runs as one implicit transaction):
+// one commit for them all, where one statement each paid a commit each and
+// held the exception path to a few hundred rows a second. None may carry
+// Next, and none may be of a keyed message: their statements then lock
+// nothing but their own exception rows, which ss must list in position
+// order (locks.go). lost[i] reports that settlement i found its lease gone.
+// On an error none of them applied, or (a reply lost) all of them did: a
+// retry of one that had applied finds its lease gone.
+func (g Group) SettleExceptions(ctx context.Context, ss []Settlement) (lost []bool, err error) {
+	var b pgx.Batch
+	for _, s := range ss {
+		if s.Next != nil {
+			return nil, fmt.Errorf("settle exceptions: %d has a next row: settle it alone", s.ID)
+		}
+		b.Queue(g.sql(settleExceptionSQL), g.GroupID, s.Xid, s.ID, s.Token, s.Delete,
+			s.Status, s.Attempts, s.Delays, s.Error, s.Now, s.After.Microseconds(), s.Outcome, s.Attempt, "", int64(0), int64(0))
+	}
+	br := g.st.pool.SendBatch(ctx, &b)
+	lost = make([]bool, len(ss))
+	for i := range ss {
+		var n, started int
+		if err := br.QueryRow().Scan(&n, &started); err != nil {
+			_ = br.Close()
+			return nil, fmt.Errorf("settle %d exceptions: %w", len(ss), err)
+		}
+		lost[i] = n == 0
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("settle %d exceptions: %w", len(ss), err)
+	}
+	return lost, nil
 }
 
 // ReturnRuns gives the rows leased under tokens back to pending without
