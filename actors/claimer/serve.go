@@ -231,16 +231,20 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			report(err)
 			send(jobs)
 			due = due || l.claimAfter(jobs)
-			for more := true; more; { // the outcomes already waiting share its write
+			// The outcomes already waiting share its write: at most the
+			// pool's queue capacity of them, so that a busy pool does not
+			// hold the write (and the next claim) back for long.
+			for n := 1; n < max(capacity, 1); n++ {
 				select {
 				case o := <-p.out:
 					jobs, err := l.outcome(sctx, o)
 					report(err)
 					send(jobs)
 					due = due || l.claimAfter(jobs)
+					continue
 				default:
-					more = false
 				}
+				break
 			}
 			report(l.written(sctx))
 		case <-wake: // produced to: claim now
