@@ -90,27 +90,14 @@ func (b *bench) pgq(ctx context.Context) error {
 		if _, err := b.pool.Exec(ctx, "SELECT pgq.register_consumer($1, $2)", pgqQueue, consumer); err != nil {
 			return fmt.Errorf("pgq register_consumer: %w", err)
 		}
-		b.checkpoint(ctx)
 		label := fmt.Sprintf("pgq produce run %d/%d", r, b.c.runs)
-		c0, _ := b.cpuNow(ctx)
-		rate, err := b.pgqProduce(ctx, label)
-		if err != nil {
+		if err := b.timedRun(ctx, produced, label, b.c.n, func() (float64, error) { return b.pgqProduce(ctx, label) }); err != nil {
 			return err
 		}
-		c1, ok := b.cpuNow(ctx)
-		produced.addCPU(c0, c1, ok, b.c.n)
-		produced.add(label, rate)
-
-		b.checkpoint(ctx)
 		label = fmt.Sprintf("pgq consume run %d/%d", r, b.c.runs)
-		c0, _ = b.cpuNow(ctx)
-		rate, err = b.pgqConsume(ctx, consumer, label)
-		if err != nil {
+		if err := b.timedRun(ctx, consumed, label, b.c.n, func() (float64, error) { return b.pgqConsume(ctx, consumer, label) }); err != nil {
 			return err
 		}
-		c1, ok = b.cpuNow(ctx)
-		consumed.addCPU(c0, c1, ok, b.c.n)
-		consumed.add(label, rate)
 	}
 	_, err := b.pool.Exec(ctx, "SELECT pgq.drop_queue($1, true)", pgqQueue)
 	return err

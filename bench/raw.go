@@ -56,27 +56,14 @@ func (b *bench) raw(ctx context.Context, cc *pgx.ConnConfig) error {
 		if _, err := conns[0].Exec(ctx, rawSchema); err != nil {
 			return fmt.Errorf("create table: %w", err)
 		}
-		b.checkpoint(ctx)
 		label := fmt.Sprintf("raw insert run %d/%d", r, b.c.runs)
-		c0, _ := b.cpuNow(ctx)
-		rate, err := rawInsert(ctx, conns, b.c.n, label)
-		if err != nil {
+		if err := b.timedRun(ctx, ins, label, b.c.n, func() (float64, error) { return rawInsert(ctx, conns, b.c.n, label) }); err != nil {
 			return err
 		}
-		c1, ok := b.cpuNow(ctx)
-		ins.addCPU(c0, c1, ok, b.c.n)
-		ins.add(label, rate)
-
-		b.checkpoint(ctx)
 		label = fmt.Sprintf("raw drain run %d/%d", r, b.c.runs)
-		c0, _ = b.cpuNow(ctx)
-		rate, err = rawDrain(ctx, conns[0], b.c.n, label)
-		if err != nil {
+		if err := b.timedRun(ctx, drain, label, b.c.n, func() (float64, error) { return rawDrain(ctx, conns[0], b.c.n, label) }); err != nil {
 			return err
 		}
-		c1, ok = b.cpuNow(ctx)
-		drain.addCPU(c0, c1, ok, b.c.n)
-		drain.add(label, rate)
 	}
 	_, err := conns[0].Exec(ctx, "DROP SCHEMA bench_raw CASCADE")
 	return err

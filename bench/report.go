@@ -113,6 +113,21 @@ type throughputResult struct {
 
 func (t *throughputResult) add(_ string, v float64) { t.Runs = append(t.Runs, v) }
 
+// timedRun starts a run after a checkpoint, runs it, and records its rate
+// and the server's and client's CPU per unit (units of them) into t.
+func (b *bench) timedRun(ctx context.Context, t *throughputResult, label string, units int, run func() (float64, error)) error {
+	b.checkpoint(ctx)
+	c0, _ := b.cpuNow(ctx)
+	rate, err := run()
+	if err != nil {
+		return err
+	}
+	c1, ok := b.cpuNow(ctx)
+	t.addCPU(c0, c1, ok, units)
+	t.add(label, rate)
+	return nil
+}
+
 // addCPU records a run's server CPU (from bench.serverCPU before and after)
 // over units.
 func (t *throughputResult) addCPU(before, after cpuTimes, ok bool, units int) {
