@@ -135,8 +135,10 @@ func (c ConsumerConfig) validate() error {
 // ConsumeOptions are one Consume session's instance options: how this
 // process runs, free to differ per box. nil means the defaults.
 type ConsumeOptions struct {
-	// BatchLimit is the most messages one claim takes. Default 100; at
-	// most MaxBatchLimit (10,000).
+	// BatchLimit is the most messages one claim takes: a range of the log,
+	// or retries beyond the free handler slots (leased and queued for the
+	// slots; their holder dying spends none of their retries). Default 100;
+	// at most MaxBatchLimit (10,000).
 	BatchLimit int
 	// QueueSize bounds messages claimed and not yet settled. Default
 	// 2×BatchLimit; at least BatchLimit, at most MaxQueueSize (100,000).

@@ -67,10 +67,17 @@ func newStepperFor(t *testing.T, e *env, c *Consumer[order], mock *clock.Mock, h
 
 // newExc returns a fresh exception claimer with its own instance id, as a
 // new process would have.
-func (st *stepper) newExc() (*claimer.ExceptionActor, string) {
+func (st *stepper) newExc() (*claimer.ExceptionActor, string) { return st.newExcWith(0, 0) }
+
+// newExcWith is newExc with a prefetch and, when concurrency > 0, that many
+// handler slots.
+func (st *stepper) newExcWith(prefetch, concurrency int) (*claimer.ExceptionActor, string) {
 	ec := st.common
 	ec.InstanceID = engine.NewID()
-	return claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec}), ec.InstanceID
+	if concurrency > 0 {
+		ec.Concurrency = concurrency
+	}
+	return claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec, Prefetch: prefetch}), ec.InstanceID
 }
 
 // now is the mock clock's time as the database sees it.
@@ -405,4 +412,98 @@ func TestRetriesThatEndTogetherSettleInOneWrite(t *testing.T) {
 	require.Equal(t, third.ID, left[0].MessageID)
 	require.EqualValues(t, 1, st.stats.LeasesLost.Load())
 	require.Zero(t, st.exc.Running())
+}
+
+// A burst of retries is claimed a batch at a time: the rows beyond the free
+// handler slots are leased too, 'queued' (prefetched), and run as slots
+// free. When their holder dies, the prefetched rows spend no attempt, and
+// come back as takeovers, 'running', each in a slot of its own: a message
+// that kills its process still spends its retries. Before, a claim took a
+// free slot's worth of rows, and 10% of a burn-down failing once ran at a
+// few hundred retries a second.
+func TestRetriesBeyondTheFreeSlotsArePrefetchedAndTheirLapseSpendsNoAttempt(t *testing.T) {
+	st, s := newStepper(t, &ConsumerConfig{ExceptionInitialBackoff: time.Second}, func(_ *order, attempt int) error {
+		if attempt == 1 {
+			return errors.New("first attempt fails")
+		}
+		return nil
+	})
+	ctx := context.Background()
+	const n = 20
+	for i := range n {
+		_, err := s.Produce(ctx, order{OrderID: fmt.Sprintf("o%d", i)}, nil)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 10, st.claimRange())
+	require.Equal(t, 10, st.claimRange())
+	require.Len(t, st.states(), n, "an exception row each, due after its backoff")
+	st.mock.Add(2 * time.Second)
+
+	slots := st.common.Concurrency
+	first, _ := st.newExcWith(50, 0)
+	jobs, err := first.Claim(ctx)
+	require.NoError(t, err)
+	require.Len(t, jobs, n, "one claim takes the whole burst")
+	was := map[int64]string{}
+	for _, x := range st.states() {
+		was[x.MessageID] = x.Status
+	}
+	count := func(status string) (k int) {
+		for _, v := range was {
+			if v == status {
+				k++
+			}
+		}
+		return k
+	}
+	require.Equal(t, slots, count(policy.StatusRunning), "the free slots' worth start")
+	require.Equal(t, n-slots, count(policy.StatusQueued), "the rest are prefetched")
+
+	// Every other one runs and settles (of those started and of those
+	// prefetched); then the process dies.
+	var outs []claimer.Outcome
+	for i, j := range jobs {
+		if i%2 == 1 {
+			outs = append(outs, first.Run(ctx, j))
+		}
+	}
+	more, err := first.Outcomes(ctx, outs)
+	require.NoError(t, err)
+	require.Empty(t, more)
+	left := st.states()
+	require.Len(t, left, n/2)
+	st.mock.Add(2 * time.Minute) // past every lease
+
+	other, otherID := st.newExcWith(50, n)
+	taken, err := other.Claim(ctx)
+	require.NoError(t, err)
+	require.Len(t, taken, n/2, "every lapsed row is taken over")
+	states := map[int64]store.ExceptionState{}
+	for _, x := range st.states() {
+		states[x.MessageID] = x
+	}
+	kinds := map[string]int{}
+	for _, j := range taken {
+		id := j.Delivery.Msg.ID
+		x := states[id]
+		kinds[was[id]]++
+		require.Equal(t, policy.StatusRunning, x.Status, "message %d: a takeover starts in a slot of its own, never prefetched", id)
+		if was[id] == policy.StatusRunning {
+			require.Equal(t, 2, x.Attempts, "message %d was running: its holder's death counts as an attempt", id)
+			require.Equal(t, 3, j.Delivery.Attempt, "message %d", id)
+		} else {
+			require.Equal(t, 1, x.Attempts, "message %d was prefetched: its holder's death spends nothing", id)
+			require.Equal(t, 2, j.Delivery.Attempt, "message %d", id)
+		}
+	}
+	require.Positive(t, kinds[policy.StatusRunning], "some of the rows taken over had started")
+	require.Positive(t, kinds[policy.StatusQueued], "some had been prefetched")
+	require.NotEmpty(t, otherID)
+	outs = outs[:0]
+	for _, j := range taken {
+		outs = append(outs, other.Run(ctx, j))
+	}
+	_, err = other.Outcomes(ctx, outs)
+	require.NoError(t, err)
+	require.Empty(t, st.states(), "every retry succeeded")
 }

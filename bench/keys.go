@@ -75,8 +75,17 @@ func (b *bench) keys(ctx context.Context, newStream func(string) (*sqlstreams.St
 	for i, v := range keysVariants {
 		results[i] = b.rep.throughput(v.key, "failures/keys, 1 instance: "+v.name, "msg/s")
 	}
+	want := map[string]bool{}
+	for _, k := range strings.Split(b.c.keysVariants, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			want["keys_"+k] = true
+		}
+	}
 	for r := 1; r <= b.c.runs; r++ {
 		for i, v := range keysVariants {
+			if i > 0 && len(want) > 0 && !want[v.key] {
+				continue
+			}
 			s, err := newStream(fmt.Sprintf("bench.keys.%s.%d", strings.TrimPrefix(v.key, "keys_"), r))
 			if err != nil {
 				return err

@@ -36,6 +36,7 @@ import (
 type config struct {
 	n, runs, singles, rate int
 	keysN, fanoutN         int
+	keysVariants           string // -keys-variants: report keys, without keys_, to run (the baseline always runs)
 	growthN                int
 	riverWorkers           int
 	watermillBatch         int
@@ -69,6 +70,7 @@ func main() {
 	flag.IntVar(&c.rate, "rate", 0, "latency and selective workloads: messages produced per second (latency default: 10%, 50% and 90% of the run's max single produce; selective default: 500)")
 	flag.DurationVar(&c.latencyFor, "latency-for", 10*time.Second, "latency workload: how long to produce")
 	flag.IntVar(&c.keysN, "keysn", 20000, "failures/keys workloads: messages per stream")
+	flag.StringVar(&c.keysVariants, "keys-variants", "", "failures/keys: comma-separated subset of fail_1pct,fail_10pct,exclusive_100,exclusive_10000 (default all; the parallel baseline always runs)")
 	flag.StringVar(&c.growth, "growth", "1000000,10000000", "growth workload: comma-separated retained-row counts")
 	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency,fanout,selective,keys,growth,river,watermill,pgq,nats,rabbitmq (default all), and capacity and scale (only when named)")
 	flag.IntVar(&c.riverWorkers, "river-workers", 2000, "river: MaxWorkers of the peer's queue")
@@ -91,6 +93,12 @@ func main() {
 	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
 	flag.BoolVar(&c.allowShared, "allow-port-5432", false, "allow a -url on port 5432 (refused by default: that is usually a shared server)")
 	flag.Parse()
+	for _, k := range strings.Split(c.keysVariants, ",") {
+		if k = strings.TrimSpace(k); k != "" && !slices.ContainsFunc(keysVariants[1:], func(v keysVariant) bool { return v.key == "keys_"+k }) {
+			fmt.Fprintf(os.Stderr, "bench: -keys-variants: %q is not one of fail_1pct, fail_10pct, exclusive_100, exclusive_10000\n", k)
+			os.Exit(2)
+		}
+	}
 	if c.n < 1000 || c.keysN < 1000 || c.fanoutN < 1 || c.growthN < 1000 || c.runs < 1 || c.singles < 4 || c.rate < 0 || c.latencyFor <= 0 ||
 		c.riverWorkers < 1 || c.riverWorkers > 10000 || c.watermillBatch < 1 || c.capacityRate < 4 || c.capacityWindow <= 0 ||
 		c.capacityStreams < 1 || c.capacityRetained < 1 ||

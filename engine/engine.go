@@ -305,7 +305,7 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		Alerts: s.queue, Wake: s.wake})
 	ec := common
 	ec.InstanceID, ec.Liveness = excID, excLive
-	ex := claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec})
+	ex := claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec, Prefetch: o.BatchLimit})
 
 	actors := []*drainable{
 		{name: "claimer", serve: cl.Serve, done: make(chan error, 1)},

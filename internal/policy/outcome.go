@@ -54,7 +54,7 @@ func Classify(err error) (Kind, time.Duration) {
 const (
 	StatusPending = "pending" // waiting for can_run_after
 	StatusRunning = "running" // leased by an exception consumer
-	StatusQueued  = "queued"  // leased behind its ordered key's running row, not started
+	StatusQueued  = "queued"  // leased, not started: behind its ordered key's running row, or prefetched for a free handler slot
 	StatusDead    = "dead"    // out of budget; a dead letter
 )
 

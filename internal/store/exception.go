@@ -20,25 +20,35 @@ type ExceptionRun struct {
 	// claim: it runs when the row before it resolves (see SettleException's
 	// Next) and not before.
 	Queued bool
+	// Prefetched marks a row leased beyond the claim's free handler slots
+	// (ClaimExceptions.Prefetch): 'queued' in the table, so that its lease
+	// lapsing spends no attempt, and run when a slot frees.
+	Prefetched bool
 }
 
 // ClaimExceptions is an exception claim's inputs.
 type ClaimExceptions struct {
 	Owner string // the exception consumer's worker instance
 	Limit int    // rows to start
-	Chain int    // rows of an ordered key to lease behind its head
-	Lease time.Duration
-	Now   Now
+	// Prefetch is how many more due rows, pending and of no key lease, to
+	// lease beyond Limit, 'queued' (see ExceptionRun.Prefetched): a claim
+	// costs about the same for 1 row as for 1,000, so a backlog of retries
+	// is claimed in batches rather than a statement per free slot.
+	Prefetch int
+	Chain    int // rows of an ordered key to lease behind its head
+	Lease    time.Duration
+	Now      Now
 	// HoldTakeovers leaves running and queued rows whose lease expired
 	// alone: only pending rows that are due are claimed.
 	HoldTakeovers bool
 }
 
 // ClaimExceptions leases up to Limit due exception rows of the group, and
-// behind each ordered head up to Chain more rows of its key, queued, in log
-// order (rows come back in log order: a key's queued rows follow its head).
+// behind each ordered head up to Chain more rows of its key, queued, and up
+// to Prefetch more due rows of no key lease, prefetched, in log order (rows
+// come back in log order: a key's queued rows follow its head).
 func (g Group) ClaimExceptions(ctx context.Context, c ClaimExceptions) ([]ExceptionRun, error) {
-	rows, err := g.st.pool.Query(ctx, g.sql(claimExceptionsSQL), g.GroupID, c.Now, c.Limit, c.Owner, c.Lease, c.Chain, c.HoldTakeovers)
+	rows, err := g.st.pool.Query(ctx, g.sql(claimExceptionsSQL), g.GroupID, c.Now, c.Limit, c.Owner, c.Lease, c.Chain, c.HoldTakeovers, max(c.Prefetch, 0))
 	if err != nil {
 		return nil, fmt.Errorf("claim exceptions: %w", err)
 	}
@@ -47,7 +57,7 @@ func (g Group) ClaimExceptions(ctx context.Context, c ClaimExceptions) ([]Except
 	for rows.Next() {
 		var r ExceptionRun
 		m := &r.Message
-		if err := rows.Scan(&r.Token, &r.Concurrency, &r.Attempts, &r.Delays, &r.Expired, &r.Queued,
+		if err := rows.Scan(&r.Token, &r.Concurrency, &r.Attempts, &r.Delays, &r.Expired, &r.Queued, &r.Prefetched,
 			&m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, &m.Payload, &m.Options, &m.Headers); err != nil {
 			return nil, fmt.Errorf("claim exceptions: scan: %w", err)
 		}
@@ -201,34 +211,70 @@ WITH RECURSIVE keys AS (
         WHERE e.group_id = $1 AND e.message_key = k.message_key AND e.status <> 'dead'
         ORDER BY e.message_xid, e.message_id LIMIT 1) h
     WHERE k.message_key IS NOT NULL
-), candidates AS (
+), head_candidates AS (
     SELECT h.message_xid, h.message_id, h.can_run_after FROM heads h
     WHERE h.concurrency = 'ordered'
       AND ((h.status = 'pending' AND h.can_run_after <= coalesce($2, now()))
         OR (NOT $7::boolean AND h.status IN ('running', 'queued') AND h.expires_at < coalesce($2, now())))
       AND NOT EXISTS (` + keyHeldLive("h.message_key") + `)
       AND NOT EXISTS (` + rangeHoldsEarlier("h.message_key", "h.message_xid", "h.message_id", "") + `)
-    UNION ALL
-    (SELECT x.message_xid, x.message_id, x.can_run_after FROM {s}.{t}_exception x
-     WHERE x.group_id = $1 AND x.status <> 'dead' AND x.concurrency <> 'ordered'
-       AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
-         OR (NOT $7::boolean AND x.status IN ('running', 'queued') AND x.expires_at < coalesce($2, now())))
-       -- A row whose key a live holder has would only be parked again.
-       AND (x.concurrency = 'parallel' OR x.message_key IS NULL OR NOT EXISTS (` + keyHeldLive("x.message_key") + `))
-     ORDER BY x.can_run_after
-     LIMIT $3 * 4)
-), due AS (
-    -- Locked rows are checked again on their newest version: one another
-    -- claimer took meanwhile is no longer due and is skipped.
-    SELECT x.message_xid, x.message_id, x.message_key, x.concurrency, x.status AS was
-    FROM candidates c
-    JOIN {s}.{t}_exception x ON x.group_id = $1 AND x.message_xid = c.message_xid AND x.message_id = c.message_id
-    WHERE x.status <> 'dead'
-      AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
-        OR (NOT $7::boolean AND x.status IN ('running', 'queued') AND x.expires_at < coalesce($2, now())))
-    ORDER BY c.can_run_after
+    ORDER BY h.can_run_after
+    LIMIT $3
+), head_due AS (
+    -- Each head locked by its primary key (a join of the candidates with
+    -- the table planned, on stale statistics, as a bitmap scan of every
+    -- row of the group: the claim's cost then followed the table, not the
+    -- claim). A locked row is checked again on its newest version: one
+    -- another claimer took meanwhile is no longer due and is skipped.
+    SELECT x.tid, x.message_xid, x.message_id, x.message_key, x.concurrency, x.was, x.can_run_after
+    FROM head_candidates c
+    CROSS JOIN LATERAL (
+        SELECT e.ctid AS tid, e.message_xid, e.message_id, e.message_key, e.concurrency, e.status AS was, e.can_run_after
+        FROM {s}.{t}_exception e
+        WHERE e.group_id = $1 AND e.message_xid = c.message_xid AND e.message_id = c.message_id
+          AND ((e.status = 'pending' AND e.can_run_after <= coalesce($2, now()))
+            OR (NOT $7::boolean AND e.status IN ('running', 'queued') AND e.expires_at < coalesce($2, now())))
+        FOR UPDATE SKIP LOCKED) x
+), pending_due AS (
+    -- Due rows of no ordered key, locked as the pending index yields them
+    -- (a row another claimer locked is skipped; one it changed meanwhile
+    -- is checked again on its newest version): up to $3 start now, and up
+    -- to $8 more of no key lease are prefetched (see prefetched).
+    SELECT x.ctid AS tid, x.message_xid, x.message_id, x.message_key, x.concurrency, x.status AS was, x.can_run_after
+    FROM {s}.{t}_exception x
+    WHERE x.group_id = $1 AND x.status = 'pending' AND x.can_run_after <= coalesce($2, now())
+      AND x.concurrency <> 'ordered'
+      -- A row whose key a live holder has would only be parked again.
+      AND (x.concurrency = 'parallel' OR x.message_key IS NULL OR NOT EXISTS (` + keyHeldLive("x.message_key") + `))
+    ORDER BY x.can_run_after
+    LIMIT $3 + $8
+    FOR UPDATE OF x SKIP LOCKED
+), takeover_due AS (
+    -- Rows of no ordered key whose holder's lease lapsed, the longest
+    -- lapsed first, through the index of leased rows: at most $3, each in a
+    -- slot of its own.
+    SELECT x.ctid AS tid, x.message_xid, x.message_id, x.message_key, x.concurrency, x.status AS was, x.can_run_after
+    FROM {s}.{t}_exception x
+    WHERE NOT $7::boolean AND x.group_id = $1
+      AND x.status IN ('running', 'queued') AND x.expires_at < coalesce($2, now())
+      AND x.concurrency <> 'ordered'
+      AND (x.concurrency = 'parallel' OR x.message_key IS NULL OR NOT EXISTS (` + keyHeldLive("x.message_key") + `))
+    ORDER BY x.expires_at
     LIMIT $3
     FOR UPDATE OF x SKIP LOCKED
+), ranked AS (
+    SELECT u.*, row_number() OVER (ORDER BY u.can_run_after, u.message_xid, u.message_id) AS n
+    FROM (SELECT * FROM head_due UNION ALL SELECT * FROM takeover_due UNION ALL SELECT * FROM pending_due) u
+), due AS (
+    -- The rows that start now.
+    SELECT r.tid, r.message_xid, r.message_id, r.message_key, r.concurrency, r.was FROM ranked r WHERE r.n <= $3
+), prefetched AS (
+    -- Leased beyond the free handler slots, 'queued' until a slot frees:
+    -- pending rows that need no key lease, never a takeover (a row whose
+    -- holder lapsed starts in a slot of its own, 'running', so that a
+    -- message that kills its process spends its retries).
+    SELECT r.tid FROM ranked r
+    WHERE r.n > $3 AND r.was = 'pending' AND (r.concurrency = 'parallel' OR r.message_key IS NULL)
 ), bounds AS (
     -- Per ordered head, the key's earliest message after it that an
     -- outstanding range holds: each range is scanned within its own bounds.
@@ -261,36 +307,46 @@ WITH RECURSIVE keys AS (
         ORDER BY e.message_xid, e.message_id
         LIMIT $6) f
 ), locked AS (
-    SELECT x.message_xid, x.message_id
+    SELECT x.tid, x.message_xid, x.message_id
     FROM chain c
-    JOIN {s}.{t}_exception x ON x.group_id = $1 AND x.message_xid = c.message_xid AND x.message_id = c.message_id
-    WHERE c.ok AND ((x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
-                    OR (x.status = 'queued' AND x.expires_at < coalesce($2, now())))
-    FOR UPDATE OF x SKIP LOCKED
+    CROSS JOIN LATERAL (
+        SELECT e.ctid AS tid, e.message_xid, e.message_id
+        FROM {s}.{t}_exception e
+        WHERE e.group_id = $1 AND e.message_xid = c.message_xid AND e.message_id = c.message_id
+          AND ((e.status = 'pending' AND e.can_run_after <= coalesce($2, now()))
+            OR (e.status = 'queued' AND e.expires_at < coalesce($2, now())))
+        FOR UPDATE SKIP LOCKED) x
+    WHERE c.ok
 ), followers AS (
-    SELECT c.message_xid, c.message_id FROM (
-        SELECT c.message_xid, c.message_id,
+    SELECT c.tid FROM (
+        SELECT l.tid,
                bool_and(l.message_id IS NOT NULL) OVER (PARTITION BY c.message_key ORDER BY c.n) AS kept
         FROM chain c LEFT JOIN locked l ON l.message_xid = c.message_xid AND l.message_id = c.message_id
         WHERE c.ok) c
     WHERE c.kept
 ), picked AS (
-    SELECT due.message_xid, due.message_id, due.was, 'running' AS status FROM due
+    -- By the row versions locked above (ctid): an update joined on the
+    -- primary key planned as a hash join over the whole table once the
+    -- claim took a thousand rows.
+    SELECT due.tid, due.was, 'running' AS status FROM due
     UNION ALL
-    SELECT f.message_xid, f.message_id, 'pending', 'queued' FROM followers f
+    SELECT f.tid, 'pending', 'queued' FROM followers f
+    UNION ALL
+    SELECT p.tid, 'pending', 'prefetched' FROM prefetched p
 ), upd AS (
     UPDATE {s}.{t}_exception x
-    SET status = p.status, token = gen_random_uuid(), owner = $4::uuid,
+    SET status = CASE WHEN p.status = 'prefetched' THEN 'queued' ELSE p.status END,
+        token = gen_random_uuid(), owner = $4::uuid,
         expires_at = coalesce($2, now()) + $5::interval, updated_at = coalesce($2, now()),
         attempts = x.attempts + CASE WHEN p.was = 'running' THEN 1 ELSE 0 END,
         last_error = CASE WHEN p.was = 'running'
                           THEN 'lease expired: the instance running it died or stopped renewing'
                           ELSE x.last_error END
     FROM picked p
-    WHERE x.group_id = $1 AND x.message_xid = p.message_xid AND x.message_id = p.message_id
-    RETURNING x.message_xid, x.message_id, x.token, x.concurrency, x.attempts, x.delays, p.was = 'running' AS expired, x.status
+    WHERE x.ctid = ANY (ARRAY(SELECT tid FROM picked)) AND x.ctid = p.tid AND x.group_id = $1
+    RETURNING x.message_xid, x.message_id, x.token, x.concurrency, x.attempts, x.delays, p.was = 'running' AS expired, p.status
 )
-SELECT upd.token::text, upd.concurrency, upd.attempts, upd.delays, upd.expired, upd.status = 'queued',
+SELECT upd.token::text, upd.concurrency, upd.attempts, upd.delays, upd.expired, upd.status = 'queued', upd.status = 'prefetched',
        m.xid, m.id, m.produced_at, m.version, coalesce(m.routing_key, ''), coalesce(m.message_key, ''),
        m.payload::text, coalesce(m.options::text, ''), coalesce(m.headers::text, '')
 FROM upd JOIN {s}.{t}_log m ON m.xid = upd.message_xid AND m.id = upd.message_id
