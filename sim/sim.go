@@ -294,7 +294,7 @@ func (w *World) build(in *instance) {
 	in.cl = claimer.New(claimer.Config{Common: rc, BatchLimit: w.opts.BatchLimit, QueueSize: w.opts.QueueSize, StallAfter: time.Hour})
 	ec := common
 	ec.InstanceID = in.excID
-	in.ex = claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec})
+	in.ex = claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec, Prefetch: w.opts.BatchLimit}) // as the engine
 }
 
 // handle is every instance's handler: it returns what the step decided.

@@ -398,7 +398,7 @@ func (a *Actor) quarantine(ctx context.Context, r store.Range, group policy.Grou
 		}
 		e := resolve(m, group)
 		writes = append(writes, store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(e.Concurrency),
-			Status: policy.StatusPending, Error: fmt.Sprintf("quarantined: its range was reclaimed %d times (MaxRangeReclaims %d)", r.Reclaims, limit)})
+			Status: policy.StatusPending, Error: fmt.Sprintf("%s its range was reclaimed %d times (MaxRangeReclaims %d)", store.QuarantinedPrefix, r.Reclaims, limit)})
 	}
 	s := store.RangeCommit{RangeID: r.ID, Token: r.Token, Exceptions: writes, Now: a.cfg.DBNow()}
 	if err := a.db.CommitRange(ctx, s); err != nil {

@@ -26,6 +26,11 @@ type ExceptionRun struct {
 	Prefetched bool
 }
 
+// QuarantinedPrefix starts the last_error of a row a quarantined range left
+// (and no attempt has changed since): the status counts and the claim, which
+// never prefetches such a row, read it.
+const QuarantinedPrefix = "quarantined:"
+
 // ClaimExceptions is an exception claim's inputs.
 type ClaimExceptions struct {
 	Owner string // the exception consumer's worker instance
@@ -226,10 +231,11 @@ WITH RECURSIVE keys AS (
     -- row of the group: the claim's cost then followed the table, not the
     -- claim). A locked row is checked again on its newest version: one
     -- another claimer took meanwhile is no longer due and is skipped.
-    SELECT x.tid, x.message_xid, x.message_id, x.message_key, x.concurrency, x.was, x.can_run_after
+    SELECT x.tid, x.message_xid, x.message_id, x.message_key, x.concurrency, x.was, x.can_run_after, x.alone
     FROM head_candidates c
     CROSS JOIN LATERAL (
-        SELECT e.ctid AS tid, e.message_xid, e.message_id, e.message_key, e.concurrency, e.status AS was, e.can_run_after
+        SELECT e.ctid AS tid, e.message_xid, e.message_id, e.message_key, e.concurrency, e.status AS was, e.can_run_after,
+               true AS alone
         FROM {s}.{t}_exception e
         WHERE e.group_id = $1 AND e.message_xid = c.message_xid AND e.message_id = c.message_id
           AND ((e.status = 'pending' AND e.can_run_after <= coalesce($2, now()))
@@ -240,7 +246,8 @@ WITH RECURSIVE keys AS (
     -- (a row another claimer locked is skipped; one it changed meanwhile
     -- is checked again on its newest version): up to $3 start now, and up
     -- to $8 more of no key lease are prefetched (see prefetched).
-    SELECT x.ctid AS tid, x.message_xid, x.message_id, x.message_key, x.concurrency, x.status AS was, x.can_run_after
+    SELECT x.ctid AS tid, x.message_xid, x.message_id, x.message_key, x.concurrency, x.status AS was, x.can_run_after,
+           x.last_error LIKE 'quarantined:%' AS alone
     FROM {s}.{t}_exception x
     WHERE x.group_id = $1 AND x.status = 'pending' AND x.can_run_after <= coalesce($2, now())
       AND x.concurrency <> 'ordered'
@@ -253,7 +260,8 @@ WITH RECURSIVE keys AS (
     -- Rows of no ordered key whose holder's lease lapsed, the longest
     -- lapsed first, through the index of leased rows: at most $3, each in a
     -- slot of its own.
-    SELECT x.ctid AS tid, x.message_xid, x.message_id, x.message_key, x.concurrency, x.status AS was, x.can_run_after
+    SELECT x.ctid AS tid, x.message_xid, x.message_id, x.message_key, x.concurrency, x.status AS was, x.can_run_after,
+           x.last_error LIKE 'quarantined:%' AS alone
     FROM {s}.{t}_exception x
     WHERE NOT $7::boolean AND x.group_id = $1
       AND x.status IN ('running', 'queued') AND x.expires_at < coalesce($2, now())
@@ -272,9 +280,11 @@ WITH RECURSIVE keys AS (
     -- Leased beyond the free handler slots, 'queued' until a slot frees:
     -- pending rows that need no key lease, never a takeover (a row whose
     -- holder lapsed starts in a slot of its own, 'running', so that a
-    -- message that kills its process spends its retries).
+    -- message that kills its process spends its retries), nor a row of a
+    -- quarantined range not yet tried (retried one by one: one of them
+    -- kills its holders).
     SELECT r.tid FROM ranked r
-    WHERE r.n > $3 AND r.was = 'pending' AND (r.concurrency = 'parallel' OR r.message_key IS NULL)
+    WHERE r.n > $3 AND r.was = 'pending' AND NOT r.alone AND (r.concurrency = 'parallel' OR r.message_key IS NULL)
 ), bounds AS (
     -- Per ordered head, the key's earliest message after it that an
     -- outstanding range holds: each range is scanned within its own bounds.
