@@ -874,6 +874,14 @@ func (a *Actor) Reconcile(ctx context.Context) error {
 // Flush retries commits that failed earlier (a database restart, say), then
 // records the settled prefixes of the ranges still in flight.
 func (a *Actor) Flush(ctx context.Context) error {
+	if err := a.retryCommits(ctx); err != nil {
+		return err
+	}
+	return a.RecordProgress(ctx)
+}
+
+// retryCommits retries the commits that failed earlier.
+func (a *Actor) retryCommits(ctx context.Context) error {
 	pending := a.toCommit
 	a.toCommit = nil
 	for i, c := range pending {
@@ -885,7 +893,7 @@ func (a *Actor) Flush(ctx context.Context) error {
 			return err
 		}
 	}
-	return a.RecordProgress(ctx)
+	return nil
 }
 
 // settledPrefix returns how many of the range's first messages have an
@@ -1109,9 +1117,18 @@ const MinSweep = 100 * time.Millisecond
 
 func (a *Actor) outcome(ctx context.Context, o Outcome) ([]Job, error) { return a.Outcome(ctx, o) }
 func (a *Actor) written(context.Context) error                         { return nil }
-func (a *Actor) flush(ctx context.Context) ([]Job, error) {
-	if a.ticks++; a.ticks >= sweepTicks(a.cfg.PollRate) { // the poll tick: a sweep is due every sweepTicks
-		a.ticks, a.sweep = 0, true
+// flush: on a poll tick, failed commits are retried, and every sweepTicks
+// (at most every MinSweep) the sweep becomes due and progress is recorded
+// and leftovers adopted. Recording at every tick of a 5 ms ClaimPollRate
+// held the loop, and with it the handlers of keyed messages (whose next job
+// waits for the loop), in a statement every tick while ranges were in
+// flight. Any other flush (after an outage, a salvage) does everything.
+func (a *Actor) flush(ctx context.Context, tick bool) ([]Job, error) {
+	if tick {
+		if a.ticks++; a.ticks < sweepTicks(a.cfg.PollRate) {
+			return nil, a.retryCommits(ctx)
+		}
+		a.ticks, a.sweep = 0, true // the sweep tick
 	}
 	return nil, a.flushAdopting(ctx)
 }

@@ -468,7 +468,7 @@ func (a *ExceptionActor) outcome(ctx context.Context, o Outcome) ([]Job, error) 
 	return a.apply(ctx, o) // written by written, once the outcomes waiting are in
 }
 func (a *ExceptionActor) written(ctx context.Context) error { return a.writePending(ctx) }
-func (a *ExceptionActor) flush(ctx context.Context) ([]Job, error) {
+func (a *ExceptionActor) flush(ctx context.Context, _ bool) ([]Job, error) {
 	a.idle = max(a.idle-1, 0) // the poll tick
 	jobs, err := a.Flush(ctx)
 	if err != nil {

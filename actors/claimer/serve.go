@@ -28,7 +28,10 @@ type loop interface {
 	// to claim.
 	claimAfter(jobs []Job) bool
 	outcome(ctx context.Context, o Outcome) ([]Job, error)
-	flush(ctx context.Context) ([]Job, error)
+	// flush does the poll tick's work (tick) or, after an outage and in a
+	// salvage, all of what a flush may (the range claimer records its
+	// progress only on the sweep's ticks).
+	flush(ctx context.Context, tick bool) ([]Job, error)
 	reconcile(ctx context.Context) error
 	inFlight() int
 	handBack(ctx context.Context) error
@@ -118,8 +121,8 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			}
 		}
 	}
-	flush := func() { // the poll tick's work: commits to retry, progress to record
-		jobs, err := l.flush(sctx)
+	flush := func(tick bool) { // the poll tick's work: commits to retry, progress to record
+		jobs, err := l.flush(sctx, tick)
 		report(err)
 		send(jobs)
 	}
@@ -172,14 +175,14 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			// database was out of reach is recorded before other
 			// instances' takeover grace ends (TakeoverGrace), not after a
 			// claim.
-			flushNow := recovered
+			flushNow, tick := recovered, !recovered
 			select {
 			case <-poll.C:
 				flushNow = true
 			default:
 			}
 			if recovered = false; flushNow {
-				flush()
+				flush(tick)
 				if holdoff != nil {
 					continue // the loop's condition ends the claims
 				}
@@ -252,7 +255,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		case <-poll.C:
 			busy.Working()
 			if begun && holdoff == nil {
-				flush()
+				flush(true)
 			}
 			due = true
 		case <-reconcile.C:
@@ -324,7 +327,7 @@ func salvage(ctx context.Context, c *Common, l loop, p *pool, wait time.Duration
 		}
 		break
 	}
-	_ = retryStore(sctx, c, c.Drain.Started(), func(ctx context.Context) error { _, err := l.flush(ctx); return err })
+	_ = retryStore(sctx, c, c.Drain.Started(), func(ctx context.Context) error { _, err := l.flush(ctx, false); return err })
 }
 
 // absorb applies every outcome already waiting, without blocking.
