@@ -1117,6 +1117,7 @@ const MinSweep = 100 * time.Millisecond
 
 func (a *Actor) outcome(ctx context.Context, o Outcome) ([]Job, error) { return a.Outcome(ctx, o) }
 func (a *Actor) written(context.Context) error                         { return nil }
+
 // flush: on a poll tick, failed commits are retried, and every sweepTicks
 // (at most every MinSweep) the sweep becomes due and progress is recorded
 // and leftovers adopted. Recording at every tick of a 5 ms ClaimPollRate
