@@ -182,6 +182,9 @@ type Client struct {
 	reads *store.Reader // ReadPool's, or the primary's when it is nil
 	hub   *engine.Hub
 	wakes wakeup.Combiner // pool produces' wake-ups, merged
+	// managerTurn is held by the one Consume session of this client whose
+	// manager runs (see oneManagerAProcess).
+	managerTurn chan struct{}
 }
 
 // NewClient validates cfg and returns a client on pool. Unless
@@ -216,7 +219,8 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg *ClientConfig) (*Cli
 	if err != nil {
 		return nil, fmt.Errorf("new client: read pool: %w", err)
 	}
-	return &Client{cfg: c, store: st, reads: reads, hub: engine.NewHub(st, c.Clock, c.Logger, c.Observer)}, nil
+	return &Client{cfg: c, store: st, reads: reads, hub: engine.NewHub(st, c.Clock, c.Logger, c.Observer),
+		managerTurn: make(chan struct{}, 1)}, nil
 }
 
 // Schema returns the schema the client works in.

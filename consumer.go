@@ -162,8 +162,10 @@ type ConsumeOptions struct {
 	// moves MessageMax.
 	ShutdownTimeout time.Duration
 	// DisableManager runs no maintenance manager in this session (see
-	// Manager). Default false: every session runs one, and each worker
-	// runs on as many managers of the fleet as its WorkerConfig.Instances.
+	// Manager). Default false: the client runs one manager while it has a
+	// session that does not disable it (one a process, however many
+	// sessions), and each worker runs on as many managers of the fleet as
+	// its WorkerConfig.Instances.
 	DisableManager bool
 	// DisableGracefulShutdown stops at once when ctx ends, leaving leases to
 	// expire as after a crash.
@@ -563,7 +565,9 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 	client := c.s.c
 	var mgr func(*shutdown.Plan) suture.Service
 	if !o.DisableManager {
-		mgr = func(stop *shutdown.Plan) suture.Service { return client.Manager().actor(o.InstanceTTL, stop) }
+		mgr = func(stop *shutdown.Plan) suture.Service {
+			return oneManagerAProcess{turn: client.managerTurn, svc: client.Manager().actor(o.InstanceTTL, stop)}
+		}
 	}
 	health := outage.NewHealth(client.cfg.Clock, o.InstanceTTL)
 	defer health.Close()

@@ -53,7 +53,7 @@ func TestLateCommitIsNotSkipped(t *testing.T) {
 	_, ok, err := db.ClaimRange(ctx, args)
 	require.NoError(t, err)
 	require.False(t, ok, "a claim must not pass an open transaction's position")
-	g, err := db.GateProbe(ctx)
+	g, err := db.GateProbe(ctx, nil)
 	require.NoError(t, err)
 	require.True(t, g.Pending, "the probe sees committed rows waiting behind the gate")
 

@@ -10,17 +10,45 @@ import (
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/settings"
 	"github.com/c1702965/sqlstreams/internal/shutdown"
+	"github.com/thejerf/suture/v4"
 )
 
 // Manager runs the fleet's maintenance workers: retention, which drops
 // messages older than their stream's RetentionTTL; prune, which keeps the
 // ledgers bounded; and the scheduler, which produces schedules' due runs. It owns no config:
 // each worker's knobs live on its worker_config row (Declare), read when the
-// worker is provisioned and at every heartbeat. Every Consume session runs a
-// manager unless ConsumeOptions.DisableManager is set; a process that does
-// not consume can run one with Run. However many managers run, each worker
+// worker is provisioned and at every heartbeat. A client runs one manager
+// while it has a Consume session without ConsumeOptions.DisableManager (one
+// a process, however many sessions: it runs in one of them, and moves to
+// another when that one stops); a process that does not consume can run one
+// with Run. However many managers run, each worker
 // runs on as many of them as its Instances says (one by default).
 type Manager struct{ c *Client }
+
+// oneManagerAProcess runs a Consume session's manager while no other session
+// of the same client runs one: one manager a process, however many sessions
+// it runs. Every manager asks for each worker's slot every TTL/3, so a
+// process of 500 sessions ran 500 managers asking for the same three slots
+// (the many-sessions idle window spent most of the server's CPU on them).
+// The others wait for their turn at no cost; when the running one's session
+// stops, another session's manager takes over (a new slot, when the old
+// one was given back).
+type oneManagerAProcess struct {
+	turn chan struct{}
+	svc  suture.Service
+}
+
+func (o oneManagerAProcess) Serve(ctx context.Context) error {
+	select {
+	case o.turn <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-o.turn }()
+	return o.svc.Serve(ctx)
+}
+
+func (o oneManagerAProcess) String() string { return "manager" }
 
 // Manager returns the client's manager.
 func (c *Client) Manager() *Manager { return &Manager{c: c} }

@@ -391,24 +391,32 @@ var wall = clock.New()
 // the run began, named by their first line (sqlstreams' statements start with
 // a comment naming their caller).
 func (b *bench) topStatements(ctx context.Context) error {
-	rows, err := b.pool.Query(ctx, `SELECT split_part(ltrim(query), E'\n', 1), calls, total_exec_time, rows
-FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 20`)
+	// Grouped by that first line: a statement of a stream's own tables has a
+	// text per stream.
+	rows, err := b.pool.Query(ctx, `SELECT split_part(ltrim(query), E'\n', 1), sum(calls)::bigint, sum(total_exec_time), sum(total_plan_time),
+       sum(plans)::bigint, sum(rows)::bigint
+FROM pg_stat_statements GROUP BY 1
+UNION ALL
+SELECT '(all statements)', sum(calls)::bigint, sum(total_exec_time), sum(total_plan_time), sum(plans)::bigint, sum(rows)::bigint
+FROM pg_stat_statements
+ORDER BY 3 DESC LIMIT 21`)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
-	fmt.Printf("\nstatements by server time (pg_stat_statements):\n  %10s %10s %10s %10s  %s\n", "total ms", "calls", "mean µs", "rows", "statement")
+	fmt.Printf("\nstatements by server time (pg_stat_statements):\n  %10s %10s %10s %10s %10s %10s  %s\n",
+		"exec ms", "calls", "mean µs", "plan ms", "plans", "rows", "statement")
 	for rows.Next() {
 		var q string
-		var calls, n int64
-		var total float64
-		if err := rows.Scan(&q, &calls, &total, &n); err != nil {
+		var calls, plans, n int64
+		var total, plan float64
+		if err := rows.Scan(&q, &calls, &total, &plan, &plans, &n); err != nil {
 			return err
 		}
 		if len(q) > 70 {
 			q = q[:70]
 		}
-		fmt.Printf("  %10.0f %10d %10.1f %10d  %s\n", total, calls, total*1000/float64(max(calls, 1)), n, q)
+		fmt.Printf("  %10.0f %10d %10.1f %10.0f %10d %10d  %s\n", total, calls, total*1000/float64(max(calls, 1)), plan, plans, n, q)
 	}
 	return rows.Err()
 }

@@ -95,7 +95,7 @@ func startCluster(ctx context.Context, statements bool) (*cluster, error) {
 		"full_page_writes = on",
 	}, "\n") + "\n"
 	if statements {
-		conf += "shared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.max = 1000\n"
+		conf += "shared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.max = 5000\npg_stat_statements.track_planning = on\n"
 	}
 	f, err := os.OpenFile(filepath.Join(data, "postgresql.conf"), os.O_WRONLY|os.O_APPEND, 0)
 	if err == nil {

@@ -77,6 +77,10 @@ type ExceptionActor struct {
 	// begunAt is when the serve loop's begin ran: takeovers wait
 	// TakeoverGrace after it (zero for the step functions' callers).
 	begunAt time.Time
+	// empty: the last claim leased nothing, so the next one first asks
+	// whether anything is due (store.ExceptionsDue), which costs a fraction
+	// of the claim's planning.
+	empty bool
 }
 
 // NewExceptionActor returns an exception claimer.
@@ -113,11 +117,19 @@ func (a *ExceptionActor) Claim(ctx context.Context) ([]Job, error) {
 			return nil, err
 		}
 	}
+	hold := a.cfg.takeoversHeld(a.begunAt)
+	if a.empty {
+		due, err := a.db.ExceptionsDue(ctx, a.cfg.DBNow(), hold)
+		if err != nil || !due {
+			return nil, err
+		}
+	}
 	rows, err := a.db.ClaimExceptions(ctx, store.ClaimExceptions{Owner: a.cfg.InstanceID, Limit: free, Prefetch: prefetch, Chain: a.cfg.Chain,
-		Lease: a.cfg.Lease, Now: a.cfg.DBNow(), HoldTakeovers: a.cfg.takeoversHeld(a.begunAt)})
+		Lease: a.cfg.Lease, Now: a.cfg.DBNow(), HoldTakeovers: hold})
 	if err != nil {
 		return nil, err
 	}
+	a.empty = len(rows) == 0
 	var heads []*excRun
 	var orphans []store.ExceptionRun
 	chains := map[string]*excRun{}

@@ -149,16 +149,20 @@ func (g Group) ReclaimRange(ctx context.Context, a ClaimParams) (r Range, ok boo
 }
 
 // Gate reports, for a claim that found nothing, whether committed rows wait
-// behind an open transaction (the gate's xmin).
+// behind an open transaction (the gate's xmin): Pending, rows after the
+// cursor's head. Expired: a range lease of the group has lapsed (a sweep
+// reclaims it).
 type Gate struct {
 	Xmin    int64
 	Pending bool
+	Expired bool
 }
 
-// GateProbe tells an empty claim apart from a stalled one.
-func (g Group) GateProbe(ctx context.Context) (Gate, error) {
+// GateProbe tells an empty claim apart from a stalled one, and tells an idle
+// claimer's sweep whether it has anything to claim.
+func (g Group) GateProbe(ctx context.Context, now Now) (Gate, error) {
 	var gate Gate
-	if err := g.st.pool.QueryRow(ctx, g.sql(gateProbeSQL), g.GroupID).Scan(&gate.Xmin, &gate.Pending); err != nil {
+	if err := g.st.pool.QueryRow(ctx, g.sql(gateProbeSQL), g.GroupID, now).Scan(&gate.Xmin, &gate.Pending, &gate.Expired); err != nil {
 		return gate, fmt.Errorf("gate probe: %w", err)
 	}
 	return gate, nil
@@ -290,4 +294,5 @@ SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
                WHERE (m.xid, m.id) > ((SELECT head_xid FROM {s}.{t}_cursor WHERE group_id = $1),
                                       (SELECT head_id FROM {s}.{t}_cursor WHERE group_id = $1))
                  AND m.xid >= (SELECT head_xid FROM {s}.{t}_cursor WHERE group_id = $1)
-               ORDER BY m.xid, m.id LIMIT 1), false)`)
+               ORDER BY m.xid, m.id LIMIT 1), false),
+       EXISTS (SELECT 1 FROM {s}.{t}_range g WHERE g.group_id = $1 AND g.expires_at < coalesce($2, now()))`)

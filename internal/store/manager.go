@@ -65,9 +65,23 @@ VALUES ($1, $2, $3, coalesce($4, now()))`), id, doc, declaredBy, now)
 // suspends the worker) hold one. The worker row's lock serializes
 // provisioners, so the target is never exceeded. It returns the row's
 // metadata either way.
+//
+// A first read without the lock returns at once when the slots are all
+// held: every Consume session's manager asks every TTL/3, and with a lock
+// each time, hundreds of idle sessions queued on the worker row (46 ms a
+// call, most of the server's CPU in the many-sessions idle window).
 func (st *Store) ProvisionSlot(ctx context.Context, workerConfigID int64, instanceID, declaredBy string, ttl time.Duration, now Now) (ok bool, doc []byte, err error) {
+	var target, live int
+	if err := st.pool.QueryRow(ctx, st.sql(`-- store.ProvisionSlot
+SELECT w.metadata, coalesce((w.metadata->>'instances')::int, 1),
+       (SELECT count(*) FROM %[1]s.worker_instance i WHERE i.worker_config_id = w.id AND i.expires_at > coalesce($2, now()))
+FROM %[1]s.worker_config w WHERE w.id = $1`), workerConfigID, now).Scan(&doc, &target, &live); err != nil {
+		return false, nil, fmt.Errorf("provision slot: %w", err)
+	}
+	if live >= target {
+		return false, doc, nil
+	}
 	err = pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
-		var target, live int
 		if err := tx.QueryRow(ctx, st.sql(`-- store.ProvisionSlot
 SELECT w.metadata, coalesce((w.metadata->>'instances')::int, 1),
        (SELECT count(*) FROM %[1]s.worker_instance i WHERE i.worker_config_id = w.id AND i.expires_at > coalesce($2, now()))

@@ -81,7 +81,7 @@ SELECT now(), 1, '{"a":1}' FROM generate_series(1, 100000)`)
 			// backlog, 200–850 ms at 200,000 messages.
 			"claim 1000": {tb.sql(claimSQL), []any{groupID, 1000, nil, owner, time.Minute}},
 			"reclaim":    {tb.sql(reclaimSQL), []any{groupID, nil, owner, time.Minute}},
-			"gate":       {tb.sql(gateProbeSQL), []any{groupID}},
+			"gate":       {tb.sql(gateProbeSQL), []any{groupID, nil}},
 		} {
 			reclaim := name == "reclaim"
 			name = name + ", " + stats
@@ -173,5 +173,12 @@ FROM `+tp+`_log WHERE id % 10 = 0`, groupID)
 			require.NotContains(t, text, "Bitmap Heap Scan on "+table, "%s plan:\n%s", name, text)
 			require.NotContains(t, text, "Seq Scan on "+tablePrefix(streamID)+"_log", "%s plan:\n%s", name, text)
 		}
+		if stats == "analyzed" {
+			continue // every row is due: a scan stops at the first one
+		}
+		name := "exceptionsDue, " + stats
+		text := explain(t, st, name, tb.sql(exceptionsDueSQL), groupID, nil, false)
+		require.NotContains(t, text, "Seq Scan on "+tablePrefix(streamID)+"_exception", "%s plan:\n%s", name, text)
+		require.NotContains(t, text, "Bitmap Heap Scan on "+tablePrefix(streamID)+"_exception", "%s plan:\n%s", name, text)
 	}
 }
