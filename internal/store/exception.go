@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // ExceptionRun is an exception row leased for one attempt.
@@ -132,36 +130,57 @@ func (g Group) SettleException(ctx context.Context, s Settlement) (nextStarted b
 }
 
 // SettleExceptions writes several attempts' results, each as
-// SettleException does, in one round trip and one transaction (a pipeline
-// without explicit transaction control runs as one implicit transaction):
-// one commit for them all, where one statement each paid a commit each and
-// held the exception path to a few hundred rows a second. None may carry
-// Next, and none may be of a keyed message: their statements then lock
-// nothing but their own exception rows, which ss must list in position
-// order (locks.go). lost[i] reports that settlement i found its lease gone.
-// On an error none of them applied, or (a reply lost) all of them did: a
-// retry of one that had applied finds its lease gone.
+// SettleException does, in one statement (settleExceptionsSQL): one plan and
+// one commit for them all. A statement each paid a commit each, which held
+// the exception path to a few hundred rows a second; then, pipelined, a
+// plan each (0.3 ms: each call's parameters prune the statement's branches,
+// so the custom plan always wins and is made again), most of the cost of a
+// burst of retries. None may carry Next, and none may hold a key lease
+// (exclusive or ordered with a key): the statement locks nothing but their
+// exception rows, in position order (locks.go). lost[i] reports that
+// settlement i found its lease gone. On an error none of them applied, or
+// (a reply lost) all of them did: a retry of one that had applied finds its
+// lease gone.
 func (g Group) SettleExceptions(ctx context.Context, ss []Settlement) (lost []bool, err error) {
-	var b pgx.Batch
-	for _, s := range ss {
+	n := len(ss)
+	xids, ids := make([]int64, n), make([]int64, n)
+	tokens, statuses, errs, outcomes := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	dels := make([]bool, n)
+	attempts, delays, attempt := make([]int32, n), make([]int32, n), make([]int32, n)
+	after := make([]int64, n)
+	var now Now
+	for i, s := range ss {
 		if s.Next != nil {
 			return nil, fmt.Errorf("settle exceptions: %d has a next row: settle it alone", s.ID)
 		}
-		b.Queue(g.sql(settleExceptionSQL), g.GroupID, s.Xid, s.ID, s.Token, s.Delete,
-			s.Status, s.Attempts, s.Delays, s.Error, s.Now, s.After.Microseconds(), s.Outcome, s.Attempt, "", int64(0), int64(0))
-	}
-	br := g.st.pool.SendBatch(ctx, &b)
-	lost = make([]bool, len(ss))
-	for i := range ss {
-		var n, started int
-		if err := br.QueryRow().Scan(&n, &started); err != nil {
-			_ = br.Close()
-			return nil, fmt.Errorf("settle %d exceptions: %w", len(ss), err)
+		xids[i], ids[i], tokens[i], dels[i], statuses[i] = s.Xid, s.ID, s.Token, s.Delete, s.Status
+		attempts[i], delays[i], errs[i], after[i] = int32(s.Attempts), int32(s.Delays), s.Error, s.After.Microseconds()
+		outcomes[i], attempt[i] = s.Outcome, int32(s.Attempt)
+		if s.Status == "" {
+			statuses[i] = "pending" // unused: the row is deleted
 		}
-		lost[i] = n == 0
+		now = s.Now
 	}
-	if err := br.Close(); err != nil {
-		return nil, fmt.Errorf("settle %d exceptions: %w", len(ss), err)
+	rows, err := g.st.pool.Query(ctx, g.sql(settleExceptionsSQL), g.GroupID, xids, ids, tokens, dels, statuses,
+		attempts, delays, errs, after, outcomes, attempt, now)
+	if err != nil {
+		return nil, fmt.Errorf("settle %d exceptions: %w", n, err)
+	}
+	defer rows.Close()
+	gone := map[int64]bool{}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("settle %d exceptions: scan: %w", n, err)
+		}
+		gone[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("settle %d exceptions: %w", n, err)
+	}
+	lost = make([]bool, n)
+	for i, s := range ss {
+		lost[i] = gone[s.ID]
 	}
 	return lost, nil
 }
@@ -418,6 +437,46 @@ WITH del AS (
       AND (SELECT count(*) FROM nxt) >= 0
 )
 SELECT (SELECT count(*) FROM del) + (SELECT count(*) FROM upd), (SELECT count(*) FROM nxt)`)
+
+// Settle several exception attempts, each under its lease token, as
+// settleExceptionSQL does one (no chain, no key lease). The rows still
+// under their tokens are locked first, in position order; the ids whose
+// lease was gone come back.
+var settleExceptionsSQL = perStream(`-- store.SettleExceptions
+WITH s AS (
+    SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::uuid[], $5::boolean[], $6::text[], $7::int[], $8::int[],
+                         $9::text[], $10::bigint[], $11::text[], $12::int[])
+        AS s(xid, id, token, del, status, attempts, delays, err, after_us, outcome, attempt)
+), xl AS (
+    SELECT x.message_xid, x.message_id FROM {s}.{t}_exception x
+    JOIN s ON x.message_xid = s.xid AND x.message_id = s.id AND x.token = s.token
+    WHERE x.group_id = $1
+    ORDER BY x.message_xid, x.message_id
+    FOR UPDATE OF x
+), del AS (
+    DELETE FROM {s}.{t}_exception x USING s, xl
+    WHERE x.group_id = $1 AND s.del AND x.message_xid = s.xid AND x.message_id = s.id AND x.token = s.token
+      AND xl.message_xid = s.xid AND xl.message_id = s.id
+    RETURNING x.message_xid, x.message_id
+), upd AS (
+    UPDATE {s}.{t}_exception x
+    SET status = s.status, attempts = s.attempts, delays = s.delays, last_error = s.err,
+        can_run_after = coalesce($13, now()) + s.after_us * interval '1 microsecond',
+        token = NULL, owner = NULL, expires_at = NULL, updated_at = coalesce($13, now())
+    FROM s, xl
+    WHERE x.group_id = $1 AND NOT s.del AND x.message_xid = s.xid AND x.message_id = s.id AND x.token = s.token
+      AND xl.message_xid = s.xid AND xl.message_id = s.id
+    RETURNING x.message_xid, x.message_id
+), done AS (
+    SELECT message_xid, message_id FROM del UNION ALL SELECT message_xid, message_id FROM upd
+), l AS (
+    INSERT INTO {s}.{t}_delivery (group_id, message_xid, message_id, attempt, outcome, error, at)
+    SELECT $1, s.xid, s.id, s.attempt, s.outcome, s.err, coalesce($13, now())
+    FROM s JOIN done d ON d.message_xid = s.xid AND d.message_id = s.id
+    WHERE s.outcome <> ''
+)
+SELECT s.id FROM s
+WHERE NOT EXISTS (SELECT 1 FROM done d WHERE d.message_xid = s.xid AND d.message_id = s.id)`)
 
 // Give queued (and not yet settled) rows back to pending without
 // spending an attempt: the chain they waited in broke.
