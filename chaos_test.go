@@ -222,8 +222,8 @@ func TestChaos(t *testing.T) {
 			// A third unkeyed, a third exclusive, a third ordered, on
 			// 200 keys of each kind: ranges and instances contend for
 			// them, and the parked messages stay within what the
-			// exception path (serial today, ROADMAP.md) drains in a
-			// long run.
+			// exception path (keyed rows one at a time, ROADMAP.md)
+			// drains in a long run.
 			po := &ProduceOptions{Tx: tx}
 			switch i % 3 {
 			case 1:
