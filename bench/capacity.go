@@ -204,11 +204,19 @@ func (b *bench) capacityWindow(ctx context.Context, prefix string, sc capacitySc
 		}
 	}()
 	n := 0
+	// Starting thousands of sessions takes minutes on a small server: the
+	// progress line says how far it got.
+	var registered atomic.Int64
+	stopOnce := progress(prefix+" sessions", "sessions", int64(sc.streams*sc.groups*sc.sessionsPerGroup), &registered)
+	var once sync.Once
+	stopProgress := func() { once.Do(stopOnce) }
+	defer stopProgress()
 	for si := range sc.streams {
 		for g := range sc.groups {
 			for range sc.sessionsPerGroup {
 				client := clients[n%len(clients)]
 				n++
+				registered.Add(1)
 				cons, err := sqlstreams.Stream[Order](client, fmt.Sprintf("bench.%s.s%d", prefix, si)).Consumer(fmt.Sprintf("%s-s%d-g%d", prefix, si, g)).Register(ctx, &sqlstreams.ConsumerConfig{Start: sqlstreams.StartHead})
 				if err != nil {
 					return run, err
@@ -223,6 +231,7 @@ func (b *bench) capacityWindow(ctx context.Context, prefix string, sc capacitySc
 		}
 	}
 	run.Sessions = n
+	stopProgress()
 	// Warm up: one message to each stream, handled by each of its groups.
 	for _, s := range streams {
 		if _, err := s.Produce(ctx, baseOrder, nil); err != nil {
