@@ -368,6 +368,18 @@ func TestTheRetryDecisionUsesTheConfigAtTheExceptionWrite(t *testing.T) {
 	}
 }
 
+// newFirstAttemptFailsStepper drives a group whose retries come 1 s after a
+// failure with a handler whose first attempt of every message fails.
+func newFirstAttemptFailsStepper(t *testing.T) (*stepper, *StreamHandle[order]) {
+	t.Helper()
+	return newStepper(t, &ConsumerConfig{ExceptionInitialBackoff: time.Second}, func(_ *order, attempt int) error {
+		if attempt == 1 {
+			return errors.New("first attempt fails")
+		}
+		return nil
+	})
+}
+
 // The exception claimer writes the settlements of unkeyed retries that end
 // together in one round trip and one commit (store.SettleExceptions), where
 // one each held the exception path to a few hundred rows a second. Each is
@@ -375,12 +387,7 @@ func TestTheRetryDecisionUsesTheConfigAtTheExceptionWrite(t *testing.T) {
 // meanwhile is left to it and counted as a lost lease, and the others are
 // settled.
 func TestRetriesThatEndTogetherSettleInOneWrite(t *testing.T) {
-	st, s := newStepper(t, &ConsumerConfig{ExceptionInitialBackoff: time.Second}, func(_ *order, attempt int) error {
-		if attempt == 1 {
-			return errors.New("first attempt fails")
-		}
-		return nil
-	})
+	st, s := newFirstAttemptFailsStepper(t)
 	ctx := context.Background()
 	n := st.common.Concurrency // one claim's worth
 	for i := range n {
@@ -422,12 +429,7 @@ func TestRetriesThatEndTogetherSettleInOneWrite(t *testing.T) {
 // free slot's worth of rows, and 10% of a burn-down failing once ran at a
 // few hundred retries a second.
 func TestRetriesBeyondTheFreeSlotsArePrefetchedAndTheirLapseSpendsNoAttempt(t *testing.T) {
-	st, s := newStepper(t, &ConsumerConfig{ExceptionInitialBackoff: time.Second}, func(_ *order, attempt int) error {
-		if attempt == 1 {
-			return errors.New("first attempt fails")
-		}
-		return nil
-	})
+	st, s := newFirstAttemptFailsStepper(t)
 	ctx := context.Background()
 	const n = 20
 	for i := range n {

@@ -72,21 +72,14 @@ VALUES ($1, $2, $3, coalesce($4, now()))`), id, doc, declaredBy, now)
 // call, most of the server's CPU in the many-sessions idle window).
 func (st *Store) ProvisionSlot(ctx context.Context, workerConfigID int64, instanceID, declaredBy string, ttl time.Duration, now Now) (ok bool, doc []byte, err error) {
 	var target, live int
-	if err := st.pool.QueryRow(ctx, st.sql(`-- store.ProvisionSlot
-SELECT w.metadata, coalesce((w.metadata->>'instances')::int, 1),
-       (SELECT count(*) FROM %[1]s.worker_instance i WHERE i.worker_config_id = w.id AND i.expires_at > coalesce($2, now()))
-FROM %[1]s.worker_config w WHERE w.id = $1`), workerConfigID, now).Scan(&doc, &target, &live); err != nil {
+	if err := st.pool.QueryRow(ctx, st.sql(provisionReadSQL), workerConfigID, now).Scan(&doc, &target, &live); err != nil {
 		return false, nil, fmt.Errorf("provision slot: %w", err)
 	}
 	if live >= target {
 		return false, doc, nil
 	}
 	err = pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, st.sql(`-- store.ProvisionSlot
-SELECT w.metadata, coalesce((w.metadata->>'instances')::int, 1),
-       (SELECT count(*) FROM %[1]s.worker_instance i WHERE i.worker_config_id = w.id AND i.expires_at > coalesce($2, now()))
-FROM %[1]s.worker_config w WHERE w.id = $1
-FOR UPDATE OF w`), workerConfigID, now).Scan(&doc, &target, &live); err != nil {
+		if err := tx.QueryRow(ctx, st.sql(provisionReadSQL+"\nFOR UPDATE OF w"), workerConfigID, now).Scan(&doc, &target, &live); err != nil {
 			return err
 		}
 		if live >= target {
@@ -106,6 +99,13 @@ VALUES ($1::uuid, $2, $3, coalesce($4, now()), coalesce($4, now()), coalesce($4,
 	}
 	return ok, doc, nil
 }
+
+// provisionReadSQL reads a fleet worker's metadata, its target and its live
+// holders: unlocked first, then again under the worker row's lock.
+const provisionReadSQL = `-- store.ProvisionSlot
+SELECT w.metadata, coalesce((w.metadata->>'instances')::int, 1),
+       (SELECT count(*) FROM %[1]s.worker_instance i WHERE i.worker_config_id = w.id AND i.expires_at > coalesce($2, now()))
+FROM %[1]s.worker_config w WHERE w.id = $1`
 
 // RenewSlot extends a fleet worker instance's heartbeat and returns the
 // worker's current metadata and how many live holders started before this
