@@ -583,7 +583,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 			TimeoutGrace: o.TimeoutGrace, KeyBusyDelay: keyBusyDelay, ConfigRefreshInterval: o.ConfigRefreshInterval,
 			BindingRetryInterval: o.BindingRetryInterval,
 		},
-		Patterns: c.patterns, Regexes: c.regexes, DeclaredAt: c.waitingSince(), Declared: c.declared, Hub: client.hub,
+		Patterns: c.patterns, Regexes: c.regexes, DeclaredAt: c.waitingSince(), Declared: c.declared, Hub: o.test.hub(client.hub),
 		Leftovers: &c.leftovers,
 		Alerts:    client.publishAlerts(c.s.name, c.group.Name, c.patterns),
 		Clock:     client.cfg.Clock, Logger: client.cfg.Logger, Stats: stats,
@@ -631,7 +631,10 @@ func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
 // fault injected at the top of every claim. Nothing outside the tests can
 // set them, and a session without them checks two nil functions.
 type testHooks struct {
-	onStart func(instanceID string)
+	// noListener runs the session without the client's LISTEN hub: no
+	// wakes, and the claimers never quiet (as while the listener is down).
+	noListener bool
+	onStart    func(instanceID string)
 	fault   func(site string) error
 	trace   func(kind claimer.TraceKind, messages []int64)
 }
@@ -641,6 +644,13 @@ func (h *testHooks) tracer() func(claimer.TraceKind, []int64) {
 		return nil
 	}
 	return h.trace
+}
+
+func (h *testHooks) hub(hub *engine.Hub) *engine.Hub {
+	if h != nil && h.noListener {
+		return nil
+	}
+	return hub
 }
 
 func (h *testHooks) start() func(string) {

@@ -122,10 +122,10 @@ func TestLockOrderHasNoDeadlocks(t *testing.T) {
 				settled++
 				return err
 			}, func(int) error {
-				_, err := e.client.store.RenewInstance(ctx, owner, c.group.StreamID, time.Minute, nil)
+				_, err := e.client.store.RenewInstance(ctx, owner, c.group.StreamID, time.Minute, nil, true)
 				return err
 			}, func(int) error {
-				_, err := e.client.store.RenewInstance(ctx, owner, c.group.StreamID, time.Minute, nil)
+				_, err := e.client.store.RenewInstance(ctx, owner, c.group.StreamID, time.Minute, nil, true)
 				return err
 			})
 			require.Equal(t, chain, settled)

@@ -63,7 +63,8 @@ func (c *callerCounter) snapshot() map[string]int {
 	return out
 }
 
-// An idle instance that polls faster than MinSweep reads new positions at
+// While the client's listener is down (noListener: no hub), an idle
+// instance that polls faster than MinSweep reads new positions at
 // every poll, but looks for expired leases, probes the gate and claims
 // exception rows at most every MinSweep: those statements are a poll's
 // most expensive (the exception claim visits every key with unresolved
@@ -95,7 +96,8 @@ func TestAFastPollSweepsAtMostEveryMinSweep(t *testing.T) {
 	done := make(chan error, 1)
 	started := time.Now()
 	go func() {
-		done <- c.Consume(cctx, func(context.Context, *order) error { return nil }, &ConsumeOptions{ClaimPollRate: poll})
+		done <- c.Consume(cctx, func(context.Context, *order) error { return nil }, &ConsumeOptions{ClaimPollRate: poll,
+			test: &testHooks{noListener: true}})
 	}()
 	within(t, counter.reached, "200 polls of an idle instance")
 	cancel()

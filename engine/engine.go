@@ -284,8 +284,9 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 	msgLive, excLive := heartbeat.NewLiveness(cfg.Clock, o.InstanceTTL), heartbeat.NewLiveness(cfg.Clock, o.InstanceTTL)
 	msgLive.Start(s.reg.Sent())
 	excLive.Start(s.reg.Sent())
-	newBeat := func(id, worker string, live *heartbeat.Liveness) *heartbeat.Actor {
-		return heartbeat.New(heartbeat.Config{Registered: true,
+	msgHold, excHold := &claimer.Holdings{}, &claimer.Holdings{}
+	newBeat := func(id, worker string, live *heartbeat.Liveness, hold *claimer.Holdings) *heartbeat.Actor {
+		return heartbeat.New(heartbeat.Config{Registered: true, Holds: hold.May,
 			Store: cfg.Store, StreamID: cfg.StreamID, WorkerConfigID: cfg.Workers[worker],
 			InstanceID: id, DeclaredBy: cfg.DeclaredBy, TTL: o.InstanceTTL,
 			Clock: cfg.Clock, Logger: logger.With("worker", worker), DBNow: s.dbNow, Liveness: live,
@@ -298,13 +299,17 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: ShutdownBudget(o, s.snap),
 		Clock: cfg.Clock, Logger: logger, DBNow: s.dbNow, Stats: cfg.Stats, Drain: s.plan, Fault: cfg.Fault,
 		Trace: cfg.Trace, Health: s.health, Retry: cfg.Retry, Observer: cfg.Observer, StreamName: cfg.StreamName, GroupName: cfg.GroupName,
+		Nudge: &claimer.Nudge{},
+	}
+	if cfg.Hub != nil {
+		common.Listening = cfg.Hub.Listening
 	}
 	rc := common
-	rc.InstanceID, rc.Liveness = msgID, msgLive
+	rc.InstanceID, rc.Liveness, rc.Holdings = msgID, msgLive, msgHold
 	cl := claimer.New(claimer.Config{Common: rc, BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, StallAfter: o.StallAfter,
 		Alerts: s.queue, Wake: s.wake})
 	ec := common
-	ec.InstanceID, ec.Liveness = excID, excLive
+	ec.InstanceID, ec.Liveness, ec.Holdings = excID, excLive, excHold
 	ex := claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec, Prefetch: o.BatchLimit})
 
 	actors := []*drainable{
@@ -312,8 +317,8 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		{name: "exceptions", serve: ex.Serve, done: make(chan error, 1)},
 	}
 	sup := supervisor.New("consume:"+cfg.GroupName, logger)
-	sup.Add(supervisor.Guard("heartbeat", newBeat(msgID, store.WorkerMessageConsumer, msgLive)))
-	sup.Add(supervisor.Guard("exception-heartbeat", newBeat(excID, store.WorkerExceptionConsumer, excLive)))
+	sup.Add(supervisor.Guard("heartbeat", newBeat(msgID, store.WorkerMessageConsumer, msgLive, msgHold)))
+	sup.Add(supervisor.Guard("exception-heartbeat", newBeat(excID, store.WorkerExceptionConsumer, excLive, excHold)))
 	sup.Add(supervisor.Guard("refresher", s.ref))
 	if cfg.Manager != nil {
 		sup.Add(supervisor.Guard("manager", cfg.Manager(s.plan)))

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/benbjohnson/clock"
@@ -30,6 +31,9 @@ type Hub struct {
 	logger   *slog.Logger
 	observer observe.Observer // counts reconnects
 	retry    time.Duration
+
+	// up: the listening connection is established (Listening).
+	up atomic.Bool
 
 	mu     sync.Mutex
 	subs   map[int64]map[chan struct{}][]string // per stream: each subscriber's binding patterns
@@ -91,6 +95,12 @@ func (h *Hub) Subscribe(streamID int64, patterns []string) (<-chan struct{}, fun
 	}
 }
 
+// Listening reports whether the hub's LISTEN connection is up: while it is,
+// every produce wakes its sessions, and idle claimers skip their poll ticks
+// (decision 0038). A reconnect wakes every session (notifications may have
+// been missed in between).
+func (h *Hub) Listening() bool { return h.up.Load() }
+
 func (h *Hub) wake(w store.Wake) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -130,8 +140,10 @@ func (h *Hub) run(ctx context.Context, done chan struct{}) {
 				lost = false
 				h.wakeAll()
 			}
+			h.up.Store(true)
 			h.Signals.Listening.Signal(l.PID())
 			err = h.listen(ctx, l)
+			h.up.Store(false)
 			_ = l.Close(context.WithoutCancel(ctx))
 		}
 		if ctx.Err() != nil {

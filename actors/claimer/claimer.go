@@ -35,6 +35,7 @@ import (
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/shutdown"
 	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/c1702965/sqlstreams/internal/wakeup"
 )
 
 // Stats are the actors' counters, safe to read while they run.
@@ -123,6 +124,17 @@ type Common struct {
 	Skipped func(m *store.Message, bindings int64)
 	// Broken is nil outside the simulator's tests: see Broken.
 	Broken *Broken
+	// Listening, if set, reports whether the client's LISTEN connection is
+	// up: while it is, a quiet actor skips its poll ticks (decision 0038;
+	// quiet.go). nil: never quiet (the simulator, step-driven tests).
+	Listening func() bool
+	// Holdings, if set, is told whether the actor may hold leases, for its
+	// heartbeat (Holdings).
+	Holdings *Holdings
+	// Nudge, if set, is shared by a session's two claimers: the range
+	// claimer gives it when it writes exception rows, the exception claimer
+	// takes it.
+	Nudge *Nudge
 	// Trace, if set, is told what becomes of outcomes: applied in memory,
 	// dropped (a stale or cancelled run), written, or lost with the lease.
 	// The chaos test accounts for its duplicates with it; nil elsewhere.
@@ -304,6 +316,11 @@ type Actor struct {
 	// begunAt is when the serve loop's begin ran: takeovers wait
 	// TakeoverGrace after it (zero for the step functions' callers).
 	begunAt time.Time
+	// idleProbed: the last claim was a sweep whose probe found nothing
+	// after the head, no lapsed lease and no stall (quiet).
+	idleProbed bool
+	// touched: a lease-taking statement ran since the last reconcile.
+	touched bool
 }
 
 // New returns a range claimer.
@@ -318,7 +335,28 @@ func (a *Actor) reset() {
 	a.ranges = map[int64]*inflight{}
 	a.keys = map[string]*keyState{}
 	a.order, a.toCommit, a.queued = nil, nil, 0
-	a.starved, a.sweep, a.empty = false, true, false
+	a.starved, a.sweep, a.empty, a.idleProbed, a.touched = false, true, false, false, true
+	a.cfg.Holdings.set()
+}
+
+// leasing is called before every statement that may take a lease.
+func (a *Actor) leasing() {
+	a.touched = true
+	a.cfg.Holdings.set()
+}
+
+// quiet: nothing for a poll tick to do while the listener is up (quiet.go).
+func (a *Actor) quiet() bool {
+	return a.idleProbed && len(a.ranges) == 0 && len(a.keys) == 0 && len(a.toCommit) == 0 &&
+		a.stallSince.IsZero() && a.cfg.Leftovers.Len() == 0
+}
+
+// woken: a wake reaching a quiet claimer sweeps (a hand-back's wake names
+// lapsed ranges, not new positions).
+func (a *Actor) woken() {
+	if a.quiet() {
+		a.sweep = true
+	}
 }
 
 // Queued returns how many messages are claimed and not yet settled.
@@ -331,14 +369,16 @@ func (a *Actor) Run(ctx context.Context, j Job) Outcome { return a.runner.Run(ct
 // expired lease of the group before reading new positions (outside
 // TakeoverGrace), and returns the jobs ready to run.
 func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
-	jobs, _, err := a.claimWith(ctx, !a.cfg.takeoversHeld(a.begunAt))
+	held := a.cfg.takeoversHeld(a.begunAt)
+	jobs, _, err := a.claimWith(ctx, !held, !held)
 	return jobs, err
 }
 
 // claimWith is Claim; sweep false skips the look for expired leases and the
-// gate probe (the serve loop's claims between sweeps). reclaimed says
-// whether an expired lease was taken over.
-func (a *Actor) claimWith(ctx context.Context, sweep bool) (jobs []Job, reclaimed bool, err error) {
+// gate probe (the serve loop's claims between sweeps), and reclaim false
+// the reclaim alone (TakeoverGrace). reclaimed says whether an expired lease
+// was taken over.
+func (a *Actor) claimWith(ctx context.Context, sweep, reclaim bool) (jobs []Job, reclaimed bool, err error) {
 	if a.queued+a.cfg.BatchLimit > a.cfg.QueueSize {
 		a.starved = true
 		return nil, false, nil
@@ -352,6 +392,7 @@ func (a *Actor) claimWith(ctx context.Context, sweep bool) (jobs []Job, reclaime
 			return nil, false, err
 		}
 	}
+	a.idleProbed = false
 	group := a.cfg.Group()
 	args := store.ClaimParams{Owner: a.cfg.InstanceID, Limit: a.cfg.BatchLimit, Lease: a.cfg.Lease, Now: a.cfg.DBNow()}
 	obs := a.cfg.observer()
@@ -363,8 +404,9 @@ func (a *Actor) claimWith(ctx context.Context, sweep bool) (jobs []Job, reclaime
 		}
 		probe = &g
 	}
-	if sweep && (probe == nil || probe.Expired) {
+	if sweep && reclaim && (probe == nil || probe.Expired) {
 		began := a.cfg.Clock.Now()
+		a.leasing()
 		r, ok, err := a.db.ReclaimRange(ctx, args)
 		obs.ClaimDuration(a.cfg.StreamName, a.cfg.GroupName, a.cfg.Clock.Since(began))
 		if err != nil {
@@ -384,9 +426,11 @@ func (a *Actor) claimWith(ctx context.Context, sweep bool) (jobs []Job, reclaime
 	}
 	if probe != nil && !probe.Pending { // nothing after the head: not a stall either
 		a.clearStall()
+		a.idleProbed = !probe.Expired
 		return nil, false, nil
 	}
 	began := a.cfg.Clock.Now()
+	a.leasing()
 	r, ok, err := a.db.ClaimRange(ctx, args)
 	obs.ClaimDuration(a.cfg.StreamName, a.cfg.GroupName, a.cfg.Clock.Since(began))
 	if ok {
@@ -421,7 +465,9 @@ func (a *Actor) quarantine(ctx context.Context, r store.Range, group policy.Grou
 			Status: policy.StatusPending, Error: fmt.Sprintf("%s its range was reclaimed %d times (MaxRangeReclaims %d)", store.QuarantinedPrefix, r.Reclaims, limit)})
 	}
 	s := store.RangeCommit{RangeID: r.ID, Token: r.Token, Exceptions: writes, Now: a.cfg.DBNow()}
-	if err := a.db.CommitRange(ctx, s); err != nil {
+	err := a.db.CommitRange(ctx, s)
+	a.cfg.Nudge.give() // after the write: the exception claimer's probe must see its rows
+	if err != nil {
 		if errors.Is(err, store.ErrLeaseLost) {
 			return nil
 		}
@@ -517,6 +563,7 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 	var held, blocked map[string]bool
 	if len(want) > 0 {
 		var err error
+		a.leasing()
 		held, blocked, err = a.db.AcquireKeys(ctx, store.AcquireKeys{RangeID: r.ID, Want: want, Token: r.Token,
 			Owner: a.cfg.InstanceID, TTL: a.cfg.Lease, Now: a.cfg.DBNow()})
 		if err != nil {
@@ -611,6 +658,7 @@ func (a *Actor) checkGate(ctx context.Context, probe *store.Gate) error {
 	g := *probe
 	if !g.Pending {
 		a.clearStall()
+		a.idleProbed = !g.Expired // checkGate follows a sweep's empty claim
 		return nil
 	}
 	now := a.cfg.Clock.Now()
@@ -798,6 +846,9 @@ func (a *Actor) commit(ctx context.Context, id int64) error {
 	}
 	s := store.RangeCommit{RangeID: id, Token: in.r.Token, Exceptions: writes, Deliveries: in.log, Keys: a.releaseKeys(in), Now: a.cfg.DBNow()}
 	err := a.db.CommitRange(ctx, s)
+	if len(writes) > 0 {
+		a.cfg.Nudge.give() // after the write: the exception claimer's probe must see its rows
+	}
 	if a.cfg.Trace != nil {
 		switch {
 		case err == nil || (errors.Is(err, store.ErrRangeGone) && in.uncertain):
@@ -977,6 +1028,12 @@ func (a *Actor) RecordProgress(ctx context.Context) error {
 		return nil
 	}
 	advanced, err := a.db.RecordProgress(ctx, ps, a.cfg.DBNow())
+	for _, p := range ps {
+		if len(p.Exceptions) > 0 {
+			a.cfg.Nudge.give() // after the write: the exception claimer's probe must see its rows
+			break
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -1082,9 +1139,12 @@ func (a *Actor) begin(ctx context.Context) error {
 // again after a reclaim, since more leases may have expired together.
 func (a *Actor) claim(ctx context.Context) ([]Job, bool, error) {
 	before := a.queued
-	sweep := a.sweep && !a.cfg.takeoversHeld(a.begunAt)
-	jobs, reclaimed, err := a.claimWith(ctx, sweep)
-	if sweep && err == nil && !a.starved && a.cfg.Liveness.Valid() { // the sweep ran
+	held := a.cfg.takeoversHeld(a.begunAt)
+	// Held, a listening claimer's sweep still probes (and so may turn
+	// quiet); it reclaims nothing, and stays due.
+	sweep := a.sweep && (!held || a.cfg.listening())
+	jobs, reclaimed, err := a.claimWith(ctx, sweep, !held)
+	if sweep && !held && err == nil && !a.starved && a.cfg.Liveness.Valid() { // the sweep ran
 		a.sweep = reclaimed
 	}
 	return jobs, err == nil && (reclaimed || a.queued-before >= a.cfg.BatchLimit), err
@@ -1160,9 +1220,31 @@ func (a *Actor) flush(ctx context.Context, tick bool) ([]Job, error) {
 }
 func (a *Actor) reconcile(ctx context.Context) error {
 	a.sweep = true // every Lease/3, however long ClaimPollRate is
-	return a.Reconcile(ctx)
+	holds := len(a.ranges) > 0 || len(a.keys) > 0
+	if !a.touched && !holds {
+		return nil // nothing taken since the last reconcile: nothing unknown to let go of
+	}
+	if err := a.Reconcile(ctx); err != nil {
+		return err
+	}
+	if a.touched = false; !holds {
+		a.cfg.Holdings.clear()
+	}
+	return nil
 }
-func (a *Actor) handBack(ctx context.Context) error { return a.HandBack(ctx) }
+
+// handBack hands back, then wakes the stream's sessions (quiet ones
+// included) so that another instance takes what was released over at once.
+// The wake is best effort: without it the ranges are taken over at the next
+// sweep.
+func (a *Actor) handBack(ctx context.Context) error {
+	held := len(a.ranges) > 0
+	if err := a.HandBack(ctx); err != nil || !held || a.cfg.Listening == nil {
+		return err
+	}
+	_ = a.cfg.Store.SendWakes(ctx, map[int64]*wakeup.Keys{a.cfg.StreamID: {All: true}})
+	return nil
+}
 func (a *Actor) abandon() {
 	if a.cfg.Trace != nil {
 		for _, in := range a.ranges {

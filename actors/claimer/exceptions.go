@@ -81,6 +81,12 @@ type ExceptionActor struct {
 	// whether anything is due (store.ExceptionsDue), which costs a fraction
 	// of the claim's planning.
 	empty bool
+	// noneDue: the last probe found nothing due; nextDue is when its
+	// earliest pending row falls due (zero: none) (quiet).
+	noneDue bool
+	nextDue time.Time
+	// touched: a lease-taking statement ran since the last reconcile.
+	touched bool
 }
 
 // NewExceptionActor returns an exception claimer.
@@ -118,12 +124,23 @@ func (a *ExceptionActor) Claim(ctx context.Context) ([]Job, error) {
 		}
 	}
 	hold := a.cfg.takeoversHeld(a.begunAt)
+	a.noneDue = false
+	if a.cfg.Nudge.take() {
+		a.empty = true // the range claimer wrote rows: the probe says when they are due
+	}
 	if a.empty {
-		due, err := a.db.ExceptionsDue(ctx, a.cfg.DBNow(), hold)
+		due, wait, err := a.db.ExceptionsDue(ctx, a.cfg.DBNow(), hold)
 		if err != nil || !due {
+			if err == nil {
+				a.noneDue, a.nextDue = true, time.Time{}
+				if wait >= 0 {
+					a.nextDue = a.cfg.Clock.Now().Add(wait)
+				}
+			}
 			return nil, err
 		}
 	}
+	a.leasing()
 	rows, err := a.db.ClaimExceptions(ctx, store.ClaimExceptions{Owner: a.cfg.InstanceID, Limit: free, Prefetch: prefetch, Chain: a.cfg.Chain,
 		Lease: a.cfg.Lease, Now: a.cfg.DBNow(), HoldTakeovers: hold})
 	if err != nil {
@@ -185,6 +202,7 @@ func (a *ExceptionActor) startRow(ctx context.Context, r *excRun, haveKey bool) 
 			Delays: r.run.Delays, Error: "lease expired on its last attempt: the instance running it died or stopped renewing"})
 	}
 	if !haveKey && r.eff.Concurrency.Keyed() && m.Key != "" {
+		a.leasing()
 		held, _, err := a.db.AcquireKeys(ctx, store.AcquireKeys{Want: []store.KeyClaim{{Key: m.Key, Position: m.Position}},
 			Token: r.run.Token, Owner: a.cfg.InstanceID, TTL: a.cfg.Lease, Now: a.cfg.DBNow()})
 		if err != nil || !held[m.Key] {
@@ -442,7 +460,24 @@ func (a *ExceptionActor) inFlight() int    { return len(a.running) }
 func (a *ExceptionActor) draining()        { a.draining_ = true }
 func (a *ExceptionActor) reset() {
 	a.running, a.draining_, a.pending = map[store.Position]*excRun{}, false, nil
+	a.noneDue, a.touched = false, true
+	a.cfg.Holdings.set()
 }
+
+// leasing is called before every statement that may take a lease.
+func (a *ExceptionActor) leasing() {
+	a.touched = true
+	a.cfg.Holdings.set()
+}
+
+// quiet: nothing for a poll tick to do while the listener is up (quiet.go).
+func (a *ExceptionActor) quiet() bool {
+	return a.noneDue && len(a.running) == 0 && len(a.pending) == 0 && len(a.adopted) == 0 &&
+		a.cfg.Leftovers.Len() == 0 && !a.cfg.Nudge.peek() &&
+		(a.nextDue.IsZero() || a.cfg.Clock.Now().Before(a.nextDue))
+}
+
+func (a *ExceptionActor) woken() {}
 
 // claimAfter: a chain's next row keeps the slot its head freed, so only an
 // outcome that started nothing makes a claim due.
@@ -490,7 +525,17 @@ func (a *ExceptionActor) flush(ctx context.Context, _ bool) ([]Job, error) {
 }
 func (a *ExceptionActor) reconcile(ctx context.Context) error {
 	a.idle = 0 // every Lease/3 the claim runs, as the range claimer's sweep
-	return a.Reconcile(ctx)
+	a.noneDue = false
+	if !a.touched && len(a.running) == 0 {
+		return nil // nothing taken since the last reconcile: nothing unknown to let go of
+	}
+	if err := a.Reconcile(ctx); err != nil {
+		return err
+	}
+	if a.touched = false; len(a.running) == 0 {
+		a.cfg.Holdings.clear()
+	}
+	return nil
 }
 func (a *ExceptionActor) handBack(ctx context.Context) error { return a.HandBack(ctx) }
 func (a *ExceptionActor) abandon() {

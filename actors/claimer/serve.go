@@ -55,6 +55,11 @@ type loop interface {
 	// that were waiting (the exception claimer's settlements: one
 	// statement and one commit for them all).
 	written(ctx context.Context) error
+	// quiet reports that a poll tick has nothing to do while the client's
+	// listener is up (decision 0038, quiet.go).
+	quiet() bool
+	// woken is told of a wake before the claim it makes due.
+	woken()
 }
 
 // serve runs l until ctx ends (an abrupt stop: nothing is committed or
@@ -251,9 +256,13 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			}
 			report(l.written(sctx))
 		case <-wake: // produced to: claim now
+			l.woken()
 			due = true
 		case <-poll.C:
 			busy.Working()
+			if begun && holdoff == nil && !draining && c.listening() && l.quiet() {
+				break // a wake brings what this tick would find (quiet.go)
+			}
 			if begun && holdoff == nil {
 				flush(true)
 			}

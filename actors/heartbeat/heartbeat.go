@@ -52,6 +52,10 @@ type Config struct {
 	// Retry is the backoff after a failed beat (zero: the default); a
 	// failed beat is retried at least every Interval.
 	Retry backoff.Policy
+	// Holds, if set, reports whether the instance's claimer may hold
+	// leases: a beat renews them only then (an idle session's beat is one
+	// statement). nil: always.
+	Holds func() bool
 	// Stop, if set, bounds the give-back of the row on a graceful stop
 	// (the session's shutdown plan); without it the give-back gets
 	// shutdown.Grace.
@@ -240,7 +244,8 @@ func (a *Actor) Step(ctx context.Context) error {
 		return nil
 	}
 	sent := a.cfg.Clock.Now()
-	live, err := a.cfg.Store.RenewInstance(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow())
+	live, err := a.cfg.Store.RenewInstance(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow(),
+		a.cfg.Holds == nil || a.cfg.Holds())
 	if err != nil {
 		return err
 	}

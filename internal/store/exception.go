@@ -74,17 +74,22 @@ func (g Group) ClaimExceptions(ctx context.Context, c ClaimExceptions) ([]Except
 }
 
 // ExceptionsDue reports whether the group has an exception row a claim could
-// take: pending and due, or (unless holdTakeovers) leased and lapsed. An
-// idle exception claimer asks this before its claim: the claim's statement
-// costs about 3 ms to plan and is planned at nearly every call, while this
-// one is cheap to plan and run (the idle sessions' server CPU was mostly the
-// claim's planning).
-func (g Group) ExceptionsDue(ctx context.Context, now Now, holdTakeovers bool) (bool, error) {
-	var due bool
-	if err := g.st.pool.QueryRow(ctx, g.sql(exceptionsDueSQL), g.GroupID, now, holdTakeovers).Scan(&due); err != nil {
-		return false, fmt.Errorf("exceptions due: %w", err)
+// take: pending and due, or (unless holdTakeovers) leased and lapsed; and
+// how long until its earliest pending row falls due (wait, negative when it
+// has none). An idle exception claimer asks this before its claim: the
+// claim's statement costs about 3 ms to plan and is planned at nearly every
+// call, while this one is cheap to plan and run (the idle sessions' server
+// CPU was mostly the claim's planning); and a quiet one (decision 0038)
+// looks again only when wait has passed.
+func (g Group) ExceptionsDue(ctx context.Context, now Now, holdTakeovers bool) (due bool, wait time.Duration, err error) {
+	var secs *float64
+	if err := g.st.pool.QueryRow(ctx, g.sql(exceptionsDueSQL), g.GroupID, now, holdTakeovers).Scan(&due, &secs); err != nil {
+		return false, 0, fmt.Errorf("exceptions due: %w", err)
 	}
-	return due, nil
+	if secs == nil {
+		return due, -1, nil
+	}
+	return due, max(time.Duration(*secs*float64(time.Second)), 0), nil
 }
 
 // Settlement is an exception row's next state after an attempt, written
@@ -396,11 +401,16 @@ FROM upd JOIN {s}.{t}_log m ON m.xid = upd.message_xid AND m.id = upd.message_id
 ORDER BY m.xid, m.id`)
 
 // Through the claim's own indexes (pending, leased).
+// The earliest pending row is the first entry of the pending index.
 var exceptionsDueSQL = perStream(`-- store.ExceptionsDue
-SELECT EXISTS (SELECT 1 FROM {s}.{t}_exception x
-               WHERE x.group_id = $1 AND x.status = 'pending' AND x.can_run_after <= coalesce($2, now()))
+WITH nxt AS (
+    SELECT min(x.can_run_after) AS at FROM {s}.{t}_exception x
+    WHERE x.group_id = $1 AND x.status = 'pending'
+)
+SELECT coalesce((SELECT at <= coalesce($2, now()) FROM nxt), false)
     OR (NOT $3::boolean AND EXISTS (SELECT 1 FROM {s}.{t}_exception x
-               WHERE x.group_id = $1 AND x.status IN ('running', 'queued') AND x.expires_at < coalesce($2, now())))`)
+               WHERE x.group_id = $1 AND x.status IN ('running', 'queued') AND x.expires_at < coalesce($2, now()))),
+       (SELECT extract(epoch FROM at - coalesce($2, now()))::float8 FROM nxt)`)
 
 // Settle one exception attempt under its lease token: delete on
 // success, else write the next state. The row's key lease is

@@ -18,12 +18,14 @@ VALUES ($1::uuid, $2, $3, coalesce($4, now()), coalesce($4, now()), coalesce($4,
 	return nil
 }
 
-// RenewInstance extends the instance's heartbeat and the leases of every range
-// and exception row it owns on streamID. It renews only a live row: live=false
-// means the row lapsed (its expires_at passed: the fleet may have taken over
-// its leases already) or is gone, and the instance must not go on as if it
-// held anything; its session registers again as a new incarnation.
-func (st *Store) RenewInstance(ctx context.Context, id string, streamID int64, ttl time.Duration, now Now) (live bool, err error) {
+// RenewInstance extends the instance's heartbeat and, with leases, the leases
+// of every range and exception row it owns on streamID (a heartbeat whose
+// claimer holds nothing skips that second statement: an idle session's beat
+// is one statement). It renews only a live row: live=false means the row
+// lapsed (its expires_at passed: the fleet may have taken over its leases
+// already) or is gone, and the instance must not go on as if it held
+// anything; its session registers again as a new incarnation.
+func (st *Store) RenewInstance(ctx context.Context, id string, streamID int64, ttl time.Duration, now Now, leases bool) (live bool, err error) {
 	b := st.sql(`-- store.RenewInstance
 UPDATE %[1]s.worker_instance SET heartbeat_at = coalesce($2, now()), expires_at = coalesce($2, now()) + $3::interval
 WHERE id = $1::uuid AND expires_at > coalesce($2, now())`)
@@ -33,6 +35,9 @@ WHERE id = $1::uuid AND expires_at > coalesce($2, now())`)
 	}
 	if tag.RowsAffected() == 0 {
 		return false, nil
+	}
+	if !leases {
+		return true, nil
 	}
 	if _, err := st.pool.Exec(ctx, st.stream(streamID).sql(renewRangesSQL), id, now, ttl); err != nil {
 		return true, fmt.Errorf("renew range leases: %w", err)

@@ -1,0 +1,71 @@
+package claimer
+
+import "sync/atomic"
+
+// Quiet claimers (decision 0038).
+//
+// An idle session used to look for work at every poll tick (ClaimPollRate,
+// 1 s): a gate probe, an exceptions-due probe, and every Lease/3 the two
+// reconcile statements and two heartbeat statements. A thousand idle
+// groups made that most of a server core, nearly all of it planning
+// per-stream statement texts. While the client's LISTEN connection is up
+// (Common.Listening), a produce wakes its groups' claimers at once, so an
+// idle claimer's poll tick finds nothing a wake would not have brought. A
+// claimer that is quiet skips its poll ticks:
+//
+//   - the range claimer when its last sweep's probe found nothing after the
+//     head, no lapsed lease and no stall, and it holds nothing and has no
+//     commit to retry and no leftovers to adopt;
+//   - the exception claimer when its last probe found nothing due, it holds
+//     nothing, its range claimer wrote no exception row since (Nudge), and
+//     the earliest pending row's due time the probe reported has not come.
+//
+// What does not notify still comes on time: every Lease/3 (the reconcile
+// tick) both claimers sweep as before, so a lapsed lease of a dead instance
+// is taken over as soon as it was; a wake reaching a quiet range claimer
+// sweeps too (a hand-back notifies the stream, so a stopping instance's
+// ranges are taken over at once); a listener that reconnects wakes every
+// session, since notifications may have been missed. The reconcile
+// statements run only when the claimer made a lease-taking call since the
+// last reconcile or holds something (Holdings), and the heartbeat renews
+// leases only then: an idle session's beat is one statement.
+
+// Holdings says whether a claimer may hold leases in the database (ranges,
+// exception rows, key leases) for its heartbeat: it is set before every
+// statement that may take one, and cleared only by a reconcile that found the
+// claimer holding nothing. A nil *Holdings always may.
+type Holdings struct{ none atomic.Bool }
+
+// May reports whether the heartbeat must renew the claimer's leases.
+func (h *Holdings) May() bool { return h == nil || !h.none.Load() }
+
+func (h *Holdings) set() {
+	if h != nil {
+		h.none.Store(false)
+	}
+}
+
+func (h *Holdings) clear() {
+	if h != nil {
+		h.none.Store(true)
+	}
+}
+
+// Nudge is the range claimer's word to its session's exception claimer that
+// it wrote exception rows (failures, deferrals, a quarantine): a quiet
+// exception claimer probes at its next poll tick. A nil *Nudge is never set.
+type Nudge struct{ set atomic.Bool }
+
+func (n *Nudge) give() {
+	if n != nil {
+		n.set.Store(true)
+	}
+}
+
+func (n *Nudge) peek() bool { return n != nil && n.set.Load() }
+
+func (n *Nudge) take() bool { return n != nil && n.set.Swap(false) }
+
+// listening reports whether the claimer may be quiet: the client's LISTEN
+// connection is up.
+func (c *Common) listening() bool { return c.Listening != nil && c.Listening() }

@@ -1,0 +1,122 @@
+package sqlstreams
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/c1702965/sqlstreams/internal/pgtest"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// countingClient is a client whose pool counts the statements of each store
+// caller (callerCounter) until `until` has sent n.
+func countingClient(t *testing.T, until string, n int) (*Client, *callerCounter) {
+	t.Helper()
+	ctx := context.Background()
+	counter := newCallerCounter(until, n)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	client, err := NewClient(ctx, pool, &ClientConfig{Schema: pgtest.Schema(t)})
+	require.NoError(t, err)
+	return client, counter
+}
+
+// While the client's listener is up, an idle session skips its poll ticks
+// (decision 0038): a produce wakes it, so a tick would find nothing. It
+// still sweeps every InstanceTTL/3 (lapsed leases, due retries of a dead
+// instance), reconciles only after it took a lease, and its heartbeat
+// renews leases only while it may hold some. A produce reaching it while it
+// is quiet is delivered at once.
+func TestAnIdleSessionIsQuietWhileItsListenerIsUp(t *testing.T) {
+	ctx := context.Background()
+	const poll = 10 * time.Millisecond
+	const ttl = 3 * time.Second // a sweep and two beats every second
+	// Twelve beats: about six seconds, six hundred poll ticks.
+	client, counter := countingClient(t, "store.RenewInstance", 12)
+	s := Stream[order](client, "orders")
+	require.NoError(t, s.Register(ctx, nil))
+	c, err := s.Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+
+	handled := make(chan string, 16)
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	started := time.Now()
+	go func() {
+		done <- c.Consume(cctx, func(_ context.Context, o *order) error { handled <- o.OrderID; return nil },
+			&ConsumeOptions{ClaimPollRate: poll, InstanceTTL: ttl})
+	}()
+	within(t, counter.reached, "twelve heartbeat statements")
+	elapsed := time.Since(started)
+	got := counter.snapshot()
+	t.Logf("statements of an idle session over %s polling every %s: %v", elapsed.Round(time.Millisecond), poll, got)
+
+	// Loud, it would sweep at every MinSweep (claimer.MinSweep): 10 a
+	// second. Quiet, once a second (ttl/3), and a few times at the start.
+	sweeps := int(elapsed/(ttl/3)) + 4
+	require.Positive(t, got["store.GateProbe"], "the sweep still looks for lapsed leases")
+	require.LessOrEqual(t, got["store.GateProbe"], sweeps, "a quiet range claimer probes only at the sweep")
+	require.LessOrEqual(t, got["store.ClaimRange"]+got["store.ReclaimRange"], 4, "and claims nothing it was not woken for")
+	require.Positive(t, got["store.ExceptionsDue"]+got["store.ClaimExceptions"], "exception rows are still looked for")
+	require.LessOrEqual(t, got["store.ExceptionsDue"]+got["store.ClaimExceptions"], sweeps, "a quiet exception claimer probes only at the sweep")
+	require.LessOrEqual(t, got["store.ForgetUnknownRanges"], 1, "a claimer that took no lease since its last reconcile skips it")
+	require.LessOrEqual(t, got["store.ForgetUnknownRuns"], 1, "the exception claimer too")
+
+	// Woken while quiet: delivered without waiting for a sweep.
+	before := counter.snapshot()
+	_, err = s.Produce(ctx, order{OrderID: "woken"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, "woken", within(t, handled, "the produced message"))
+	after := counter.snapshot()
+	require.Equal(t, before["store.ForgetUnknownRanges"], after["store.ForgetUnknownRanges"],
+		"delivered before the next reconcile tick: the wake, not a sweep, claimed it")
+	cancel()
+	require.NoError(t, within(t, done, "Consume to return"))
+}
+
+// A quiet session still runs a retry when it falls due: the range claimer
+// tells its exception claimer that it wrote the failure, the exception
+// claimer's probe says when the row falls due, and the poll tick after that
+// claims it. Without the listener's wake or the sweep (the first sweep comes
+// InstanceTTL/3 = 10 s in), nothing else would.
+func TestAQuietSessionRunsARetryWhenItFallsDue(t *testing.T) {
+	ctx := context.Background()
+	client, counter := countingClient(t, "store.ExceptionsDue", 1)
+	s := Stream[order](client, "orders")
+	require.NoError(t, s.Register(ctx, nil))
+	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{ExceptionInitialBackoff: 200 * time.Millisecond})
+	require.NoError(t, err)
+
+	attempts := make(chan int32, 4)
+	var n atomic.Int32
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Consume(cctx, func(context.Context, *order) error {
+			k := n.Add(1)
+			attempts <- k
+			if k == 1 {
+				return errors.New("first attempt fails")
+			}
+			return nil
+		}, &ConsumeOptions{ClaimPollRate: 50 * time.Millisecond})
+	}()
+	// The exception claimer's first probe found nothing due: it is quiet.
+	within(t, counter.reached, "the exception claimer's first probe")
+	_, err = s.Produce(ctx, order{OrderID: "m"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, int32(1), within(t, attempts, "the first attempt"))
+	require.Equal(t, int32(2), within(t, attempts, "the retry"))
+	got := counter.snapshot()
+	require.Zero(t, got["store.ForgetUnknownRuns"], "the retry ran before the first reconcile tick: not found by the sweep")
+	cancel()
+	require.NoError(t, within(t, done, "Consume to return"))
+}
