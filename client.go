@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/codes"
@@ -181,6 +182,7 @@ type Client struct {
 	store *store.Store
 	reads *store.Reader // ReadPool's, or the primary's when it is nil
 	hub   *engine.Hub
+	beats *heartbeat.Beats
 	wakes wakeup.Combiner // pool produces' wake-ups, merged
 	// managerTurn is held by the one Consume session of this client whose
 	// manager runs (see oneManagerAProcess).
@@ -220,6 +222,7 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg *ClientConfig) (*Cli
 		return nil, fmt.Errorf("new client: read pool: %w", err)
 	}
 	return &Client{cfg: c, store: st, reads: reads, hub: engine.NewHub(st, c.Clock, c.Logger, c.Observer),
+		beats:       heartbeat.NewBeats(st, c.Clock, engine.DBNow(c.Clock)),
 		managerTurn: make(chan struct{}, 1)}, nil
 }
 

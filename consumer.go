@@ -583,7 +583,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 			TimeoutGrace: o.TimeoutGrace, KeyBusyDelay: keyBusyDelay, ConfigRefreshInterval: o.ConfigRefreshInterval,
 			BindingRetryInterval: o.BindingRetryInterval,
 		},
-		Patterns: c.patterns, Regexes: c.regexes, DeclaredAt: c.waitingSince(), Declared: c.declared, Hub: o.test.hub(client.hub),
+		Patterns: c.patterns, Regexes: c.regexes, DeclaredAt: c.waitingSince(), Declared: c.declared, Hub: o.test.hub(client.hub), Beats: client.beats,
 		Leftovers: &c.leftovers,
 		Alerts:    client.publishAlerts(c.s.name, c.group.Name, c.patterns),
 		Clock:     client.cfg.Clock, Logger: client.cfg.Logger, Stats: stats,
@@ -635,8 +635,8 @@ type testHooks struct {
 	// wakes, and the claimers never quiet (as while the listener is down).
 	noListener bool
 	onStart    func(instanceID string)
-	fault   func(site string) error
-	trace   func(kind claimer.TraceKind, messages []int64)
+	fault      func(site string) error
+	trace      func(kind claimer.TraceKind, messages []int64)
 }
 
 func (h *testHooks) tracer() func(claimer.TraceKind, []int64) {

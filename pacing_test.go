@@ -24,6 +24,26 @@ type callerCounter struct {
 	until   string
 	n       int
 	reached chan struct{}
+	waits   []countWait
+}
+
+type countWait struct {
+	name string
+	n    int
+	ch   chan struct{}
+}
+
+// when returns a channel closed once caller name has sent n statements.
+func (c *callerCounter) when(name string, n int) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan struct{})
+	if c.counts[name] >= n {
+		close(ch)
+		return ch
+	}
+	c.waits = append(c.waits, countWait{name: name, n: n, ch: ch})
+	return ch
 }
 
 func newCallerCounter(until string, n int) *callerCounter {
@@ -48,6 +68,15 @@ func (c *callerCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.
 	if name == c.until && c.counts[name] == c.n {
 		close(c.reached)
 	}
+	kept := c.waits[:0]
+	for _, w := range c.waits {
+		if w.name == name && c.counts[name] >= w.n {
+			close(w.ch)
+			continue
+		}
+		kept = append(kept, w)
+	}
+	c.waits = kept
 	return ctx
 }
 

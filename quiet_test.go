@@ -3,6 +3,7 @@ package sqlstreams
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -39,8 +40,7 @@ func TestAnIdleSessionIsQuietWhileItsListenerIsUp(t *testing.T) {
 	ctx := context.Background()
 	const poll = 10 * time.Millisecond
 	const ttl = 3 * time.Second // a sweep and two beats every second
-	// Twelve beats: about six seconds, six hundred poll ticks.
-	client, counter := countingClient(t, "store.RenewInstance", 12)
+	client, counter := countingClient(t, "", 0)
 	s := Stream[order](client, "orders")
 	require.NoError(t, s.Register(ctx, nil))
 	c, err := s.Consumer("g").Register(ctx, nil)
@@ -49,29 +49,39 @@ func TestAnIdleSessionIsQuietWhileItsListenerIsUp(t *testing.T) {
 	handled := make(chan string, 16)
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	started := time.Now()
 	go func() {
 		done <- c.Consume(cctx, func(_ context.Context, o *order) error { handled <- o.OrderID; return nil },
 			&ConsumeOptions{ClaimPollRate: poll, InstanceTTL: ttl})
 	}()
-	within(t, counter.reached, "twelve heartbeat statements")
-	elapsed := time.Since(started)
+	// The first reconcile (a second in) lets go of what the first claims
+	// may have taken; from the fourth heartbeat statement on (two beats of
+	// the session's two heartbeats, one statement each or one for both:
+	// heartbeat.Beats), the session is idle. Then six more: three to six
+	// seconds, three to six hundred poll ticks.
+	within(t, counter.when("store.RenewInstances", 4), "four heartbeat statements")
+	before, from := counter.snapshot(), time.Now()
+	within(t, counter.when("store.RenewInstances", before["store.RenewInstances"]+6), "six more")
+	elapsed := time.Since(from)
 	got := counter.snapshot()
+	for k, v := range before {
+		got[k] -= v
+	}
 	t.Logf("statements of an idle session over %s polling every %s: %v", elapsed.Round(time.Millisecond), poll, got)
 
 	// Loud, it would sweep at every MinSweep (claimer.MinSweep): 10 a
-	// second. Quiet, once a second (ttl/3), and a few times at the start.
-	sweeps := int(elapsed/(ttl/3)) + 4
+	// second. Quiet, once a second (ttl/3).
+	sweeps := int(elapsed/(ttl/3)) + 2
 	require.Positive(t, got["store.GateProbe"], "the sweep still looks for lapsed leases")
 	require.LessOrEqual(t, got["store.GateProbe"], sweeps, "a quiet range claimer probes only at the sweep")
-	require.LessOrEqual(t, got["store.ClaimRange"]+got["store.ReclaimRange"], 4, "and claims nothing it was not woken for")
+	require.Zero(t, got["store.ClaimRange"]+got["store.ReclaimRange"], "and claims nothing it was not woken for")
 	require.Positive(t, got["store.ExceptionsDue"]+got["store.ClaimExceptions"], "exception rows are still looked for")
 	require.LessOrEqual(t, got["store.ExceptionsDue"]+got["store.ClaimExceptions"], sweeps, "a quiet exception claimer probes only at the sweep")
-	require.LessOrEqual(t, got["store.ForgetUnknownRanges"], 1, "a claimer that took no lease since its last reconcile skips it")
-	require.LessOrEqual(t, got["store.ForgetUnknownRuns"], 1, "the exception claimer too")
+	require.Zero(t, got["store.ForgetUnknownRanges"], "a claimer that took no lease since its last reconcile skips it")
+	require.Zero(t, got["store.ForgetUnknownRuns"], "the exception claimer too")
+	require.Zero(t, got["store.RenewLeases"], "and the heartbeats renew no leases")
 
 	// Woken while quiet: delivered without waiting for a sweep.
-	before := counter.snapshot()
+	before = counter.snapshot()
 	_, err = s.Produce(ctx, order{OrderID: "woken"}, nil)
 	require.NoError(t, err)
 	require.Equal(t, "woken", within(t, handled, "the produced message"))
@@ -89,7 +99,7 @@ func TestAnIdleSessionIsQuietWhileItsListenerIsUp(t *testing.T) {
 // InstanceTTL/3 = 10 s in), nothing else would.
 func TestAQuietSessionRunsARetryWhenItFallsDue(t *testing.T) {
 	ctx := context.Background()
-	client, counter := countingClient(t, "store.ExceptionsDue", 1)
+	client, counter := countingClient(t, "", 0)
 	s := Stream[order](client, "orders")
 	require.NoError(t, s.Register(ctx, nil))
 	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{ExceptionInitialBackoff: 200 * time.Millisecond})
@@ -110,7 +120,7 @@ func TestAQuietSessionRunsARetryWhenItFallsDue(t *testing.T) {
 		}, &ConsumeOptions{ClaimPollRate: 50 * time.Millisecond})
 	}()
 	// The exception claimer's first probe found nothing due: it is quiet.
-	within(t, counter.reached, "the exception claimer's first probe")
+	within(t, counter.when("store.ExceptionsDue", 1), "the exception claimer's first probe")
 	_, err = s.Produce(ctx, order{OrderID: "m"}, nil)
 	require.NoError(t, err)
 	require.Equal(t, int32(1), within(t, attempts, "the first attempt"))
@@ -119,4 +129,43 @@ func TestAQuietSessionRunsARetryWhenItFallsDue(t *testing.T) {
 	require.Zero(t, got["store.ForgetUnknownRuns"], "the retry ran before the first reconcile tick: not found by the sweep")
 	cancel()
 	require.NoError(t, within(t, done, "Consume to return"))
+}
+
+// A client's heartbeats renew their instance rows together (decision 0039):
+// they tick at the same instants, and heartbeat.Beats renews every row asked
+// for while its previous statement ran in one statement. Twelve sessions
+// (24 heartbeats) send one or two statements a beat, where each heartbeat
+// sent its own; and every session stays live.
+func TestAClientsHeartbeatsRenewTogether(t *testing.T) {
+	ctx := context.Background()
+	const ttl = 3 * time.Second // a beat every second
+	const sessions = 12
+	client, counter := countingClient(t, "", 0)
+	s := Stream[order](client, "orders")
+	require.NoError(t, s.Register(ctx, nil))
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, sessions)
+	for i := range sessions {
+		c, err := s.Consumer(fmt.Sprintf("g%d", i)).Register(ctx, nil)
+		require.NoError(t, err)
+		go func() {
+			done <- c.Consume(cctx, func(context.Context, *order) error { return nil }, &ConsumeOptions{InstanceTTL: ttl})
+		}()
+	}
+	within(t, counter.when("store.RenewInstances", 2), "the first beats")
+	before, from := counter.snapshot(), time.Now()
+	// Four more statements: two to four beats.
+	within(t, counter.when("store.RenewInstances", before["store.RenewInstances"]+4), "four more")
+	beats := int(time.Since(from)/(ttl/3)) + 1
+	got := counter.snapshot()
+	renewals := got["store.RenewInstances"] - before["store.RenewInstances"]
+	t.Logf("%d sessions: %d heartbeat statements over %d beats", sessions, renewals, beats)
+	require.LessOrEqual(t, renewals, 2*beats, "one or two statements a beat for %d heartbeats", 2*sessions)
+	require.Zero(t, got["store.RenewInstance"], "no heartbeat renews its row alone")
+	require.Equal(t, before["store.DeclareBindings"], got["store.DeclareBindings"],
+		"no session lost its incarnation (a lost one registers again)")
+	cancel()
+	for range sessions {
+		require.NoError(t, within(t, done, "Consume to return"))
+	}
 }

@@ -116,6 +116,9 @@ type Config struct {
 	Declared func()
 	// Hub, if set, wakes the range claimer when the stream is produced to.
 	Hub *Hub
+	// Beats, if set, is the client's: every session's heartbeats renew
+	// their instance rows together (heartbeat.Beats). nil: each alone.
+	Beats *heartbeat.Beats
 	// Fault, if set, is called at the top of every claim (chaos tests).
 	Fault func(site string) error
 	// Trace, if set, is the claimers' Trace (chaos tests).
@@ -286,7 +289,7 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 	excLive.Start(s.reg.Sent())
 	msgHold, excHold := &claimer.Holdings{}, &claimer.Holdings{}
 	newBeat := func(id, worker string, live *heartbeat.Liveness, hold *claimer.Holdings) *heartbeat.Actor {
-		return heartbeat.New(heartbeat.Config{Registered: true, Holds: hold.May,
+		return heartbeat.New(heartbeat.Config{Registered: true, Holds: hold.May, Beats: cfg.Beats,
 			Store: cfg.Store, StreamID: cfg.StreamID, WorkerConfigID: cfg.Workers[worker],
 			InstanceID: id, DeclaredBy: cfg.DeclaredBy, TTL: o.InstanceTTL,
 			Clock: cfg.Clock, Logger: logger.With("worker", worker), DBNow: s.dbNow, Liveness: live,

@@ -1131,7 +1131,17 @@ func (a *Actor) begin(ctx context.Context) error {
 	if a.cfg.Trace != nil {
 		a.cfg.Trace(TraceBegun, nil)
 	}
+	a.settled() // the instance's leases were all let go of
 	return nil
+}
+
+// settled: nothing of this instance's is left in the database that the
+// actor does not know of (a begin, a reconcile); with nothing in memory
+// either, the heartbeat renews no leases.
+func (a *Actor) settled() {
+	if a.touched = false; len(a.ranges) == 0 && len(a.keys) == 0 {
+		a.cfg.Holdings.clear()
+	}
 }
 
 // claim is the loop's claim: a sweep (expired leases, the gate probe) only
@@ -1227,9 +1237,7 @@ func (a *Actor) reconcile(ctx context.Context) error {
 	if err := a.Reconcile(ctx); err != nil {
 		return err
 	}
-	if a.touched = false; !holds {
-		a.cfg.Holdings.clear()
-	}
+	a.settled()
 	return nil
 }
 

@@ -495,7 +495,20 @@ func (a *ExceptionActor) begin(ctx context.Context) error {
 	if err := a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow()); err != nil {
 		return err
 	}
-	return a.writeAdopted(ctx)
+	if err := a.writeAdopted(ctx); err != nil {
+		return err
+	}
+	a.settled() // the instance's leases were all let go of
+	return nil
+}
+
+// settled: nothing of this instance's is left in the database that the
+// actor does not know of (a begin, a reconcile); with nothing in memory
+// either, the heartbeat renews no leases.
+func (a *ExceptionActor) settled() {
+	if a.touched = false; len(a.running) == 0 {
+		a.cfg.Holdings.clear()
+	}
 }
 
 func (a *ExceptionActor) claim(ctx context.Context) ([]Job, bool, error) {
@@ -532,9 +545,7 @@ func (a *ExceptionActor) reconcile(ctx context.Context) error {
 	if err := a.Reconcile(ctx); err != nil {
 		return err
 	}
-	if a.touched = false; len(a.running) == 0 {
-		a.cfg.Holdings.clear()
-	}
+	a.settled()
 	return nil
 }
 func (a *ExceptionActor) handBack(ctx context.Context) error { return a.HandBack(ctx) }

@@ -52,6 +52,12 @@ type Config struct {
 	// Retry is the backoff after a failed beat (zero: the default); a
 	// failed beat is retried at least every Interval.
 	Retry backoff.Policy
+	// Beats, if set, is the client's: the instance row is renewed with every
+	// other heartbeat's of the process, in one statement, and the beats
+	// tick at the same instants (multiples of Interval on the clock) so
+	// that they meet. nil: the actor renews its row alone, ticking from its
+	// start (the simulator).
+	Beats *Beats
 	// Holds, if set, reports whether the instance's claimer may hold
 	// leases: a beat renews them only then (an idle session's beat is one
 	// statement). nil: always.
@@ -244,8 +250,17 @@ func (a *Actor) Step(ctx context.Context) error {
 		return nil
 	}
 	sent := a.cfg.Clock.Now()
-	live, err := a.cfg.Store.RenewInstance(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow(),
-		a.cfg.Holds == nil || a.cfg.Holds())
+	leases := a.cfg.Holds == nil || a.cfg.Holds()
+	var live bool
+	var err error
+	if a.cfg.Beats != nil {
+		live, sent, err = a.cfg.Beats.Renew(ctx, a.cfg.InstanceID, a.cfg.TTL)
+		if err == nil && live && leases {
+			err = a.cfg.Store.RenewLeases(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow())
+		}
+	} else {
+		live, err = a.cfg.Store.RenewInstance(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow(), leases)
+	}
 	if err != nil {
 		return err
 	}
@@ -260,6 +275,19 @@ func (a *Actor) Step(ctx context.Context) error {
 	return nil
 }
 
+// untilAligned is how long until the next multiple of Interval on the clock
+// (at least a tenth of Interval): every heartbeat of a process with Beats
+// ticks then, and they meet in one statement.
+func (a *Actor) untilAligned() time.Duration {
+	iv := a.Interval()
+	now := a.cfg.Clock.Now()
+	d := now.Truncate(iv).Add(iv).Sub(now)
+	if d < iv/10 {
+		d += iv
+	}
+	return d
+}
+
 // Lost reports whether this heartbeat's incarnation was lost.
 func (a *Actor) Lost() bool { return a.lost }
 
@@ -268,8 +296,19 @@ func (a *Actor) Lost() bool { return a.lost }
 // logged once per outage and retried with backoff, at least every Interval:
 // a database restart must not end the session.
 func (a *Actor) Serve(ctx context.Context) error {
-	t := a.cfg.Clock.Ticker(a.Interval())
-	defer t.Stop()
+	var tick <-chan time.Time
+	rearm := func() {}
+	if a.cfg.Beats != nil {
+		leave := a.cfg.Beats.Join()
+		defer leave()
+		t := a.cfg.Clock.Timer(a.untilAligned())
+		defer t.Stop()
+		tick, rearm = t.C, func() { t.Reset(a.untilAligned()) }
+	} else {
+		t := a.cfg.Clock.Ticker(a.Interval())
+		defer t.Stop()
+		tick = t.C
+	}
 	var retry <-chan time.Time
 	var stopRetry func() bool
 	defer func() {
@@ -298,8 +337,9 @@ func (a *Actor) Serve(ctx context.Context) error {
 				}
 			}
 			return ctx.Err()
-		case <-t.C:
+		case <-tick:
 			beat()
+			rearm()
 		case <-retry:
 			retry = nil
 			beat()

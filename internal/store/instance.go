@@ -39,10 +39,46 @@ WHERE id = $1::uuid AND expires_at > coalesce($2, now())`)
 	if !leases {
 		return true, nil
 	}
-	if _, err := st.pool.Exec(ctx, st.stream(streamID).sql(renewRangesSQL), id, now, ttl); err != nil {
-		return true, fmt.Errorf("renew range leases: %w", err)
+	return true, st.RenewLeases(ctx, id, streamID, ttl, now)
+}
+
+// RenewInstances is RenewInstance's first statement for many instances at
+// once (heartbeat.Beats: every session of a process in one statement): it
+// extends each live row by its ttl and returns the ids it renewed; an id
+// missing from the result lapsed or is gone. Each process renews only its own
+// rows and one batch at a time, so no lock order is needed.
+func (st *Store) RenewInstances(ctx context.Context, ids []string, ttls []time.Duration, now Now) (live map[string]bool, err error) {
+	rows, err := st.pool.Query(ctx, st.sql(`-- store.RenewInstances
+UPDATE %[1]s.worker_instance w
+SET heartbeat_at = coalesce($3, now()), expires_at = coalesce($3, now()) + u.ttl
+FROM unnest($1::uuid[], $2::interval[]) AS u(id, ttl)
+WHERE w.id = u.id AND w.expires_at > coalesce($3, now())
+RETURNING w.id::text`), ids, ttls, now)
+	if err != nil {
+		return nil, fmt.Errorf("renew worker instances: %w", err)
 	}
-	return true, nil
+	live = make(map[string]bool, len(ids))
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("renew worker instances: %w", err)
+		}
+		live[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("renew worker instances: %w", err)
+	}
+	return live, nil
+}
+
+// RenewLeases is RenewInstance's second statement: it extends the leases of
+// every range and exception row the instance owns on streamID.
+func (st *Store) RenewLeases(ctx context.Context, id string, streamID int64, ttl time.Duration, now Now) error {
+	if _, err := st.pool.Exec(ctx, st.stream(streamID).sql(renewRangesSQL), id, now, ttl); err != nil {
+		return fmt.Errorf("renew range leases: %w", err)
+	}
+	return nil
 }
 
 // DeleteInstance gives the instance's row back on a graceful stop.
@@ -76,7 +112,7 @@ func (st *Store) ExpireOwnedRanges(ctx context.Context, owner string, streamID i
 // the key rows a commit is deleting (the two used to deadlock).
 // Ranges, then exception rows, each in the lock order (locks.go): the
 // exception rows are locked only once the ranges are done (xl reads r).
-var renewRangesSQL = perStream(`-- store.RenewInstance
+var renewRangesSQL = perStream(`-- store.RenewLeases
 WITH rl AS (
     SELECT id FROM {s}.{t}_range WHERE owner = $1::uuid ORDER BY id FOR UPDATE
 ), r AS (
