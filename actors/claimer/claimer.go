@@ -1117,7 +1117,10 @@ func (a *Actor) claimAfter([]Job) bool { return a.starved }
 // begin expires the ranges a restarted claimer's earlier run held: they are
 // no longer known, and the heartbeat would keep them alive.
 func (a *Actor) begin(ctx context.Context) error {
-	a.sweep, a.begunAt = true, a.cfg.Clock.Now()
+	// The first sweep probes before it claims: a session that starts idle
+	// (thousands of them, at a fleet's start) takes no lease it must then
+	// renew and reconcile.
+	a.sweep, a.empty, a.begunAt = true, true, a.cfg.Clock.Now()
 	if err := a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow()); err != nil {
 		return err
 	}

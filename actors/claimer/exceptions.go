@@ -491,7 +491,7 @@ func (a *ExceptionActor) claimAfter(jobs []Job) bool {
 
 // begin releases what a restarted claimer's earlier run held.
 func (a *ExceptionActor) begin(ctx context.Context) error {
-	a.begunAt = a.cfg.Clock.Now()
+	a.begunAt, a.empty = a.cfg.Clock.Now(), true // the first claim probes first (see Actor.begin)
 	if err := a.cfg.Store.ExpireOwnedRanges(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.DBNow()); err != nil {
 		return err
 	}

@@ -249,21 +249,26 @@ func (a *Actor) Step(ctx context.Context) error {
 		a.cfg.Liveness.Start(sent)
 		return nil
 	}
-	sent := a.cfg.Clock.Now()
-	leases := a.cfg.Holds == nil || a.cfg.Holds()
-	var live bool
-	var err error
-	if a.cfg.Beats != nil {
-		live, sent, err = a.cfg.Beats.Renew(ctx, a.cfg.InstanceID, a.cfg.TTL)
-		if err == nil && live && leases {
-			err = a.cfg.Store.RenewLeases(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow())
+	if a.cfg.Beats != nil { // the leases at the actor's own phase: StepLeases
+		live, sent, err := a.cfg.Beats.Renew(ctx, a.cfg.InstanceID, a.cfg.TTL)
+		if err != nil {
+			return err
 		}
-	} else {
-		live, err = a.cfg.Store.RenewInstance(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow(), leases)
+		return a.renewed(ctx, live, sent)
 	}
+	sent := a.cfg.Clock.Now()
+	live, err := a.cfg.Store.RenewInstance(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow(), a.holds())
 	if err != nil {
 		return err
 	}
+	return a.renewed(ctx, live, sent)
+}
+
+func (a *Actor) holds() bool { return a.cfg.Holds == nil || a.cfg.Holds() }
+
+// renewed takes a renewal's result: a row found lapsed or gone loses the
+// incarnation.
+func (a *Actor) renewed(ctx context.Context, live bool, sent time.Time) error {
 	if !live {
 		a.lost = true
 		a.cfg.Liveness.Lose()
@@ -273,6 +278,19 @@ func (a *Actor) Step(ctx context.Context) error {
 	}
 	a.cfg.Liveness.renew(sent)
 	return nil
+}
+
+// StepLeases renews the leases of every range and exception row the
+// instance owns, while its claimer may hold some and its incarnation is
+// valid. With Beats, Step renews the row alone, at the process's common
+// instants, and this runs at the actor's own phase: a process's lease
+// renewals (a statement per stream) stay spread over the interval instead
+// of asking the pool for a connection all at once.
+func (a *Actor) StepLeases(ctx context.Context) error {
+	if a.lost || !a.registered || !a.holds() || !a.cfg.Liveness.Valid() {
+		return nil
+	}
+	return a.cfg.Store.RenewLeases(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow())
 }
 
 // untilAligned is how long until the next multiple of Interval on the clock
@@ -296,18 +314,18 @@ func (a *Actor) Lost() bool { return a.lost }
 // logged once per outage and retried with backoff, at least every Interval:
 // a database restart must not end the session.
 func (a *Actor) Serve(ctx context.Context) error {
-	var tick <-chan time.Time
+	var tick, leaseTick <-chan time.Time
 	rearm := func() {}
+	t := a.cfg.Clock.Ticker(a.Interval())
+	defer t.Stop()
+	tick = t.C
 	if a.cfg.Beats != nil {
 		leave := a.cfg.Beats.Join()
 		defer leave()
-		t := a.cfg.Clock.Timer(a.untilAligned())
-		defer t.Stop()
-		tick, rearm = t.C, func() { t.Reset(a.untilAligned()) }
-	} else {
-		t := a.cfg.Clock.Ticker(a.Interval())
-		defer t.Stop()
-		tick = t.C
+		aligned := a.cfg.Clock.Timer(a.untilAligned())
+		defer aligned.Stop()
+		tick, leaseTick = aligned.C, t.C
+		rearm = func() { aligned.Reset(a.untilAligned()) }
 	}
 	var retry <-chan time.Time
 	var stopRetry func() bool
@@ -316,8 +334,8 @@ func (a *Actor) Serve(ctx context.Context) error {
 			stopRetry()
 		}
 	}()
-	beat := func() {
-		if wait := a.outage.Report(ctx, a.Step(ctx)); wait > 0 && wait < a.Interval() {
+	beat := func(step func(context.Context) error) {
+		if wait := a.outage.Report(ctx, step(ctx)); wait > 0 && wait < a.Interval() {
 			if stopRetry != nil {
 				stopRetry()
 			}
@@ -338,11 +356,18 @@ func (a *Actor) Serve(ctx context.Context) error {
 			}
 			return ctx.Err()
 		case <-tick:
-			beat()
+			beat(a.Step)
 			rearm()
+		case <-leaseTick:
+			beat(a.StepLeases)
 		case <-retry:
 			retry = nil
-			beat()
+			beat(func(ctx context.Context) error {
+				if err := a.Step(ctx); err != nil || a.cfg.Beats == nil {
+					return err
+				}
+				return a.StepLeases(ctx)
+			})
 		}
 	}
 }
