@@ -8,7 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -167,5 +170,56 @@ func TestAClientsHeartbeatsRenewTogether(t *testing.T) {
 	cancel()
 	for range sessions {
 		require.NoError(t, within(t, done, "Consume to return"))
+	}
+}
+
+// A session that begins takes no expired lease over for TakeoverGrace
+// (decision 0032): it may be starting right after an outage it never saw.
+// Its first sweep probes at once (decision 0038: a listening claimer's
+// probe runs during the grace, so that an idle one turns quiet), and
+// reclaims only after the grace; with or without the listener.
+func TestASessionThatBeginsTakesNoExpiredLeaseOverForTakeoverGrace(t *testing.T) {
+	for name, hooks := range map[string]*testHooks{"listening": nil, "without the listener": {noListener: true}} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			client, counter := countingClient(t, "", 0)
+			e := &env{t: t, client: client, logs: newSink(t)}
+			s := e.stream("orders")
+			c, err := s.Consumer("g").Register(ctx, nil)
+			require.NoError(t, err)
+			// A dead instance's range of three messages, its lease lapsed.
+			e.produceN(s, "m", 3)
+			dead := claimer.New(claimer.Config{Common: e.common(c, clock.New(), func(context.Context, *claimer.Delivery) error { return nil }),
+				BatchLimit: 10, QueueSize: 20, StallAfter: time.Hour})
+			jobs, err := dead.Claim(ctx)
+			require.NoError(t, err)
+			require.Len(t, jobs, 3)
+			_, err = client.store.Pool().Exec(ctx, fmt.Sprintf(`UPDATE %s.stream_%d_range SET expires_at = '-infinity'`,
+				pgx.Identifier{client.Schema()}.Sanitize(), c.group.StreamID))
+			require.NoError(t, err)
+
+			counter.mu.Lock() // the dead instance's own claim reclaimed nothing, but it asked
+			delete(counter.counts, "store.ReclaimRange")
+			delete(counter.first, "store.ReclaimRange")
+			counter.mu.Unlock()
+
+			handled := make(chan string, 3)
+			cctx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			started := time.Now()
+			go func() {
+				done <- c.Consume(cctx, func(_ context.Context, o *order) error { handled <- o.OrderID; return nil },
+					&ConsumeOptions{ClaimPollRate: 10 * time.Millisecond, test: hooks})
+			}()
+			for range 3 {
+				within(t, handled, "the dead instance's messages")
+			}
+			counter.mu.Lock()
+			reclaimed := counter.first["store.ReclaimRange"].Sub(started)
+			counter.mu.Unlock()
+			require.GreaterOrEqual(t, reclaimed, claimer.TakeoverGrace(DefaultInstanceTTL), "the first reclaim waits for TakeoverGrace")
+			cancel()
+			require.NoError(t, within(t, done, "Consume to return"))
+		})
 	}
 }

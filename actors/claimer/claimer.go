@@ -1153,11 +1153,13 @@ func (a *Actor) settled() {
 func (a *Actor) claim(ctx context.Context) ([]Job, bool, error) {
 	before := a.queued
 	held := a.cfg.takeoversHeld(a.begunAt)
-	// Held, a listening claimer's sweep still probes (and so may turn
-	// quiet); it reclaims nothing, and stays due.
-	sweep := a.sweep && (!held || a.cfg.listening())
+	// Held, a sweep still probes (a listening claimer may turn quiet; one
+	// that has just begun claims nothing it did not find) but reclaims
+	// nothing; a lapsed lease it found keeps the claimer from quiet, and
+	// the next sweep tick after the grace reclaims it.
+	sweep := a.sweep && (!held || a.cfg.listening() || a.empty)
 	jobs, reclaimed, err := a.claimWith(ctx, sweep, !held)
-	if sweep && !held && err == nil && !a.starved && a.cfg.Liveness.Valid() { // the sweep ran
+	if sweep && err == nil && !a.starved && a.cfg.Liveness.Valid() { // the sweep ran
 		a.sweep = reclaimed
 	}
 	return jobs, err == nil && (reclaimed || a.queued-before >= a.cfg.BatchLimit), err
