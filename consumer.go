@@ -581,7 +581,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 			ClaimPollRate: o.ClaimPollRate, InstanceTTL: o.InstanceTTL, ShutdownTimeout: o.ShutdownTimeout,
 			DisableGracefulShutdown: o.DisableGracefulShutdown, StallAfter: o.StallWarning,
 			TimeoutGrace: o.TimeoutGrace, KeyBusyDelay: keyBusyDelay, ConfigRefreshInterval: o.ConfigRefreshInterval,
-			BindingRetryInterval: o.BindingRetryInterval,
+			BindingRetryInterval: o.BindingRetryInterval, QuietSweeps: o.test.sweeps(),
 		},
 		Patterns: c.patterns, Regexes: c.regexes, DeclaredAt: c.waitingSince(), Declared: c.declared, Hub: o.test.hub(client.hub), Beats: client.beats,
 		Leftovers: &c.leftovers,
@@ -634,9 +634,11 @@ type testHooks struct {
 	// noListener runs the session without the client's LISTEN hub: no
 	// wakes, and the claimers never quiet (as while the listener is down).
 	noListener bool
-	onStart    func(instanceID string)
-	fault      func(site string) error
-	trace      func(kind claimer.TraceKind, messages []int64)
+	// quietSweeps is the claimers' Common.QuietSweeps.
+	quietSweeps int
+	onStart     func(instanceID string)
+	fault       func(site string) error
+	trace       func(kind claimer.TraceKind, messages []int64)
 }
 
 func (h *testHooks) tracer() func(claimer.TraceKind, []int64) {
@@ -644,6 +646,13 @@ func (h *testHooks) tracer() func(claimer.TraceKind, []int64) {
 		return nil
 	}
 	return h.trace
+}
+
+func (h *testHooks) sweeps() int {
+	if h == nil {
+		return 0
+	}
+	return h.quietSweeps
 }
 
 func (h *testHooks) hub(hub *engine.Hub) *engine.Hub {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,15 +35,16 @@ func countingClient(t *testing.T, until string, n int) (*Client, *callerCounter)
 }
 
 // While the client's listener is up, an idle session skips its poll ticks
-// (decision 0038): a produce wakes it, so a tick would find nothing. It
-// still sweeps every InstanceTTL/3 (lapsed leases, due retries of a dead
-// instance), reconciles only after it took a lease, and its heartbeat
-// renews leases only while it may hold some. A produce reaching it while it
-// is quiet is delivered at once.
+// (decision 0038): a produce wakes it, so a tick would find nothing. With
+// the process's beats raising an alarm when a peer lapses (decision 0040),
+// it skips its reconcile ticks' sweeps too, but for a backstop sweep every
+// QuietSweepEvery ticks; it reconciles only after it took a lease, and its
+// heartbeat renews leases only while it may hold some. A produce reaching
+// it while it is quiet is delivered at once.
 func TestAnIdleSessionIsQuietWhileItsListenerIsUp(t *testing.T) {
 	ctx := context.Background()
 	const poll = 10 * time.Millisecond
-	const ttl = 3 * time.Second // a sweep and two beats every second
+	const ttl = 1500 * time.Millisecond // a reconcile tick and two beats every 500 ms; a backstop every 3 s
 	client, counter := countingClient(t, "", 0)
 	s := Stream[order](client, "orders")
 	require.NoError(t, s.Register(ctx, nil))
@@ -56,14 +58,13 @@ func TestAnIdleSessionIsQuietWhileItsListenerIsUp(t *testing.T) {
 		done <- c.Consume(cctx, func(_ context.Context, o *order) error { handled <- o.OrderID; return nil },
 			&ConsumeOptions{ClaimPollRate: poll, InstanceTTL: ttl})
 	}()
-	// The first reconcile (a second in) lets go of what the first claims
-	// may have taken; from the fourth heartbeat statement on (two beats of
-	// the session's two heartbeats, one statement each or one for both:
-	// heartbeat.Beats), the session is idle. Then six more: three to six
-	// seconds, three to six hundred poll ticks.
+	// From the fourth heartbeat statement on (two beats of the session's
+	// two heartbeats, one statement each or one for both: heartbeat.Beats)
+	// the session is idle. Then sixteen more: four to eight seconds, at
+	// least one backstop.
 	within(t, counter.when("store.RenewInstances", 4), "four heartbeat statements")
 	before, from := counter.snapshot(), time.Now()
-	within(t, counter.when("store.RenewInstances", before["store.RenewInstances"]+6), "six more")
+	within(t, counter.when("store.RenewInstances", before["store.RenewInstances"]+16), "sixteen more")
 	elapsed := time.Since(from)
 	got := counter.snapshot()
 	for k, v := range before {
@@ -72,13 +73,14 @@ func TestAnIdleSessionIsQuietWhileItsListenerIsUp(t *testing.T) {
 	t.Logf("statements of an idle session over %s polling every %s: %v", elapsed.Round(time.Millisecond), poll, got)
 
 	// Loud, it would sweep at every MinSweep (claimer.MinSweep): 10 a
-	// second. Quiet, once a second (ttl/3).
-	sweeps := int(elapsed/(ttl/3)) + 2
-	require.Positive(t, got["store.GateProbe"], "the sweep still looks for lapsed leases")
-	require.LessOrEqual(t, got["store.GateProbe"], sweeps, "a quiet range claimer probes only at the sweep")
+	// second. Quiet, at the backstop alone.
+	backstop := claimer.QuietSweepEvery * ttl / 3
+	sweeps := int(elapsed/backstop) + 1
+	require.Positive(t, got["store.GateProbe"], "the backstop sweep still looks for lapsed leases")
+	require.LessOrEqual(t, got["store.GateProbe"], sweeps, "a quiet range claimer probes only at the backstop")
 	require.Zero(t, got["store.ClaimRange"]+got["store.ReclaimRange"], "and claims nothing it was not woken for")
 	require.Positive(t, got["store.ExceptionsDue"]+got["store.ClaimExceptions"], "exception rows are still looked for")
-	require.LessOrEqual(t, got["store.ExceptionsDue"]+got["store.ClaimExceptions"], sweeps, "a quiet exception claimer probes only at the sweep")
+	require.LessOrEqual(t, got["store.ExceptionsDue"]+got["store.ClaimExceptions"], sweeps, "a quiet exception claimer probes only at the backstop")
 	require.Zero(t, got["store.ForgetUnknownRanges"], "a claimer that took no lease since its last reconcile skips it")
 	require.Zero(t, got["store.ForgetUnknownRuns"], "the exception claimer too")
 	require.Zero(t, got["store.RenewLeases"], "and the heartbeats renew no leases")
@@ -222,4 +224,57 @@ func TestASessionThatBeginsTakesNoExpiredLeaseOverForTakeoverGrace(t *testing.T)
 			require.NoError(t, within(t, done, "Consume to return"))
 		})
 	}
+}
+
+// A quiet session skips the reconcile ticks' sweeps (all of them here: its
+// backstop is pushed out of reach), so when the instance holding a range
+// dies, only the alarm brings the takeover: the process's beat reports
+// that an instance of the same worker lapsed, and the session sweeps
+// (decision 0040).
+func TestAQuietSessionTakesALapsedPeersRangeOverOnTheAlarm(t *testing.T) {
+	ctx := context.Background()
+	const ttl = 2 * time.Second
+	e, s, c := setup(t, nil, "g", 0)
+
+	// Process A claims three messages and hangs on them.
+	release := make(chan struct{})
+	defer close(release)
+	startedA := make(chan string, 3)
+	actx, killA := context.WithCancel(ctx)
+	doneA := make(chan error, 1)
+	go func() {
+		doneA <- c.Consume(actx, func(_ context.Context, o *order) error {
+			startedA <- o.OrderID
+			<-release
+			return nil
+		}, &ConsumeOptions{InstanceTTL: ttl, DisableGracefulShutdown: true, DisableManager: true})
+	}()
+	e.produceN(s, "m", 3)
+	for range 3 {
+		within(t, startedA, "A to start the messages")
+	}
+
+	// Process B, another client, starts while A holds them: quiet.
+	clientB, err := NewClient(ctx, poolOf(t, 8), &ClientConfig{Schema: e.client.Schema(), Logger: slog.New(e.logs)})
+	require.NoError(t, err)
+	cB, err := Stream[order](clientB, "orders").Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+	handledB := make(chan string, 3)
+	bctx, stopB := context.WithCancel(ctx)
+	doneB := make(chan error, 1)
+	go func() {
+		doneB <- cB.Consume(bctx, func(_ context.Context, o *order) error { handledB <- o.OrderID; return nil },
+			&ConsumeOptions{InstanceTTL: ttl, DisableManager: true, test: &testHooks{quietSweeps: 1 << 20}})
+	}()
+
+	// A dies: its rows and leases lapse one TTL later.
+	killA()
+	require.NoError(t, within(t, doneA, "A to stop"))
+	got := map[string]bool{}
+	for range 3 {
+		got[within(t, handledB, "B to take A's range over")] = true
+	}
+	require.Len(t, got, 3)
+	stopB()
+	require.NoError(t, within(t, doneB, "B to stop"))
 }

@@ -65,6 +65,8 @@ type Options struct {
 	KeyBusyDelay            time.Duration
 	ConfigRefreshInterval   time.Duration
 	BindingRetryInterval    time.Duration
+	// QuietSweeps is the claimers' Common.QuietSweeps (0: the default).
+	QuietSweeps int
 }
 
 // ShutdownBudget is the drain bound in force: ShutdownTimeout when the
@@ -288,8 +290,14 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 	msgLive.Start(s.reg.Sent())
 	excLive.Start(s.reg.Sent())
 	msgHold, excHold := &claimer.Holdings{}, &claimer.Holdings{}
-	newBeat := func(id, worker string, live *heartbeat.Liveness, hold *claimer.Holdings) *heartbeat.Actor {
-		return heartbeat.New(heartbeat.Config{Registered: true, Holds: hold.May, Beats: cfg.Beats,
+	msgAlarm, excAlarm := make(chan struct{}, 1), make(chan struct{}, 1)
+	newBeat := func(id, worker string, live *heartbeat.Liveness, hold *claimer.Holdings, alarm chan struct{}) *heartbeat.Actor {
+		return heartbeat.New(heartbeat.Config{Registered: true, Holds: hold.May, Beats: cfg.Beats, PeerLapsed: func() {
+			select {
+			case alarm <- struct{}{}:
+			default: // one is pending already
+			}
+		},
 			Store: cfg.Store, StreamID: cfg.StreamID, WorkerConfigID: cfg.Workers[worker],
 			InstanceID: id, DeclaredBy: cfg.DeclaredBy, TTL: o.InstanceTTL,
 			Clock: cfg.Clock, Logger: logger.With("worker", worker), DBNow: s.dbNow, Liveness: live,
@@ -299,7 +307,7 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 	common := claimer.Common{
 		Leftovers: cfg.Leftovers, Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, Handler: cfg.Handler, Group: s.snap.Group,
 		Concurrency: o.MessageConcurrency, PollRate: o.ClaimPollRate, Lease: o.InstanceTTL,
-		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: ShutdownBudget(o, s.snap),
+		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: ShutdownBudget(o, s.snap), QuietSweeps: o.QuietSweeps,
 		Clock: cfg.Clock, Logger: logger, DBNow: s.dbNow, Stats: cfg.Stats, Drain: s.plan, Fault: cfg.Fault,
 		Trace: cfg.Trace, Health: s.health, Retry: cfg.Retry, Observer: cfg.Observer, StreamName: cfg.StreamName, GroupName: cfg.GroupName,
 		Nudge: &claimer.Nudge{},
@@ -309,10 +317,16 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 	}
 	rc := common
 	rc.InstanceID, rc.Liveness, rc.Holdings = msgID, msgLive, msgHold
+	if cfg.Beats != nil { // the alarms come with the process's beats
+		rc.Alarm = msgAlarm
+	}
 	cl := claimer.New(claimer.Config{Common: rc, BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, StallAfter: o.StallAfter,
 		Alerts: s.queue, Wake: s.wake})
 	ec := common
 	ec.InstanceID, ec.Liveness, ec.Holdings = excID, excLive, excHold
+	if cfg.Beats != nil {
+		ec.Alarm = excAlarm
+	}
 	ex := claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec, Prefetch: o.BatchLimit})
 
 	actors := []*drainable{
@@ -320,8 +334,8 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		{name: "exceptions", serve: ex.Serve, done: make(chan error, 1)},
 	}
 	sup := supervisor.New("consume:"+cfg.GroupName, logger)
-	sup.Add(supervisor.Guard("heartbeat", newBeat(msgID, store.WorkerMessageConsumer, msgLive, msgHold)))
-	sup.Add(supervisor.Guard("exception-heartbeat", newBeat(excID, store.WorkerExceptionConsumer, excLive, excHold)))
+	sup.Add(supervisor.Guard("heartbeat", newBeat(msgID, store.WorkerMessageConsumer, msgLive, msgHold, msgAlarm)))
+	sup.Add(supervisor.Guard("exception-heartbeat", newBeat(excID, store.WorkerExceptionConsumer, excLive, excHold, excAlarm)))
 	sup.Add(supervisor.Guard("refresher", s.ref))
 	if cfg.Manager != nil {
 		sup.Add(supervisor.Guard("manager", cfg.Manager(s.plan)))

@@ -128,6 +128,14 @@ type Common struct {
 	// up: while it is, a quiet actor skips its poll ticks (decision 0038;
 	// quiet.go). nil: never quiet (the simulator, step-driven tests).
 	Listening func() bool
+	// Alarm, if set, receives a value when another instance of the actor's
+	// worker lapsed lately (its heartbeat's renewal says so: decision
+	// 0040): the actor sweeps for its leases. With it, a quiet actor skips
+	// most reconcile ticks' sweeps too (QuietSweepEvery).
+	Alarm <-chan struct{}
+	// QuietSweeps overrides QuietSweepEvery (0: QuietSweepEvery); tests
+	// make it large to show that an alarm alone brings a takeover.
+	QuietSweeps int
 	// Holdings, if set, is told whether the actor may hold leases, for its
 	// heartbeat (Holdings).
 	Holdings *Holdings
@@ -321,6 +329,8 @@ type Actor struct {
 	idleProbed bool
 	// touched: a lease-taking statement ran since the last reconcile.
 	touched bool
+	// quietTicks counts the reconcile ticks a quiet actor skipped.
+	quietTicks int
 }
 
 // New returns a range claimer.
@@ -349,6 +359,15 @@ func (a *Actor) leasing() {
 func (a *Actor) quiet() bool {
 	return a.idleProbed && len(a.ranges) == 0 && len(a.keys) == 0 && len(a.toCommit) == 0 &&
 		a.stallSince.IsZero() && a.cfg.Leftovers.Len() == 0
+}
+
+// alarmed: a peer instance lapsed: sweep for its leases.
+func (a *Actor) alarmed() { a.sweep, a.idleProbed = true, false }
+
+// skipTick: a quiet claimer with alarms skips the reconcile tick's sweep but
+// every QuietSweepEvery-th.
+func (a *Actor) skipTick() bool {
+	return skipQuietTick(&a.cfg.Common, a.quiet() && !a.touched, &a.quietTicks)
 }
 
 // woken: a wake reaching a quiet claimer sweeps (a hand-back's wake names

@@ -87,6 +87,8 @@ type ExceptionActor struct {
 	nextDue time.Time
 	// touched: a lease-taking statement ran since the last reconcile.
 	touched bool
+	// quietTicks counts the reconcile ticks a quiet actor skipped.
+	quietTicks int
 }
 
 // NewExceptionActor returns an exception claimer.
@@ -478,6 +480,14 @@ func (a *ExceptionActor) quiet() bool {
 }
 
 func (a *ExceptionActor) woken() {}
+
+// alarmed: a peer instance lapsed: probe for its rows.
+func (a *ExceptionActor) alarmed() { a.noneDue, a.idle, a.empty = false, 0, true }
+
+// skipTick: see Actor.skipTick.
+func (a *ExceptionActor) skipTick() bool {
+	return skipQuietTick(&a.cfg.Common, a.quiet() && !a.touched, &a.quietTicks)
+}
 
 // claimAfter: a chain's next row keeps the slot its head freed, so only an
 // outcome that started nothing makes a claim due.

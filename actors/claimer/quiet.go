@@ -66,6 +66,30 @@ func (n *Nudge) peek() bool { return n != nil && n.set.Load() }
 
 func (n *Nudge) take() bool { return n != nil && n.set.Swap(false) }
 
+// QuietSweepEvery is every how many reconcile ticks (InstanceTTL/3) a quiet
+// claimer with alarms (Common.Alarm) sweeps all the same: a backstop for
+// what neither a wake nor an alarm brings (decision 0040). At the default
+// TTL, every 60 s.
+const QuietSweepEvery = 6
+
+// skipQuietTick reports whether a quiet actor skips this reconcile tick,
+// counting the ticks it skipped in n.
+func skipQuietTick(c *Common, quiet bool, n *int) bool {
+	if !quiet || c.Alarm == nil || !c.listening() {
+		*n = 0
+		return false
+	}
+	every := QuietSweepEvery
+	if c.QuietSweeps > 0 {
+		every = c.QuietSweeps
+	}
+	if *n++; *n < every {
+		return true
+	}
+	*n = 0
+	return false
+}
+
 // listening reports whether the claimer may be quiet: the client's LISTEN
 // connection is up.
 func (c *Common) listening() bool { return c.Listening != nil && c.Listening() }

@@ -60,6 +60,12 @@ type loop interface {
 	quiet() bool
 	// woken is told of a wake before the claim it makes due.
 	woken()
+	// alarmed is told that a peer instance lapsed (Common.Alarm).
+	alarmed()
+	// skipTick reports that a reconcile tick has nothing to do: the actor
+	// is quiet, alarms and wakes bring what its sweep would find, and the
+	// backstop sweep is not due (decision 0040).
+	skipTick() bool
 }
 
 // serve runs l until ctx ends (an abrupt stop: nothing is committed or
@@ -267,8 +273,14 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 				flush(true)
 			}
 			due = true
+		case <-c.Alarm: // a peer lapsed: its leases are there to be taken over
+			l.alarmed()
+			due = true
 		case <-reconcile.C:
 			busy.Working()
+			if begun && !draining && holdoff == nil && l.skipTick() {
+				break
+			}
 			if begun && !draining && holdoff == nil {
 				report(l.reconcile(ctx))
 			}

@@ -37,14 +37,18 @@ const MaxBeatBatch = 5000
 
 type ask struct {
 	id     string
+	worker int64 // its worker config: told when a peer of it lapsed
 	ttl    time.Duration
 	answer chan answer // buffered: the goroutine never waits on a reader
 }
 
 type answer struct {
 	live bool
-	sent time.Time // when the statement was sent: the renewal's start
-	err  error
+	// peerLapsed: an instance of the same worker lapsed lately (its
+	// holder died or stalled): its leases are there to be taken over.
+	peerLapsed bool
+	sent       time.Time // when the statement was sent: the renewal's start
+	err        error
 }
 
 // NewBeats returns a client's beats; nothing runs until Join. now is the
@@ -83,25 +87,42 @@ func (b *Beats) Join() (leave func()) {
 	}
 }
 
-// Renew renews instance id's row for ttl with whatever else is asked at the
-// same time, and says when the statement that did it was sent (the start of
-// the renewed lease, for Liveness). live=false means the row lapsed or is
-// gone (see store.RenewInstance). The caller must have joined.
-func (b *Beats) Renew(ctx context.Context, id string, ttl time.Duration) (live bool, sent time.Time, err error) {
+// Renewal is what Renew found.
+type Renewal struct {
+	// Live: the row was renewed; false means it lapsed or is gone (see
+	// store.RenewInstance).
+	Live bool
+	// Sent is when the statement was sent: the renewed lease's start, for
+	// Liveness.
+	Sent time.Time
+	// PeerLapsed: an instance of the same worker lapsed within the last
+	// LapsedWindow TTLs: its leases are to be taken over (decision 0040).
+	PeerLapsed bool
+}
+
+// LapsedWindow is, in TTLs, how long after an instance lapsed the
+// heartbeats of its worker's other instances report it: long enough for
+// several sweeps to take its leases over; later a quiet claimer's backstop
+// sweep finds what is left.
+const LapsedWindow = 3
+
+// Renew renews instance id (of worker config worker) for ttl with whatever
+// else is asked at the same time. The caller must have joined.
+func (b *Beats) Renew(ctx context.Context, id string, worker int64, ttl time.Duration) (r Renewal, err error) {
 	b.mu.Lock()
 	asks := b.asks
 	b.mu.Unlock()
-	a := ask{id: id, ttl: ttl, answer: make(chan answer, 1)}
+	a := ask{id: id, worker: worker, ttl: ttl, answer: make(chan answer, 1)}
 	select {
 	case asks <- a:
 	case <-ctx.Done():
-		return false, time.Time{}, ctx.Err()
+		return Renewal{}, ctx.Err()
 	}
 	select {
 	case r := <-a.answer:
-		return r.live, r.sent, r.err
+		return Renewal{Live: r.live, Sent: r.sent, PeerLapsed: r.peerLapsed}, r.err
 	case <-ctx.Done():
-		return false, time.Time{}, ctx.Err()
+		return Renewal{}, ctx.Err()
 	}
 }
 
@@ -128,17 +149,23 @@ func (b *Beats) run(ctx context.Context, asks <-chan ask, done chan struct{}) {
 			}
 		}
 		ids, ttls := make([]string, len(batch)), make([]time.Duration, len(batch))
+		var watch []int64
+		seen := map[int64]bool{}
 		bound := batch[0].ttl
 		for i, a := range batch {
 			ids[i], ttls[i] = a.id, a.ttl
 			bound = min(bound, a.ttl)
+			if !seen[a.worker] {
+				seen[a.worker] = true
+				watch = append(watch, a.worker)
+			}
 		}
 		sctx, cancel := b.clock.WithTimeout(ctx, bound)
 		sent := b.clock.Now()
-		live, err := b.store.RenewInstances(sctx, ids, ttls, b.now())
+		live, lapsed, err := b.store.RenewInstances(sctx, ids, ttls, watch, LapsedWindow*bound, b.now())
 		cancel()
 		for _, a := range batch {
-			a.answer <- answer{live: live[a.id], sent: sent, err: err}
+			a.answer <- answer{live: live[a.id], peerLapsed: lapsed[a.worker], sent: sent, err: err}
 		}
 	}
 }

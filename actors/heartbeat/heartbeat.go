@@ -58,6 +58,10 @@ type Config struct {
 	// that they meet. nil: the actor renews its row alone, ticking from its
 	// start (the simulator).
 	Beats *Beats
+	// PeerLapsed, if set, is told when a renewal through Beats reports
+	// that another instance of the same worker lapsed lately: the
+	// session's claimer sweeps for its leases (decision 0040).
+	PeerLapsed func()
 	// Holds, if set, reports whether the instance's claimer may hold
 	// leases: a beat renews them only then (an idle session's beat is one
 	// statement). nil: always.
@@ -250,11 +254,14 @@ func (a *Actor) Step(ctx context.Context) error {
 		return nil
 	}
 	if a.cfg.Beats != nil { // the leases at the actor's own phase: StepLeases
-		live, sent, err := a.cfg.Beats.Renew(ctx, a.cfg.InstanceID, a.cfg.TTL)
+		r, err := a.cfg.Beats.Renew(ctx, a.cfg.InstanceID, a.cfg.WorkerConfigID, a.cfg.TTL)
 		if err != nil {
 			return err
 		}
-		return a.renewed(ctx, live, sent)
+		if r.PeerLapsed && a.cfg.PeerLapsed != nil {
+			a.cfg.PeerLapsed()
+		}
+		return a.renewed(ctx, r.Live, r.Sent)
 	}
 	sent := a.cfg.Clock.Now()
 	live, err := a.cfg.Store.RenewInstance(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow(), a.holds())

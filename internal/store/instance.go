@@ -47,29 +47,48 @@ WHERE id = $1::uuid AND expires_at > coalesce($2, now())`)
 // extends each live row by its ttl and returns the ids it renewed; an id
 // missing from the result lapsed or is gone. Each process renews only its own
 // rows and one batch at a time, so no lock order is needed.
-func (st *Store) RenewInstances(ctx context.Context, ids []string, ttls []time.Duration, now Now) (live map[string]bool, err error) {
+//
+// It also reports which of the workers watch have an instance that lapsed
+// within the last lapsedWithin (its holder died or stalled): the sessions of
+// those workers sweep for its leases (decision 0040).
+func (st *Store) RenewInstances(ctx context.Context, ids []string, ttls []time.Duration, watch []int64, lapsedWithin time.Duration, now Now) (live map[string]bool, lapsed map[int64]bool, err error) {
 	rows, err := st.pool.Query(ctx, st.sql(`-- store.RenewInstances
-UPDATE %[1]s.worker_instance w
-SET heartbeat_at = coalesce($3, now()), expires_at = coalesce($3, now()) + u.ttl
-FROM unnest($1::uuid[], $2::interval[]) AS u(id, ttl)
-WHERE w.id = u.id AND w.expires_at > coalesce($3, now())
-RETURNING w.id::text`), ids, ttls, now)
+WITH renewed AS (
+    UPDATE %[1]s.worker_instance w
+    SET heartbeat_at = coalesce($3, now()), expires_at = coalesce($3, now()) + u.ttl
+    FROM unnest($1::uuid[], $2::interval[]) AS u(id, ttl)
+    WHERE w.id = u.id AND w.expires_at > coalesce($3, now())
+    RETURNING w.id
+), lapsed AS (
+    SELECT DISTINCT i.worker_config_id FROM %[1]s.worker_instance i
+    WHERE i.worker_config_id = ANY($4::bigint[])
+      AND i.expires_at <= coalesce($3, now()) AND i.expires_at > coalesce($3, now()) - $5::interval
+)
+SELECT id::text, NULL::bigint FROM renewed
+UNION ALL
+SELECT NULL, worker_config_id FROM lapsed`), ids, ttls, now, watch, lapsedWithin)
 	if err != nil {
-		return nil, fmt.Errorf("renew worker instances: %w", err)
+		return nil, nil, fmt.Errorf("renew worker instances: %w", err)
 	}
-	live = make(map[string]bool, len(ids))
+	live, lapsed = make(map[string]bool, len(ids)), map[int64]bool{}
 	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
+		var id *string
+		var worker *int64
+		if err := rows.Scan(&id, &worker); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("renew worker instances: %w", err)
+			return nil, nil, fmt.Errorf("renew worker instances: %w", err)
 		}
-		live[id] = true
+		if id != nil {
+			live[*id] = true
+		}
+		if worker != nil {
+			lapsed[*worker] = true
+		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("renew worker instances: %w", err)
+		return nil, nil, fmt.Errorf("renew worker instances: %w", err)
 	}
-	return live, nil
+	return live, lapsed, nil
 }
 
 // RenewLeases is RenewInstance's second statement: it extends the leases of
