@@ -53,6 +53,10 @@ type capacityScenario struct {
 	batch                      int
 	idle                       bool
 	rate                       int // offered msg/s; 0: -capacity-rate
+	// settle is how long an idle window waits after the warm-up before it
+	// begins (scale: one reconcile tick, InstanceTTL/3, in which the
+	// sessions let go of what the warm-up's claims took).
+	settle time.Duration
 }
 
 func (b *bench) capacity(ctx context.Context) error {
@@ -244,6 +248,9 @@ func (b *bench) capacityWindow(ctx context.Context, prefix string, sc capacitySc
 	}
 	if err := waitHandled(ctx, counts, want, time.Minute); err != nil {
 		return run, fmt.Errorf("warm-up: %w", err)
+	}
+	if sc.idle && sc.settle > 0 {
+		wall.Sleep(sc.settle)
 	}
 	b.checkpoint(ctx)
 	lsn0, sync0, err := b.walPosition(ctx)
