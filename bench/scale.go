@@ -74,21 +74,30 @@ func (b *bench) scale(ctx context.Context) error {
 		return err
 	}
 	const prefix = "scale"
+	// P registering goroutines, as P processes starting together would
+	// register their streams: each stream's templates run under its own
+	// advisory lock, so they do not wait on each other.
 	start := wall.Now()
-	for i := range S {
+	if err := eachOf(S, P, func(i int) error {
 		if err := sqlstreams.Stream[Order](client, fmt.Sprintf("bench.%s.s%d", prefix, i)).Register(ctx, nil); err != nil {
 			return fmt.Errorf("register stream %d: %w", i, err)
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	res.RegisterStreamsSeconds = wall.Since(start).Seconds()
 	start = wall.Now()
-	for i := range S {
+	if err := eachOf(S, P, func(i int) error {
 		s := sqlstreams.Stream[Order](client, fmt.Sprintf("bench.%s.s%d", prefix, i))
 		for g := range G {
 			if _, err := s.Consumer(fmt.Sprintf("%s-s%d-g%d", prefix, i, g)).Register(ctx, &sqlstreams.ConsumerConfig{Start: sqlstreams.StartHead}); err != nil {
 				return fmt.Errorf("register group %d of stream %d: %w", g, i, err)
 			}
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	res.RegisterGroupsSeconds = wall.Since(start).Seconds()
 	after, err := b.catalog(ctx)
@@ -96,8 +105,8 @@ func (b *bench) scale(ctx context.Context) error {
 		return err
 	}
 	res.Tables, res.Indexes, res.Files, res.Bytes = after.tables-before.tables, after.indexes-before.indexes, after.files-before.files, after.bytes-before.bytes
-	fmt.Printf("  registered %d streams in %.1f s and %d groups in %.1f s; the catalog gained %d tables, %d indexes, %d relations with files, %.1f MB\n",
-		S, res.RegisterStreamsSeconds, S*G, res.RegisterGroupsSeconds, res.Tables, res.Indexes, res.Files, float64(res.Bytes)/1e6)
+	fmt.Printf("  registered %d streams in %.1f s and %d groups in %.1f s (%d goroutines); the catalog gained %d tables, %d indexes, %d relations with files, %.1f MB\n",
+		S, res.RegisterStreamsSeconds, S*G, res.RegisterGroupsSeconds, P, res.Tables, res.Indexes, res.Files, float64(res.Bytes)/1e6)
 
 	// 2. Idle: the same streams and groups (capacityWindow's registrations
 	// are then re-declarations of the same config).
@@ -137,6 +146,34 @@ func (b *bench) scale(ctx context.Context) error {
 type catalogCount struct {
 	tables, indexes, files int
 	bytes                  int64
+}
+
+// eachOf runs f(0..n-1) on workers goroutines and returns the first error
+// (the others stop taking work).
+func eachOf(n, workers int, f func(i int) error) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				if err := f(i); err != nil {
+					next.Store(int64(n)) // the others stop
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
 }
 
 // catalog counts the benchmark schema's relations and their size on disk.
@@ -222,34 +259,40 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	allUp := make(chan struct{})
 	var up atomic.Int64
 	var upAfter atomic.Int64 // ns
-	k := 0
-	for i := range streams {
-		for range sessions {
-			cons, err := sqlstreams.Stream[Order](clients[k%len(clients)], fmt.Sprintf("bench.%s.s%d", prefix, i)).Consumer(fmt.Sprintf("%sg%d", prefix, i)).Register(ctx, nil)
-			if err != nil {
-				cancel()
-				wg.Wait()
-				stop()
-				return 0, 0, err
-			}
-			k++
-			wg.Add(1)
-			var first atomic.Bool
-			go func() {
-				defer wg.Done()
-				errs <- cons.Consume(cctx, func(context.Context, *Order) error {
-					if !first.Swap(true) && up.Add(1) == int64(streams*sessions) {
-						upAfter.Store(int64(wall.Since(start)))
-						close(allUp)
-					}
-					if handled.Add(1) == int64(total) {
-						once.Do(func() { close(done) })
-					}
-					return nil
-				}, nil)
-			}()
+	// Each process (client) starts its share of the sessions, as P
+	// processes would at once: a session's Register is a few committed
+	// statements, and one goroutine starting a thousand of them in turn
+	// would time its own fsyncs.
+	err = eachOf(streams*sessions, len(clients), func(k int) error {
+		i := k / sessions
+		cons, err := sqlstreams.Stream[Order](clients[k%len(clients)], fmt.Sprintf("bench.%s.s%d", prefix, i)).Consumer(fmt.Sprintf("%sg%d", prefix, i)).Register(ctx, nil)
+		if err != nil {
+			return err
 		}
+		wg.Add(1)
+		var first atomic.Bool
+		go func() {
+			defer wg.Done()
+			errs <- cons.Consume(cctx, func(context.Context, *Order) error {
+				if !first.Swap(true) && up.Add(1) == int64(streams*sessions) {
+					upAfter.Store(int64(wall.Since(start)))
+					close(allUp)
+				}
+				if handled.Add(1) == int64(total) {
+					once.Do(func() { close(done) })
+				}
+				return nil
+			}, nil)
+		}()
+		return nil
+	})
+	if err != nil {
+		cancel()
+		wg.Wait()
+		stop()
+		return 0, 0, err
 	}
+	startedAfter := wall.Since(start) // every Register returned and every Consume was called
 	var failed error
 	select {
 	case <-done:
@@ -274,7 +317,7 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	burn = report1(label+" burn-down", "msgs", total, elapsed)
 	select {
 	case <-allUp:
-		fmt.Printf("  %-34s every one of the %d session(s) had its first message after %.2f s\n", "", streams*sessions, float64(upAfter.Load())/1e9)
+		fmt.Printf("  %-34s every one of the %d session(s) had its first message after %.2f s (the last was started at %.2f s)\n", "", streams*sessions, float64(upAfter.Load())/1e9, startedAfter.Seconds())
 	default:
 		fmt.Printf("  %-34s %d of the %d session(s) had a message\n", "", up.Load(), streams*sessions)
 	}
