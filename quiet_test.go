@@ -44,7 +44,8 @@ func countingClient(t *testing.T, until string, n int) (*Client, *callerCounter)
 func TestAnIdleSessionIsQuietWhileItsListenerIsUp(t *testing.T) {
 	ctx := context.Background()
 	const poll = 10 * time.Millisecond
-	const ttl = 1500 * time.Millisecond // a reconcile tick and two beats every 500 ms; a backstop every 3 s
+	const ttl = 1500 * time.Millisecond // a reconcile tick and two beats every 500 ms
+	const quietSweeps = 6               // a backstop every 3 s (claimer.QuietSweepEvery in production)
 	client, counter := countingClient(t, "", 0)
 	s := Stream[order](client, "orders")
 	require.NoError(t, s.Register(ctx, nil))
@@ -56,7 +57,7 @@ func TestAnIdleSessionIsQuietWhileItsListenerIsUp(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- c.Consume(cctx, func(_ context.Context, o *order) error { handled <- o.OrderID; return nil },
-			&ConsumeOptions{ClaimPollRate: poll, InstanceTTL: ttl})
+			&ConsumeOptions{ClaimPollRate: poll, InstanceTTL: ttl, test: &testHooks{quietSweeps: quietSweeps}})
 	}()
 	// From the fourth heartbeat statement on (two beats of the session's
 	// two heartbeats, one statement each or one for both: heartbeat.Beats)
@@ -74,7 +75,7 @@ func TestAnIdleSessionIsQuietWhileItsListenerIsUp(t *testing.T) {
 
 	// Loud, it would sweep at every MinSweep (claimer.MinSweep): 10 a
 	// second. Quiet, at the backstop alone.
-	backstop := claimer.QuietSweepEvery * ttl / 3
+	backstop := quietSweeps * ttl / 3
 	sweeps := int(elapsed/backstop) + 1
 	require.Positive(t, got["store.GateProbe"], "the backstop sweep still looks for lapsed leases")
 	require.LessOrEqual(t, got["store.GateProbe"], sweeps, "a quiet range claimer probes only at the backstop")

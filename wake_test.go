@@ -3,6 +3,8 @@ package sqlstreams
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,4 +81,25 @@ func TestWakeSkipsGroupsWhoseBindingsMatchNoKey(t *testing.T) {
 	require.NoError(t, err)
 	within(t, bound, "a wake-up without the key list wakes every group")
 	within(t, all, "the unbound subscriber's wake-up")
+}
+
+// A listener that stops hearing notifications without its connection
+// failing (one that died without a reset reaching the client) is found by
+// its own pings and replaced, and every session is woken: quiet claimers
+// rely on it (decision 0040).
+func TestAListenerThatHearsNothingIsReplaced(t *testing.T) {
+	e, _, c := setup(t, nil, "g", 0)
+	hub := e.client.hub
+	hub.SetCheck(50 * time.Millisecond)
+	hub.Signals.Listening.Init()
+	listening := hub.Signals.Listening.C()
+	woken, stop := hub.Subscribe(c.group.StreamID, nil)
+	defer stop()
+	first := within(t, listening, "the listener")
+	hub.Signals.Deaf.Store(true)
+	second := within(t, listening, "a new listener, after its pings went unheard")
+	require.NotEqual(t, first, second, "a new connection")
+	hub.Signals.Deaf.Store(false)
+	within(t, woken, "every session woken after the reconnect")
+	require.Contains(t, strings.Join(e.logs.messages(slog.LevelWarn), "\n"), "notification listener lost")
 }

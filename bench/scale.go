@@ -17,7 +17,6 @@ package main
 //
 // Run only when named, like capacity: its sizes are its own.
 
-
 import (
 	"context"
 	"errors"

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/observe"
 	"log/slog"
@@ -34,6 +35,8 @@ type Hub struct {
 
 	// up: the listening connection is established (Listening).
 	up atomic.Bool
+	// check is ListenerCheck unless a test set it (SetCheck).
+	check atomic.Int64
 
 	mu     sync.Mutex
 	subs   map[int64]map[chan struct{}][]string // per stream: each subscriber's binding patterns
@@ -48,6 +51,9 @@ type Hub struct {
 type HubSignals struct {
 	// Listening carries the backend pid each time the hub starts listening.
 	Listening testsignal.Signal[uint32]
+	// Deaf, while set, makes the hub drop every notification it receives
+	// unheard, as a connection that died without a reset would.
+	Deaf atomic.Bool
 }
 
 // NewHub returns a hub; nothing runs until Subscribe.
@@ -142,7 +148,7 @@ func (h *Hub) run(ctx context.Context, done chan struct{}) {
 			}
 			h.up.Store(true)
 			h.Signals.Listening.Signal(l.PID())
-			err = h.listen(ctx, l)
+			err = h.listenWatched(ctx, l)
 			h.up.Store(false)
 			_ = l.Close(context.WithoutCancel(ctx))
 		}
@@ -163,12 +169,99 @@ func (h *Hub) run(ctx context.Context, done chan struct{}) {
 	}
 }
 
-func (h *Hub) listen(ctx context.Context, l *store.Listener) error {
+// SetCheck replaces ListenerCheck for this hub (tests, before the first
+// Subscribe).
+func (h *Hub) SetCheck(d time.Duration) { h.check.Store(int64(d)) }
+
+func (h *Hub) checkEvery() time.Duration {
+	if d := time.Duration(h.check.Load()); d > 0 {
+		return d
+	}
+	return ListenerCheck
+}
+
+// ListenerCheck is how often a hub that has heard nothing pings itself
+// (store.Ping: a NOTIFY on its own channel through the pool). A ping still
+// unheard two ListenerChecks later, in the database's time, means
+// notifications no longer reach the listener (a connection that died
+// without a reset reaching the client): it is closed and opened again, and
+// every session woken. Quiet claimers rely on the listener (decision 0038),
+// so a dead one must not go unnoticed until their backstop sweep.
+const ListenerCheck = 10 * time.Second
+
+// errPingUnheard ends a listener whose ping went unheard.
+var errPingUnheard = errors.New("the listener did not hear its own ping: notifications no longer reach it")
+
+// listenWatched listens on l while a watchdog pings it whenever nothing
+// was heard for a ListenerCheck; both stop before it returns.
+func (h *Hub) listenWatched(ctx context.Context, l *store.Listener) error {
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var heard atomic.Uint64 // notifications heard, pings included
+	var dead atomic.Bool
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		if h.watch(lctx, &heard) {
+			dead.Store(true)
+			cancel()
+		}
+	}()
+	err := h.listen(lctx, l, &heard)
+	cancel()
+	<-stopped
+	if dead.Load() && ctx.Err() == nil {
+		return errPingUnheard
+	}
+	return err
+}
+
+// watch pings while nothing is heard and reports true when a ping went
+// unheard for two ListenerChecks of the database's time. It measures in the
+// database's time, not the clock's: an injected clock that jumps ahead does
+// not make a ping late.
+func (h *Hub) watch(ctx context.Context, heard *atomic.Uint64) (dead bool) {
+	every := h.checkEvery()
+	t := h.clock.Ticker(every)
+	defer t.Stop()
+	last := heard.Load()
+	var unheardSince *time.Time // the database's time of the first ping not heard
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+		if n := heard.Load(); n != last {
+			last, unheardSince = n, nil
+			continue
+		}
+		at, err := h.store.Ping(ctx)
+		if err != nil {
+			continue // the database is out of reach: the listener fails on its own
+		}
+		if unheardSince == nil {
+			unheardSince = &at
+			continue
+		}
+		if at.Sub(*unheardSince) >= 2*every {
+			return true
+		}
+	}
+}
+
+func (h *Hub) listen(ctx context.Context, l *store.Listener, heard *atomic.Uint64) error {
 	for {
 		w, err := l.Wait(ctx)
 		if err != nil {
 			return err
 		}
-		h.wake(w)
+		if h.Signals.Deaf.Load() {
+			continue
+		}
+		heard.Add(1)
+		if !w.Ping {
+			h.wake(w)
+		}
 	}
 }

@@ -69,8 +69,11 @@ func (n *Nudge) take() bool { return n != nil && n.set.Swap(false) }
 // QuietSweepEvery is every how many reconcile ticks (InstanceTTL/3) a quiet
 // claimer with alarms (Common.Alarm) sweeps all the same: a backstop for
 // what neither a wake nor an alarm brings (decision 0040). At the default
-// TTL, every 60 s.
-const QuietSweepEvery = 6
+// TTL, every 5 minutes. A listener that stops hearing notifications is
+// found by the hub's own pings within 30 s (engine.ListenerCheck), and a
+// peer that dies raises an alarm within InstanceTTL/3 of its lapse; what is
+// left for the backstop is rarer (decision 0040, "Costs").
+const QuietSweepEvery = 30
 
 // skipQuietTick reports whether a quiet actor skips this reconcile tick,
 // counting the ticks it skipped in n.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/c1702965/sqlstreams/internal/wakeup"
 	"github.com/jackc/pgx/v5"
@@ -39,10 +40,32 @@ type Wake struct {
 	StreamID int64
 	Known    bool
 	Keys     []string
+	// Ping: a hub's ping (Ping), no stream's.
+	Ping bool
 }
 
-// ParseWake reads a notification payload (see WakePayload).
+// PingPayload is the payload of a listener's own ping (engine.Hub): no
+// stream's wake-up.
+const PingPayload = "ping"
+
+// Ping notifies the schema's channel with PingPayload through the pool and
+// returns the database's clock at the time: a hub that hears nothing for a
+// while pings, and measures in database time how long its ping goes unheard.
+func (st *Store) Ping(ctx context.Context) (time.Time, error) {
+	var at time.Time
+	if err := st.pool.QueryRow(ctx, `-- store.Ping
+SELECT clock_timestamp() FROM (SELECT pg_notify($1, $2)) AS n`, st.NotifyChannel(), PingPayload).Scan(&at); err != nil {
+		return at, fmt.Errorf("ping the listener: %w", err)
+	}
+	return at, nil
+}
+
+// ParseWake reads a notification payload (see WakePayload); a ping is a
+// Wake with Ping set.
 func ParseWake(payload string) (Wake, error) {
+	if payload == PingPayload {
+		return Wake{Ping: true}, nil
+	}
 	idText, keys, known := strings.Cut(payload, ";")
 	id, err := strconv.ParseInt(idText, 10, 64)
 	if err != nil {
