@@ -147,10 +147,14 @@ type ConsumeOptions struct {
 	// most MaxMessageConcurrency (10,000): each is a goroutine and a slot
 	// of the handler pool, and a process needing more runs more sessions.
 	MessageConcurrency int
-	// ClaimPollRate is how often an idle instance looks for new messages
-	// (and due retries) without being told. Producers notify on commit and
-	// an idle instance claims at once, so this is the fallback for a lost
-	// listener connection and the cadence of retries. Default 1s.
+	// ClaimPollRate is how often an instance looks for new messages (and
+	// due retries) without being told. Producers notify on commit and an
+	// idle instance claims at once, so while the client's listener is up an
+	// idle instance skips its polls (decision 0038): a retry is claimed at
+	// its due time, a dead instance's leases when the process's heartbeat
+	// sees it lapse, and everything else at a backstop sweep every
+	// 10 × InstanceTTL. The poll is the cadence while the instance has work
+	// and while the listener is down. Default 1s.
 	ClaimPollRate time.Duration
 	// InstanceTTL is how long this instance's heartbeat and range leases
 	// last without renewal; a crashed instance's ranges are reclaimed this

@@ -69,7 +69,9 @@ type WorkerConfig struct {
 	Instances int
 	// Suspend runs the worker nowhere (instances 0) until redeclared.
 	Suspend bool
-	// Interval is how often the worker does a round of work. Default 1m.
+	// Interval is how often the worker does a round of work. Default 1m;
+	// 10m for prune (its rounds cost a statement per stream and table, and
+	// what it drops lives for hours), 1s for the scheduler.
 	Interval time.Duration
 	// Batch bounds the rows one statement touches. Default 5000.
 	Batch int
