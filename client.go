@@ -13,6 +13,7 @@ import (
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
+	"github.com/c1702965/sqlstreams/actors/refresher"
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/codes"
@@ -178,12 +179,13 @@ func ValidateSchema(name string) error { return store.ValidateSchema(name) }
 
 // Client is the entry point: one per schema and pool, safe for concurrent use.
 type Client struct {
-	cfg   ClientConfig
-	store *store.Store
-	reads *store.Reader // ReadPool's, or the primary's when it is nil
-	hub   *engine.Hub
-	beats *heartbeat.Beats
-	wakes wakeup.Combiner // pool produces' wake-ups, merged
+	cfg     ClientConfig
+	store   *store.Store
+	reads   *store.Reader // ReadPool's, or the primary's when it is nil
+	hub     *engine.Hub
+	beats   *heartbeat.Beats
+	configs *refresher.Reads
+	wakes   wakeup.Combiner // pool produces' wake-ups, merged
 	// managerTurn is held by the one Consume session of this client whose
 	// manager runs (see oneManagerAProcess).
 	managerTurn chan struct{}
@@ -223,6 +225,7 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg *ClientConfig) (*Cli
 	}
 	return &Client{cfg: c, store: st, reads: reads, hub: engine.NewHub(st, c.Clock, c.Logger, c.Observer),
 		beats:       heartbeat.NewBeats(st, c.Clock, engine.DBNow(c.Clock)),
+		configs:     refresher.NewReads(st, c.Clock, configReadBound),
 		managerTurn: make(chan struct{}, 1)}, nil
 }
 

@@ -209,6 +209,10 @@ type ConsumeOptions struct {
 // ShutdownGrace of its context ending, whatever the database does.
 const ShutdownGrace = shutdown.Grace
 
+// configReadBound bounds one batched config read of a client's sessions
+// (refresher.Reads).
+const configReadBound = 10 * time.Second
+
 // Upper bounds of the instance options: every queue and pool a session
 // makes is bounded.
 const (
@@ -587,7 +591,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 			TimeoutGrace: o.TimeoutGrace, KeyBusyDelay: keyBusyDelay, ConfigRefreshInterval: o.ConfigRefreshInterval,
 			BindingRetryInterval: o.BindingRetryInterval, QuietSweeps: o.test.sweeps(),
 		},
-		Patterns: c.patterns, Regexes: c.regexes, DeclaredAt: c.waitingSince(), Declared: c.declared, Hub: o.test.hub(client.hub), Beats: client.beats,
+		Patterns: c.patterns, Regexes: c.regexes, DeclaredAt: c.waitingSince(), Declared: c.declared, Hub: o.test.hub(client.hub), Beats: client.beats, Reads: client.configs,
 		Leftovers: &c.leftovers,
 		Alerts:    client.publishAlerts(c.s.name, c.group.Name, c.patterns),
 		Clock:     client.cfg.Clock, Logger: client.cfg.Logger, Stats: stats,

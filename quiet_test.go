@@ -141,7 +141,8 @@ func TestAQuietSessionRunsARetryWhenItFallsDue(t *testing.T) {
 // they tick at the same instants, and heartbeat.Beats renews every row asked
 // for while its previous statement ran in one statement. Twelve sessions
 // (24 heartbeats) send one or two statements a beat, where each heartbeat
-// sent its own; and every session stays live.
+// sent its own; and every session stays live. Their config refreshes read
+// together the same way (refresher.Reads).
 func TestAClientsHeartbeatsRenewTogether(t *testing.T) {
 	ctx := context.Background()
 	const ttl = 3 * time.Second // a beat every second
@@ -155,19 +156,24 @@ func TestAClientsHeartbeatsRenewTogether(t *testing.T) {
 		c, err := s.Consumer(fmt.Sprintf("g%d", i)).Register(ctx, nil)
 		require.NoError(t, err)
 		go func() {
-			done <- c.Consume(cctx, func(context.Context, *order) error { return nil }, &ConsumeOptions{InstanceTTL: ttl})
+			done <- c.Consume(cctx, func(context.Context, *order) error { return nil },
+				&ConsumeOptions{InstanceTTL: ttl, ConfigRefreshInterval: time.Second})
 		}()
 	}
 	within(t, counter.when("store.RenewInstances", 2), "the first beats")
 	before, from := counter.snapshot(), time.Now()
-	// Four more statements: two to four beats.
+	// Four more statements: two to four beats, as many refreshes.
 	within(t, counter.when("store.RenewInstances", before["store.RenewInstances"]+4), "four more")
 	beats := int(time.Since(from)/(ttl/3)) + 1
 	got := counter.snapshot()
 	renewals := got["store.RenewInstances"] - before["store.RenewInstances"]
-	t.Logf("%d sessions: %d heartbeat statements over %d beats", sessions, renewals, beats)
+	reads := got["store.ReadGroupConfigs"] - before["store.ReadGroupConfigs"]
+	t.Logf("%d sessions: %d heartbeat statements and %d config reads over %d beats", sessions, renewals, reads, beats)
 	require.LessOrEqual(t, renewals, 2*beats, "one or two statements a beat for %d heartbeats", 2*sessions)
 	require.Zero(t, got["store.RenewInstance"], "no heartbeat renews its row alone")
+	require.Positive(t, reads, "the sessions refresh their config")
+	require.LessOrEqual(t, reads, 2*beats, "one or two statements a refresh for %d sessions", sessions)
+	require.Equal(t, before["store.ReadGroupConfig"], got["store.ReadGroupConfig"], "no running session reads its config alone")
 	require.Equal(t, before["store.DeclareBindings"], got["store.DeclareBindings"],
 		"no session lost its incarnation (a lost one registers again)")
 	cancel()

@@ -118,6 +118,9 @@ type Config struct {
 	Declared func()
 	// Hub, if set, wakes the range claimer when the stream is produced to.
 	Hub *Hub
+	// Reads, if set, is the client's: every session's config refreshes read
+	// together (refresher.Reads). nil: each alone.
+	Reads *refresher.Reads
 	// Beats, if set, is the client's: every session's heartbeats renew
 	// their instance rows together (heartbeat.Beats). nil: each alone.
 	Beats *heartbeat.Beats
@@ -213,7 +216,7 @@ func Run(ctx context.Context, cfg Config) error {
 		defer func() { stopAlerts(); <-stopped }()
 	}
 	s.snap = groupconfig.NewSnapshot(groupconfig.Declared{})
-	s.ref = refresher.New(refresher.Config{Store: cfg.Store, GroupID: cfg.GroupID, Interval: o.ConfigRefreshInterval,
+	s.ref = refresher.New(refresher.Config{Store: cfg.Store, GroupID: cfg.GroupID, Interval: o.ConfigRefreshInterval, Reads: cfg.Reads,
 		Snapshot: s.snap, Clock: cfg.Clock, Logger: logger, Health: health, Retry: cfg.Retry})
 	if err := firstRefresh(ctx, s.ref, cfg.Clock, o.ClaimPollRate); err != nil {
 		if ctx.Err() != nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/backoff"
+	"github.com/c1702965/sqlstreams/internal/batch"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/shutdown"
 	"github.com/c1702965/sqlstreams/internal/store"
@@ -300,19 +301,6 @@ func (a *Actor) StepLeases(ctx context.Context) error {
 	return a.cfg.Store.RenewLeases(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow())
 }
 
-// untilAligned is how long until the next multiple of Interval on the clock
-// (at least a tenth of Interval): every heartbeat of a process with Beats
-// ticks then, and they meet in one statement.
-func (a *Actor) untilAligned() time.Duration {
-	iv := a.Interval()
-	now := a.cfg.Clock.Now()
-	d := now.Truncate(iv).Add(iv).Sub(now)
-	if d < iv/10 {
-		d += iv
-	}
-	return d
-}
-
 // Lost reports whether this heartbeat's incarnation was lost.
 func (a *Actor) Lost() bool { return a.lost }
 
@@ -329,10 +317,10 @@ func (a *Actor) Serve(ctx context.Context) error {
 	if a.cfg.Beats != nil {
 		leave := a.cfg.Beats.Join()
 		defer leave()
-		aligned := a.cfg.Clock.Timer(a.untilAligned())
+		aligned := a.cfg.Clock.Timer(batch.Aligned(a.cfg.Clock, a.Interval()))
 		defer aligned.Stop()
 		tick, leaseTick = aligned.C, t.C
-		rearm = func() { aligned.Reset(a.untilAligned()) }
+		rearm = func() { aligned.Reset(batch.Aligned(a.cfg.Clock, a.Interval())) }
 	}
 	var retry <-chan time.Time
 	var stopRetry func() bool

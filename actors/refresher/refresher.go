@@ -10,10 +10,12 @@ package refresher
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/backoff"
+	"github.com/c1702965/sqlstreams/internal/batch"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/store"
@@ -31,12 +33,48 @@ type Config struct {
 	Health *outage.Health
 	// Retry is the backoff after a failed read (zero: the default).
 	Retry backoff.Policy
+	// Reads, if set, is the client's: while Serve runs, the read is batched
+	// with every other session's of the process, and the refreshes tick at
+	// the multiples of Interval on the clock so that they meet. nil: each
+	// reads alone, ticking from its start (the simulator).
+	Reads *Reads
+}
+
+// Reads batches the group config reads of every session of a client into
+// one statement (store.ReadGroupConfigs).
+type Reads struct {
+	*batch.Batcher[int64, map[string][]byte]
+}
+
+// MaxReadBatch bounds the groups one statement reads.
+const MaxReadBatch = 5000
+
+// NewReads returns a client's batched reads; nothing runs until Join. A
+// statement may take bound.
+func NewReads(st *store.Store, clk clock.Clock, bound time.Duration) *Reads {
+	read := func(ctx context.Context, ids []int64) ([]map[string][]byte, error) {
+		docs, err := st.ReadGroupConfigs(ctx, ids)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]map[string][]byte, len(ids))
+		for i, id := range ids {
+			if out[i] = docs[id]; out[i] == nil {
+				out[i] = map[string][]byte{}
+			}
+		}
+		return out, nil
+	}
+	return &Reads{batch.New(clk, MaxReadBatch, read, func([]int64) time.Duration { return bound })}
 }
 
 // Actor is the refresher.
 type Actor struct {
 	cfg    Config
 	outage *outage.Reporter
+	// batched: Serve runs, joined to cfg.Reads (a Step outside it, the
+	// engine's, reads alone).
+	batched atomic.Bool
 }
 
 // New returns a refresher.
@@ -49,7 +87,13 @@ func New(cfg Config) *Actor {
 // Step reads the group's documents once and swaps them in. It reports
 // whether the effective declaration changed.
 func (a *Actor) Step(ctx context.Context) (bool, error) {
-	docs, err := a.cfg.Store.ReadGroupConfig(ctx, a.cfg.GroupID)
+	var docs map[string][]byte
+	var err error
+	if a.batched.Load() {
+		docs, err = a.cfg.Reads.Do(ctx, a.cfg.GroupID)
+	} else {
+		docs, err = a.cfg.Store.ReadGroupConfig(ctx, a.cfg.GroupID)
+	}
 	if err != nil {
 		return false, err
 	}
@@ -66,6 +110,16 @@ func (a *Actor) Step(ctx context.Context) (bool, error) {
 func (a *Actor) Serve(ctx context.Context) error {
 	t := a.cfg.Clock.Ticker(a.cfg.Interval)
 	defer t.Stop()
+	tick, rearm := t.C, func() {}
+	if a.cfg.Reads != nil {
+		leave := a.cfg.Reads.Join()
+		defer leave()
+		a.batched.Store(true)
+		defer a.batched.Store(false)
+		aligned := a.cfg.Clock.Timer(batch.Aligned(a.cfg.Clock, a.cfg.Interval))
+		defer aligned.Stop()
+		tick, rearm = aligned.C, func() { aligned.Reset(batch.Aligned(a.cfg.Clock, a.cfg.Interval)) }
+	}
 	var retry <-chan time.Time
 	var stopRetry func() bool
 	defer func() {
@@ -77,7 +131,8 @@ func (a *Actor) Serve(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-t.C:
+		case <-tick:
+			rearm()
 		case <-retry:
 			retry = nil
 		}

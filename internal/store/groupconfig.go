@@ -84,6 +84,34 @@ SELECT name, metadata::text FROM %[1]s.worker_config WHERE consumer_group_id = $
 	return out, nil
 }
 
+// ReadGroupConfigs is ReadGroupConfig for many groups in one statement
+// (refresher.Reads: every session of a process).
+func (st *Store) ReadGroupConfigs(ctx context.Context, groupIDs []int64) (map[int64]map[string][]byte, error) {
+	rows, err := st.q().Query(ctx, st.sql(`-- store.ReadGroupConfigs
+SELECT consumer_group_id, name, metadata::text FROM %[1]s.worker_config WHERE consumer_group_id = ANY($1::bigint[])`), groupIDs)
+	if err != nil {
+		return nil, fmt.Errorf("read group configs: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[int64]map[string][]byte, len(groupIDs))
+	for rows.Next() {
+		var id int64
+		var name string
+		var doc []byte
+		if err := rows.Scan(&id, &name, &doc); err != nil {
+			return nil, fmt.Errorf("read group configs: scan: %w", err)
+		}
+		if out[id] == nil {
+			out[id] = map[string][]byte{}
+		}
+		out[id][name] = doc
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read group configs: %w", err)
+	}
+	return out, nil
+}
+
 // ConfigLogEntry is one snapshot in worker_config_log.
 type ConfigLogEntry struct {
 	Worker     string
