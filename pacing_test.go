@@ -8,9 +8,7 @@ import (
 	"time"
 
 	"github.com/c1702965/sqlstreams/actors/claimer"
-	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -107,15 +105,7 @@ func TestAFastPollSweepsAtMostEveryMinSweep(t *testing.T) {
 	// Two seconds of polls: the first TakeoverGrace after the session
 	// begins (1 s at the default InstanceTTL) looks for no expired lease.
 	const polls = 200
-	counter := newCallerCounter("store.ClaimRange", polls)
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
-	require.NoError(t, err)
-	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	client, err := NewClient(ctx, pool, &ClientConfig{Schema: pgtest.Schema(t)})
-	require.NoError(t, err)
+	client, counter := countingClient(t, "store.ClaimRange", polls)
 	s := Stream[order](client, "orders")
 	require.NoError(t, s.Register(ctx, nil))
 	c, err := s.Consumer("g").Register(ctx, nil)

@@ -172,7 +172,9 @@ func TestAClientsHeartbeatsRenewTogether(t *testing.T) {
 	require.LessOrEqual(t, renewals, 2*beats, "one or two statements a beat for %d heartbeats", 2*sessions)
 	require.Zero(t, got["store.RenewInstance"], "no heartbeat renews its row alone")
 	require.Positive(t, reads, "the sessions refresh their config")
-	require.LessOrEqual(t, reads, 2*beats, "one or two statements a refresh for %d sessions", sessions)
+	// The refreshes tick with the beats; the one of the instant the window
+	// began at may fall inside it too.
+	require.LessOrEqual(t, reads, 2*(beats+1), "one or two statements a refresh for %d sessions", sessions)
 	require.Equal(t, before["store.ReadGroupConfig"], got["store.ReadGroupConfig"], "no running session reads its config alone")
 	require.Equal(t, before["store.DeclareBindings"], got["store.DeclareBindings"],
 		"no session lost its incarnation (a lost one registers again)")

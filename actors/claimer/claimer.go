@@ -327,10 +327,7 @@ type Actor struct {
 	// idleProbed: the last claim was a sweep whose probe found nothing
 	// after the head, no lapsed lease and no stall (quiet).
 	idleProbed bool
-	// touched: a lease-taking statement ran since the last reconcile.
-	touched bool
-	// quietTicks counts the reconcile ticks a quiet actor skipped.
-	quietTicks int
+	leaseBook
 }
 
 // New returns a range claimer.
@@ -345,14 +342,8 @@ func (a *Actor) reset() {
 	a.ranges = map[int64]*inflight{}
 	a.keys = map[string]*keyState{}
 	a.order, a.toCommit, a.queued = nil, nil, 0
-	a.starved, a.sweep, a.empty, a.idleProbed, a.touched = false, true, false, false, true
-	a.cfg.Holdings.set()
-}
-
-// leasing is called before every statement that may take a lease.
-func (a *Actor) leasing() {
-	a.touched = true
-	a.cfg.Holdings.set()
+	a.starved, a.sweep, a.empty, a.idleProbed = false, true, false, false
+	a.restart(a.cfg.Holdings)
 }
 
 // quiet: nothing for a poll tick to do while the listener is up (quiet.go).
@@ -367,7 +358,7 @@ func (a *Actor) alarmed() { a.sweep, a.idleProbed = true, false }
 // skipTick: a quiet claimer with alarms skips the reconcile tick's sweep but
 // every QuietSweepEvery-th.
 func (a *Actor) skipTick() bool {
-	return skipQuietTick(&a.cfg.Common, a.quiet() && !a.touched, &a.quietTicks)
+	return a.leaseBook.skipTick(&a.cfg.Common, a.quiet())
 }
 
 // woken: a wake reaching a quiet claimer sweeps (a hand-back's wake names
@@ -425,7 +416,7 @@ func (a *Actor) claimWith(ctx context.Context, sweep, reclaim bool) (jobs []Job,
 	}
 	if sweep && reclaim && (probe == nil || probe.Expired) {
 		began := a.cfg.Clock.Now()
-		a.leasing()
+		a.leasing(a.cfg.Holdings)
 		r, ok, err := a.db.ReclaimRange(ctx, args)
 		obs.ClaimDuration(a.cfg.StreamName, a.cfg.GroupName, a.cfg.Clock.Since(began))
 		if err != nil {
@@ -449,7 +440,7 @@ func (a *Actor) claimWith(ctx context.Context, sweep, reclaim bool) (jobs []Job,
 		return nil, false, nil
 	}
 	began := a.cfg.Clock.Now()
-	a.leasing()
+	a.leasing(a.cfg.Holdings)
 	r, ok, err := a.db.ClaimRange(ctx, args)
 	obs.ClaimDuration(a.cfg.StreamName, a.cfg.GroupName, a.cfg.Clock.Since(began))
 	if ok {
@@ -582,7 +573,7 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 	var held, blocked map[string]bool
 	if len(want) > 0 {
 		var err error
-		a.leasing()
+		a.leasing(a.cfg.Holdings)
 		held, blocked, err = a.db.AcquireKeys(ctx, store.AcquireKeys{RangeID: r.ID, Want: want, Token: r.Token,
 			Owner: a.cfg.InstanceID, TTL: a.cfg.Lease, Now: a.cfg.DBNow()})
 		if err != nil {
@@ -1160,11 +1151,7 @@ func (a *Actor) begin(ctx context.Context) error {
 // settled: nothing of this instance's is left in the database that the
 // actor does not know of (a begin, a reconcile); with nothing in memory
 // either, the heartbeat renews no leases.
-func (a *Actor) settled() {
-	if a.touched = false; len(a.ranges) == 0 && len(a.keys) == 0 {
-		a.cfg.Holdings.clear()
-	}
-}
+func (a *Actor) settled() { a.cleared(a.cfg.Holdings, len(a.ranges) > 0 || len(a.keys) > 0) }
 
 // claim is the loop's claim: a sweep (expired leases, the gate probe) only
 // when one is due and no takeover is held back (Common.takeoversHeld), and

@@ -85,10 +85,7 @@ type ExceptionActor struct {
 	// earliest pending row falls due (zero: none) (quiet).
 	noneDue bool
 	nextDue time.Time
-	// touched: a lease-taking statement ran since the last reconcile.
-	touched bool
-	// quietTicks counts the reconcile ticks a quiet actor skipped.
-	quietTicks int
+	leaseBook
 }
 
 // NewExceptionActor returns an exception claimer.
@@ -142,7 +139,7 @@ func (a *ExceptionActor) Claim(ctx context.Context) ([]Job, error) {
 			return nil, err
 		}
 	}
-	a.leasing()
+	a.leasing(a.cfg.Holdings)
 	rows, err := a.db.ClaimExceptions(ctx, store.ClaimExceptions{Owner: a.cfg.InstanceID, Limit: free, Prefetch: prefetch, Chain: a.cfg.Chain,
 		Lease: a.cfg.Lease, Now: a.cfg.DBNow(), HoldTakeovers: hold})
 	if err != nil {
@@ -204,7 +201,7 @@ func (a *ExceptionActor) startRow(ctx context.Context, r *excRun, haveKey bool) 
 			Delays: r.run.Delays, Error: "lease expired on its last attempt: the instance running it died or stopped renewing"})
 	}
 	if !haveKey && r.eff.Concurrency.Keyed() && m.Key != "" {
-		a.leasing()
+		a.leasing(a.cfg.Holdings)
 		held, _, err := a.db.AcquireKeys(ctx, store.AcquireKeys{Want: []store.KeyClaim{{Key: m.Key, Position: m.Position}},
 			Token: r.run.Token, Owner: a.cfg.InstanceID, TTL: a.cfg.Lease, Now: a.cfg.DBNow()})
 		if err != nil || !held[m.Key] {
@@ -462,14 +459,8 @@ func (a *ExceptionActor) inFlight() int    { return len(a.running) }
 func (a *ExceptionActor) draining()        { a.draining_ = true }
 func (a *ExceptionActor) reset() {
 	a.running, a.draining_, a.pending = map[store.Position]*excRun{}, false, nil
-	a.noneDue, a.touched = false, true
-	a.cfg.Holdings.set()
-}
-
-// leasing is called before every statement that may take a lease.
-func (a *ExceptionActor) leasing() {
-	a.touched = true
-	a.cfg.Holdings.set()
+	a.noneDue = false
+	a.restart(a.cfg.Holdings)
 }
 
 // quiet: nothing for a poll tick to do while the listener is up (quiet.go).
@@ -486,7 +477,7 @@ func (a *ExceptionActor) alarmed() { a.noneDue, a.idle, a.empty = false, 0, true
 
 // skipTick: see Actor.skipTick.
 func (a *ExceptionActor) skipTick() bool {
-	return skipQuietTick(&a.cfg.Common, a.quiet() && !a.touched, &a.quietTicks)
+	return a.leaseBook.skipTick(&a.cfg.Common, a.quiet())
 }
 
 // claimAfter: a chain's next row keeps the slot its head freed, so only an
@@ -515,11 +506,7 @@ func (a *ExceptionActor) begin(ctx context.Context) error {
 // settled: nothing of this instance's is left in the database that the
 // actor does not know of (a begin, a reconcile); with nothing in memory
 // either, the heartbeat renews no leases.
-func (a *ExceptionActor) settled() {
-	if a.touched = false; len(a.running) == 0 {
-		a.cfg.Holdings.clear()
-	}
-}
+func (a *ExceptionActor) settled() { a.cleared(a.cfg.Holdings, len(a.running) > 0) }
 
 func (a *ExceptionActor) claim(ctx context.Context) ([]Job, bool, error) {
 	if a.idle > 0 {

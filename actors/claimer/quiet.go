@@ -51,6 +51,41 @@ func (h *Holdings) clear() {
 	}
 }
 
+// leaseBook is what a claimer keeps of the leases it may hold: whether a
+// lease-taking statement ran since its last reconcile (touched), which
+// tells its Holdings; and the reconcile ticks it skipped while quiet. Both
+// claimers embed one.
+type leaseBook struct {
+	touched    bool
+	quietTicks int
+}
+
+// restart: a (re)started actor knows nothing of what an earlier run held.
+func (b *leaseBook) restart(h *Holdings) {
+	b.touched = true
+	h.set()
+}
+
+// leasing is called before every statement that may take a lease.
+func (b *leaseBook) leasing(h *Holdings) {
+	b.touched = true
+	h.set()
+}
+
+// cleared: a begin or reconcile left nothing in the database that the actor
+// does not know of; holds says whether it still holds anything itself.
+func (b *leaseBook) cleared(h *Holdings, holds bool) {
+	if b.touched = false; !holds {
+		h.clear()
+	}
+}
+
+// skipTick: a quiet actor with alarms skips the reconcile tick's sweep but
+// every QuietSweepEvery-th (skipQuietTick).
+func (b *leaseBook) skipTick(c *Common, quiet bool) bool {
+	return skipQuietTick(c, quiet && !b.touched, &b.quietTicks)
+}
+
 // Nudge is the range claimer's word to its session's exception claimer that
 // it wrote exception rows (failures, deferrals, a quarantine): a quiet
 // exception claimer probes at its next poll tick. A nil *Nudge is never set.
