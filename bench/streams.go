@@ -288,31 +288,7 @@ func parallel(ctx context.Context, n, per int, label string, call func(ctx conte
 
 // eachCall runs do(0) … do(calls-1) from produceWorkers goroutines, each
 // taking the next index, and stops at the first error, which it returns.
-func eachCall(calls int, do func(c int) error) error {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, produceWorkers)
-	for range produceWorkers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				c := int(next.Add(1)) - 1
-				if c >= calls {
-					return
-				}
-				if err := do(c); err != nil {
-					errs <- err
-					next.Store(int64(calls))
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
-}
+func eachCall(calls int, do func(c int) error) error { return eachOf(calls, produceWorkers, do) }
 
 // burnDown times a fresh group consuming the whole backlog of n messages
 // with the given number of Consume calls, from the first Consume call until
