@@ -343,7 +343,7 @@ func (a *Actor) reset() {
 	a.keys = map[string]*keyState{}
 	a.order, a.toCommit, a.queued = nil, nil, 0
 	a.starved, a.sweep, a.empty, a.idleProbed = false, true, false, false
-	a.restart(a.cfg.Holdings)
+	a.leasing(a.cfg.Holdings)
 }
 
 // quiet: nothing for a poll tick to do while the listener is up (quiet.go).

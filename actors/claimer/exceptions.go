@@ -460,7 +460,7 @@ func (a *ExceptionActor) draining()        { a.draining_ = true }
 func (a *ExceptionActor) reset() {
 	a.running, a.draining_, a.pending = map[store.Position]*excRun{}, false, nil
 	a.noneDue = false
-	a.restart(a.cfg.Holdings)
+	a.leasing(a.cfg.Holdings)
 }
 
 // quiet: nothing for a poll tick to do while the listener is up (quiet.go).

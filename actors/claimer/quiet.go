@@ -20,15 +20,17 @@ import "sync/atomic"
 //     nothing, its range claimer wrote no exception row since (Nudge), and
 //     the earliest pending row's due time the probe reported has not come.
 //
-// What does not notify still comes on time: every Lease/3 (the reconcile
-// tick) both claimers sweep as before, so a lapsed lease of a dead instance
-// is taken over as soon as it was; a wake reaching a quiet range claimer
-// sweeps too (a hand-back notifies the stream, so a stopping instance's
+// What does not notify still comes on time. A wake reaching a quiet range
+// claimer sweeps (a hand-back notifies the stream, so a stopping instance's
 // ranges are taken over at once); a listener that reconnects wakes every
-// session, since notifications may have been missed. The reconcile
-// statements run only when the claimer made a lease-taking call since the
-// last reconcile or holds something (Holdings), and the heartbeat renews
-// leases only then: an idle session's beat is one statement.
+// session, since notifications may have been missed. With the process's
+// beats (Common.Alarm, decision 0040), a lapsed peer raises an alarm and the
+// claimers sweep for its leases, so a quiet claimer skips its reconcile
+// ticks' sweeps too, but for a backstop every QuietSweepEvery ticks;
+// without them it sweeps every Lease/3 as before. The reconcile statements
+// run only when the claimer made a lease-taking call since the last
+// reconcile or holds something (Holdings), and the heartbeat renews leases
+// only then: an idle session's beat is one statement.
 
 // Holdings says whether a claimer may hold leases in the database (ranges,
 // exception rows, key leases) for its heartbeat: it is set before every
@@ -60,13 +62,8 @@ type leaseBook struct {
 	quietTicks int
 }
 
-// restart: a (re)started actor knows nothing of what an earlier run held.
-func (b *leaseBook) restart(h *Holdings) {
-	b.touched = true
-	h.set()
-}
-
-// leasing is called before every statement that may take a lease.
+// leasing is called before every statement that may take a lease, and
+// when the actor (re)starts: it knows nothing of what an earlier run held.
 func (b *leaseBook) leasing(h *Holdings) {
 	b.touched = true
 	h.set()
