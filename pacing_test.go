@@ -2,6 +2,7 @@ package sqlstreams
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -16,8 +17,11 @@ import (
 // "-- store.Name" comment every statement starts with), and closes reached
 // once the caller named until has sent n.
 type callerCounter struct {
-	mu      sync.Mutex
-	counts  map[string]int
+	mu     sync.Mutex
+	counts map[string]int
+	// items adds up, per caller, the length of each statement's first
+	// argument when it is a slice: the rows a batched statement carries.
+	items   map[string]int
 	first   map[string]time.Time // when each caller first sent a statement
 	until   string
 	n       int
@@ -45,7 +49,7 @@ func (c *callerCounter) when(name string, n int) <-chan struct{} {
 }
 
 func newCallerCounter(until string, n int) *callerCounter {
-	return &callerCounter{counts: map[string]int{}, first: map[string]time.Time{}, until: until, n: n, reached: make(chan struct{})}
+	return &callerCounter{counts: map[string]int{}, items: map[string]int{}, first: map[string]time.Time{}, until: until, n: n, reached: make(chan struct{})}
 }
 
 func (c *callerCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
@@ -60,6 +64,11 @@ func (c *callerCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.counts[name]++
+	if len(d.Args) > 0 {
+		if v := reflect.ValueOf(d.Args[0]); v.Kind() == reflect.Slice {
+			c.items[name] += v.Len()
+		}
+	}
 	if c.counts[name] == 1 {
 		c.first[name] = time.Now()
 	}
@@ -79,6 +88,13 @@ func (c *callerCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.
 }
 
 func (c *callerCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// itemsOf returns the slice lengths counted for caller name so far.
+func (c *callerCounter) itemsOf(name string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.items[name]
+}
 
 func (c *callerCounter) snapshot() map[string]int {
 	c.mu.Lock()

@@ -140,9 +140,10 @@ func TestAQuietSessionRunsARetryWhenItFallsDue(t *testing.T) {
 // A client's heartbeats renew their instance rows together (decision 0039):
 // they tick at the same instants, and heartbeat.Beats renews every row asked
 // for while its previous statement ran in one statement. Twelve sessions
-// (24 heartbeats) send one or two statements a beat, where each heartbeat
-// sent its own; and every session stays live. Their config refreshes read
-// together the same way (refresher.Reads).
+// (24 heartbeats) send one or two statements a beat (a few on a loaded
+// machine), where each heartbeat sent its own; and every session stays
+// live. Their config refreshes read together the same way
+// (refresher.Reads).
 func TestAClientsHeartbeatsRenewTogether(t *testing.T) {
 	ctx := context.Background()
 	const ttl = 3 * time.Second // a beat every second
@@ -161,20 +162,24 @@ func TestAClientsHeartbeatsRenewTogether(t *testing.T) {
 		}()
 	}
 	within(t, counter.when("store.RenewInstances", 2), "the first beats")
-	before, from := counter.snapshot(), time.Now()
-	// Four more statements: two to four beats, as many refreshes.
-	within(t, counter.when("store.RenewInstances", before["store.RenewInstances"]+4), "four more")
-	beats := int(time.Since(from)/(ttl/3)) + 1
+	before := counter.snapshot()
+	rowsBefore, groupsBefore := counter.itemsOf("store.RenewInstances"), counter.itemsOf("store.ReadGroupConfigs")
+	// Four more beats' worth: 4 × 24 heartbeats; as many refreshes.
+	within(t, counter.when("store.RenewInstances", before["store.RenewInstances"]+4), "four more heartbeat statements")
+	within(t, counter.when("store.ReadGroupConfigs", before["store.ReadGroupConfigs"]+4), "four more config reads")
 	got := counter.snapshot()
 	renewals := got["store.RenewInstances"] - before["store.RenewInstances"]
 	reads := got["store.ReadGroupConfigs"] - before["store.ReadGroupConfigs"]
-	t.Logf("%d sessions: %d heartbeat statements and %d config reads over %d beats", sessions, renewals, reads, beats)
-	require.LessOrEqual(t, renewals, 2*beats, "one or two statements a beat for %d heartbeats", 2*sessions)
+	rows := counter.itemsOf("store.RenewInstances") - rowsBefore
+	groups := counter.itemsOf("store.ReadGroupConfigs") - groupsBefore
+	t.Logf("%d sessions: %d heartbeat statements renewing %d rows, %d config reads of %d groups", sessions, renewals, rows, reads, groups)
+	// Together, a statement carries many sessions' rows: without the
+	// aligned ticks each heartbeat's request would come alone (one row a
+	// statement). The bound leaves room for a loaded machine splitting an
+	// instant's requests over a few statements.
+	require.GreaterOrEqual(t, rows, 3*renewals, "a heartbeat statement renews many sessions' rows (24 heartbeats a beat)")
+	require.GreaterOrEqual(t, groups, 2*reads, "a config read reads many sessions' groups (12 a refresh)")
 	require.Zero(t, got["store.RenewInstance"], "no heartbeat renews its row alone")
-	require.Positive(t, reads, "the sessions refresh their config")
-	// The refreshes tick with the beats; the one of the instant the window
-	// began at may fall inside it too.
-	require.LessOrEqual(t, reads, 2*(beats+1), "one or two statements a refresh for %d sessions", sessions)
 	require.Equal(t, before["store.ReadGroupConfig"], got["store.ReadGroupConfig"], "no running session reads its config alone")
 	require.Equal(t, before["store.DeclareBindings"], got["store.DeclareBindings"],
 		"no session lost its incarnation (a lost one registers again)")
