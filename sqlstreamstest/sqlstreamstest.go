@@ -114,6 +114,10 @@ func Drain[T any](ctx context.Context, t testing.TB, consumer *sqlstreams.Consum
 	DrainWith(ctx, t, consumer, handler, nil)
 }
 
+// finalStatusBound bounds the status read a failing Drain makes when its
+// context ended before any read came back.
+const finalStatusBound = 5 * time.Second
+
 // DrainWith is Drain with options (nil: the defaults).
 func DrainWith[T any](ctx context.Context, t testing.TB, consumer *sqlstreams.Consumer[T], handler sqlstreams.Handler[T], opts *DrainOptions) {
 	t.Helper()
@@ -150,6 +154,13 @@ func DrainWith[T any](ctx context.Context, t testing.TB, consumer *sqlstreams.Co
 			t.Fatalf("sqlstreamstest: Drain: Consume of %q returned before the backlog was empty: %v", consumer.Name(), err)
 			return
 		case <-ctx.Done():
+		}
+		if last == nil { // ended before a read came back: read one now, so the failure says how far it got
+			sctx, cancel := clock.New().WithTimeout(context.WithoutCancel(ctx), finalStatusBound)
+			if s, err := consumer.Status(sctx); err == nil {
+				last = s
+			}
+			cancel()
 		}
 		stop()
 		<-done
