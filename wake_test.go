@@ -103,3 +103,19 @@ func TestAListenerThatHearsNothingIsReplaced(t *testing.T) {
 	within(t, woken, "every session woken after the reconnect")
 	require.Contains(t, strings.Join(e.logs.messages(slog.LevelWarn), "\n"), "notification listener lost")
 }
+
+// A listener that comes up wakes every session subscribed by then, the
+// first time as after a reconnect: a session subscribes, then probes its
+// stream while the hub connects, and a produce that commits between that
+// probe and the LISTEN is never notified. A quiet session (decision 0038)
+// would leave it for its backstop sweep, minutes later.
+func TestAListenerWakesEverySessionWhenItComesUp(t *testing.T) {
+	e, _, c := setup(t, nil, "g", 0)
+	hub := e.client.hub
+	hub.Signals.Listening.Init()
+	listening := hub.Signals.Listening.C()
+	woken, stop := hub.Subscribe(c.group.StreamID, nil)
+	defer stop()
+	within(t, listening, "the listener")
+	within(t, woken, "the session woken when the listener came up")
+}

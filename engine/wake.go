@@ -103,8 +103,8 @@ func (h *Hub) Subscribe(streamID int64, patterns []string) (<-chan struct{}, fun
 
 // Listening reports whether the hub's LISTEN connection is up: while it is,
 // every produce wakes its sessions, and idle claimers skip their poll ticks
-// (decision 0038). A reconnect wakes every session (notifications may have
-// been missed in between).
+// (decision 0038). Each time it comes up, the first time included, it wakes
+// every session (notifications may have been missed before it).
 func (h *Hub) Listening() bool { return h.up.Load() }
 
 func (h *Hub) wake(w store.Wake) {
@@ -121,7 +121,8 @@ func (h *Hub) wake(w store.Wake) {
 	}
 }
 
-// wakeAll is sent after a reconnect: notifications may have been missed.
+// wakeAll is sent each time the listener comes up: notifications may have
+// been missed.
 func (h *Hub) wakeAll() {
 	h.mu.Lock()
 	ids := make([]int64, 0, len(h.subs))
@@ -144,9 +145,13 @@ func (h *Hub) run(ctx context.Context, done chan struct{}) {
 				h.logger.Info("notification listener reconnected")
 				h.observer.Count("", "", observe.ListenerReconnect, 1)
 				lost = false
-				h.wakeAll()
 			}
 			h.up.Store(true)
+			// Every session subscribed by now may have missed a
+			// notification: while the listener was down, or, the first
+			// time, between its probe of the stream and the LISTEN. A quiet
+			// one would otherwise leave that produce for its backstop.
+			h.wakeAll()
 			h.Signals.Listening.Signal(l.PID())
 			err = h.listenWatched(ctx, l)
 			h.up.Store(false)
