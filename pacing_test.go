@@ -33,6 +33,7 @@ type countWait struct {
 	name string
 	n    int
 	ch   chan struct{}
+	snap chan map[string]int // at's: the counts then, instead of closing ch
 }
 
 // when returns a channel closed once caller name has sent n statements.
@@ -45,6 +46,20 @@ func (c *callerCounter) when(name string, n int) <-chan struct{} {
 		return ch
 	}
 	c.waits = append(c.waits, countWait{name: name, n: n, ch: ch})
+	return ch
+}
+
+// at returns a channel that receives every caller's count at the moment
+// caller name sends its n-th statement: what ran before it.
+func (c *callerCounter) at(name string, n int) <-chan map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan map[string]int, 1)
+	if c.counts[name] >= n {
+		ch <- c.copyLocked()
+		return ch
+	}
+	c.waits = append(c.waits, countWait{name: name, n: n, snap: ch})
 	return ch
 }
 
@@ -78,7 +93,11 @@ func (c *callerCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.
 	kept := c.waits[:0]
 	for _, w := range c.waits {
 		if w.name == name && c.counts[name] >= w.n {
-			close(w.ch)
+			if w.snap != nil {
+				w.snap <- c.copyLocked()
+			} else {
+				close(w.ch)
+			}
 			continue
 		}
 		kept = append(kept, w)
@@ -99,6 +118,10 @@ func (c *callerCounter) itemsOf(name string) int {
 func (c *callerCounter) snapshot() map[string]int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.copyLocked()
+}
+
+func (c *callerCounter) copyLocked() map[string]int {
 	out := make(map[string]int, len(c.counts))
 	for k, v := range c.counts {
 		out[k] = v

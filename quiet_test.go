@@ -21,6 +21,13 @@ import (
 // caller (callerCounter) until `until` has sent n.
 func countingClient(t *testing.T, until string, n int) (*Client, *callerCounter) {
 	t.Helper()
+	return countingClientIn(t, pgtest.Schema(t), until, n)
+}
+
+// countingClientIn is countingClient on a given schema: a second client
+// (process) of the same schema.
+func countingClientIn(t *testing.T, schema, until string, n int) (*Client, *callerCounter) {
+	t.Helper()
 	ctx := context.Background()
 	counter := newCallerCounter(until, n)
 	cfg, err := pgxpool.ParseConfig(pgtest.URL())
@@ -29,7 +36,7 @@ func countingClient(t *testing.T, until string, n int) (*Client, *callerCounter)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	client, err := NewClient(ctx, pool, &ClientConfig{Schema: pgtest.Schema(t)})
+	client, err := NewClient(ctx, pool, &ClientConfig{Schema: schema})
 	require.NoError(t, err)
 	return client, counter
 }
@@ -291,4 +298,66 @@ func TestAQuietSessionTakesALapsedPeersRangeOverOnTheAlarm(t *testing.T) {
 	require.Len(t, got, 3)
 	stopB()
 	require.NoError(t, within(t, doneB, "B to stop"))
+}
+
+// A wake reaching a quiet session claims at once, without probing first: a
+// produce's wake, nearly every wake, names new positions. When that claim
+// finds none, the session sweeps, so a stopping peer's hand-back, which
+// wakes the stream, is still taken over at once, with no poll or reconcile
+// tick's sweep to bring it (decision 0041).
+func TestAWakeReachingAQuietSessionClaimsFirstAndSweepsWhenNothingIsNew(t *testing.T) {
+	ctx := context.Background()
+	const ttl = 1500 * time.Millisecond
+	client, counter := countingClient(t, "", 0)
+	peerClient, _ := countingClientIn(t, client.Schema(), "", 0)
+	s := Stream[order](client, "orders")
+	require.NoError(t, s.Register(ctx, nil))
+	cfg := &ConsumerConfig{Start: StartBeginning} // "held" may be produced before the peer's first claim
+	c, err := s.Consumer("g").Register(ctx, cfg)
+	require.NoError(t, err)
+	ps := Stream[order](peerClient, "orders")
+	require.NoError(t, ps.Register(ctx, nil))
+	pc, err := ps.Consumer("g").Register(ctx, cfg)
+	require.NoError(t, err)
+
+	// The peer holds "held" in a handler that waits for its stop; with a
+	// queue of one it claims nothing more.
+	stuck := make(chan struct{})
+	peer := consume(t, pc, func(ctx context.Context, o *order) error {
+		if o.OrderID == "held" {
+			close(stuck)
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}, &ConsumeOptions{BatchLimit: 1, QueueSize: 1, MessageConcurrency: 1, InstanceTTL: ttl, ShutdownTimeout: 50 * time.Millisecond})
+	_, err = s.Produce(ctx, order{OrderID: "held"}, nil)
+	require.NoError(t, err)
+	within(t, stuck, "the peer's handler")
+
+	handled := make(chan string, 16)
+	consume(t, c, func(_ context.Context, o *order) error { handled <- o.OrderID; return nil },
+		&ConsumeOptions{ClaimPollRate: 10 * time.Millisecond, InstanceTTL: ttl, test: &testHooks{quietSweeps: 1 << 20}})
+	within(t, counter.when("store.RenewInstances", 4), "four heartbeat statements: the session is quiet")
+
+	// A produce's wake: a claim, and no probe before it.
+	before := counter.snapshot()
+	claimed := counter.at("store.ClaimRange", before["store.ClaimRange"]+1)
+	_, err = s.Produce(ctx, order{OrderID: "new"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, "new", within(t, handled, "the produced message"))
+	require.Equal(t, before["store.GateProbe"], within(t, claimed, "the claim")["store.GateProbe"], "the wake claimed without a probe")
+
+	// Quiet again: the range committed, then a sweep's probe found nothing.
+	within(t, counter.when("store.CommitRange", before["store.CommitRange"]+1), "the commit")
+	probes := counter.snapshot()["store.GateProbe"]
+	within(t, counter.when("store.GateProbe", probes+1), "a sweep after the commit")
+
+	// The peer stops: its hand-back wakes the stream, the claim finds no new
+	// position, and the sweep takes the range over.
+	before = counter.snapshot()
+	require.NoError(t, peer.stop(t))
+	require.Equal(t, "held", within(t, handled, "the handed-back message"))
+	after := counter.snapshot()
+	require.Greater(t, after["store.ReclaimRange"], before["store.ReclaimRange"], "taken over by the wake's sweep")
 }

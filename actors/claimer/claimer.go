@@ -327,6 +327,10 @@ type Actor struct {
 	// idleProbed: the last claim was a sweep whose probe found nothing
 	// after the head, no lapsed lease and no stall (quiet).
 	idleProbed bool
+	// wokenQuiet: a wake reached the claimer while it was quiet. The next
+	// claim reads new positions first, and sweeps only if there are none
+	// (woken).
+	wokenQuiet bool
 	leaseBook
 }
 
@@ -342,7 +346,7 @@ func (a *Actor) reset() {
 	a.ranges = map[int64]*inflight{}
 	a.keys = map[string]*keyState{}
 	a.order, a.toCommit, a.queued = nil, nil, 0
-	a.starved, a.sweep, a.empty, a.idleProbed = false, true, false, false
+	a.starved, a.sweep, a.empty, a.idleProbed, a.wokenQuiet = false, true, false, false, false
 	a.leasing(a.cfg.Holdings)
 }
 
@@ -361,11 +365,14 @@ func (a *Actor) skipTick() bool {
 	return a.leaseBook.skipTick(&a.cfg.Common, a.quiet())
 }
 
-// woken: a wake reaching a quiet claimer sweeps (a hand-back's wake names
-// lapsed ranges, not new positions).
+// woken: a wake reaching a quiet claimer makes it claim, and sweep if that
+// claim finds no new position: a produce's wake (nearly all of them) names
+// new positions, a hand-back's lapsed ranges, and a listener's reconnect
+// either. Probing first cost every produce's wake a gate probe, planned
+// afresh for each stream of a thousand (decision 0041).
 func (a *Actor) woken() {
 	if a.quiet() {
-		a.sweep = true
+		a.wokenQuiet = true
 	}
 }
 
@@ -1164,6 +1171,14 @@ func (a *Actor) claim(ctx context.Context) ([]Job, bool, error) {
 	// nothing; a lapsed lease it found keeps the claimer from quiet, and
 	// the next sweep tick after the grace reclaims it.
 	sweep := a.sweep && (!held || a.cfg.listening() || a.empty)
+	if a.wokenQuiet && !sweep && a.cfg.Liveness.Valid() {
+		a.wokenQuiet = false
+		jobs, _, err := a.claimWith(ctx, false, false)
+		if err != nil || !a.empty { // new positions (or a failure): the wake was a produce's
+			return jobs, err == nil && a.queued-before >= a.cfg.BatchLimit, err
+		}
+		a.sweep, sweep = true, true // none: a hand-back's or a reconnect's wake
+	}
 	jobs, reclaimed, err := a.claimWith(ctx, sweep, !held)
 	if sweep && err == nil && !a.starved && a.cfg.Liveness.Valid() { // the sweep ran
 		a.sweep = reclaimed

@@ -21,9 +21,10 @@ import "sync/atomic"
 //     the earliest pending row's due time the probe reported has not come.
 //
 // What does not notify still comes on time. A wake reaching a quiet range
-// claimer sweeps (a hand-back notifies the stream, so a stopping instance's
-// ranges are taken over at once); a listener that reconnects wakes every
-// session, since notifications may have been missed. With the process's
+// claimer claims, and sweeps if that claim finds nothing new (a hand-back
+// notifies the stream, so a stopping instance's ranges are taken over at
+// once: decision 0041); a listener that comes up, the first time included,
+// wakes every session, since notifications may have been missed before it. With the process's
 // beats (Common.Alarm, decision 0040), a lapsed peer raises an alarm and the
 // claimers sweep for its leases, so a quiet claimer skips its reconcile
 // ticks' sweeps too, but for a backstop every QuietSweepEvery ticks;
