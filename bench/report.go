@@ -361,7 +361,8 @@ func (r *report) finish() {
 		add("sqlstreams burn-down 1 instance / "+peer.name+" burn-down", "burndown_1", peer.key, 0)
 	}
 	add("scale: produce over many streams / one stream", "scale_produce_many", "scale_produce_one", 0.80)
-	add("scale: burn-down over many streams / one stream", "scale_burndown_many", "scale_burndown_one", 0.80)
+	add("scale: burn-down over many streams / one stream (running sessions)", "scale_burndown_many", "scale_burndown_one", 0.80)
+	add("scale: burn-down over many streams / one stream (sessions starting on it)", "scale_burndown_many_cold", "scale_burndown_one_cold", 0)
 	add("batched produce / PgQ batched insert_event", "produce_batch", "pgq_produce", 0.80)
 	add("sqlstreams burn-down 4 instances / PgQ consumer", "burndown_4", "pgq_consume", 1)
 	add("sqlstreams burn-down 1 instance / PgQ consumer", "burndown_1", "pgq_consume", 0)

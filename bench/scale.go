@@ -13,7 +13,11 @@ package main
 //  3. Spread: -scale-n messages produced (ProduceBatch, 100 a call, 4
 //     goroutines) round-robin over the streams, then burnt down by one
 //     session per stream; and the same volume on one stream, burnt down by
-//     -scale-processes sessions. The ratios of the two.
+//     -scale-processes sessions. The ratios of the two. The burn-down is
+//     timed twice (decision 0041): by sessions starting on the backlog
+//     (their start included), then by the same sessions, running, on the
+//     same volume again made visible at once by one transaction's commit.
+//     The target's ratio is the running one's.
 //
 // Run only when named, like capacity: its sizes are its own.
 
@@ -123,19 +127,22 @@ func (b *bench) scale(ctx context.Context) error {
 	// 3. Spread against one stream, each -runs times.
 	prodMany := b.rep.throughput("scale_produce_many", fmt.Sprintf("ProduceBatch over %d streams (100 a call, round-robin)", S), "msg/s")
 	prodOne := b.rep.throughput("scale_produce_one", "ProduceBatch to 1 stream (100 a call)", "msg/s")
-	burnMany := b.rep.throughput("scale_burndown_many", fmt.Sprintf("burn-down over %d streams, 1 session each, %d processes", S, P), "msg/s")
-	burnOne := b.rep.throughput("scale_burndown_one", fmt.Sprintf("burn-down of 1 stream, %d sessions, %d processes", P, P), "msg/s")
+	burnMany := b.rep.throughput("scale_burndown_many", fmt.Sprintf("burn-down over %d streams, 1 running session each, %d processes", S, P), "msg/s")
+	burnOne := b.rep.throughput("scale_burndown_one", fmt.Sprintf("burn-down of 1 stream, %d running sessions, %d processes", P, P), "msg/s")
+	coldMany := b.rep.throughput("scale_burndown_many_cold", fmt.Sprintf("burn-down over %d streams by sessions starting on it (their start timed), %d processes", S, P), "msg/s")
+	coldOne := b.rep.throughput("scale_burndown_one_cold", fmt.Sprintf("burn-down of 1 stream by %d sessions starting on it, %d processes", P, P), "msg/s")
 	for r := 1; r <= b.c.runs; r++ {
 		for _, v := range []struct {
 			streams, sessions int
-			prod, burn        *throughputResult
-		}{{S, 1, prodMany, burnMany}, {1, P, prodOne, burnOne}} {
+			prod, burn, cold  *throughputResult
+		}{{S, 1, prodMany, burnMany, coldMany}, {1, P, prodOne, burnOne, coldOne}} {
 			label := fmt.Sprintf("scale %d stream(s) run %d/%d", v.streams, r, b.c.runs)
-			p, d, err := b.spread(ctx, fmt.Sprintf("sp%d_%d_", v.streams, r), v.streams, v.sessions, label)
+			p, c, d, err := b.spread(ctx, fmt.Sprintf("sp%d_%d_", v.streams, r), v.streams, v.sessions, label)
 			if err != nil {
 				return fmt.Errorf("%s: %w", label, err)
 			}
 			v.prod.add(label, p)
+			v.cold.add(label, c)
 			v.burn.add(label, d)
 		}
 	}
@@ -187,22 +194,26 @@ WHERE n.nspname = 'sqlstreams_bench' OR (c.relkind = 't' AND n.nspname = 'pg_toa
 }
 
 // spread produces -scale-n messages round-robin over streams fresh streams,
-// then times their burn-down by sessions sessions per stream's group spread
-// over -scale-processes clients; it returns both rates.
-func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int, label string) (produce, burn float64, err error) {
+// then times their burn-down twice by sessions sessions per stream's group
+// spread over -scale-processes clients: cold, by sessions that start on the
+// backlog (their Register and start are timed with it), and running, by the
+// same sessions once the backlog's first round is done: the same volume is
+// produced again in one transaction, untimed, and the burn-down is timed from
+// its commit (decision 0041). It returns the three rates.
+func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int, label string) (produce, cold, running float64, err error) {
 	n := b.c.scaleN
 	producer, err := sqlstreams.NewClient(ctx, b.pool, &sqlstreams.ClientConfig{Schema: "sqlstreams_bench", Logger: b.logger})
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	handles := make([]*sqlstreams.StreamHandle[Order], streams)
 	for i := range handles {
 		handles[i] = sqlstreams.Stream[Order](producer, fmt.Sprintf("bench.%s.s%d", prefix, i))
 		if err := handles[i].Register(ctx, nil); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		if _, err := handles[i].Consumer(fmt.Sprintf("%sg%d", prefix, i)).Register(ctx, nil); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 	}
 	items := make([]sqlstreams.BatchItem[Order], produceBatchLen)
@@ -216,7 +227,7 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 		_, err := handles[c%streams].ProduceBatch(ctx, items, nil)
 		return err
 	}); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	total := calls * produceBatchLen
 	produce = report1(label+" produce", "msgs", total, wall.Since(start))
@@ -234,19 +245,19 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 		cfg.MaxConns = 16
 		p, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		pools = append(pools, p)
 		c, err := sqlstreams.NewClient(ctx, p, &sqlstreams.ClientConfig{Schema: "sqlstreams_bench", Logger: b.logger})
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		clients = append(clients, c)
 	}
 	b.checkpoint(ctx)
 	var handled atomic.Int64
-	done := make(chan struct{})
-	var once sync.Once
+	done, again := make(chan struct{}), make(chan struct{}) // the first round handled, the second
+	var once, onceAgain sync.Once
 	cctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	errs := make(chan error, streams*sessions)
@@ -277,8 +288,11 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 					upAfter.Store(int64(wall.Since(start)))
 					close(allUp)
 				}
-				if handled.Add(1) == int64(total) {
+				switch handled.Add(1) {
+				case int64(total):
 					once.Do(func() { close(done) })
+				case 2 * int64(total):
+					onceAgain.Do(func() { close(again) })
 				}
 				return nil
 			}, nil)
@@ -289,7 +303,7 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 		cancel()
 		wg.Wait()
 		stop()
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	startedAfter := wall.Since(start) // every Register returned and every Consume was called
 	var failed error
@@ -302,6 +316,10 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	}
 	elapsed := wall.Since(start)
 	stop()
+	var againAfter time.Duration
+	if failed == nil {
+		againAfter, failed = b.spreadAgain(ctx, handles, items, calls, &handled, again, label)
+	}
 	cancel()
 	wg.Wait()
 	close(errs)
@@ -311,14 +329,58 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 		}
 	}
 	if failed != nil {
-		return 0, 0, failed
+		return 0, 0, 0, failed
 	}
-	burn = report1(label+" burn-down", "msgs", total, elapsed)
+	cold = report1(label+" burn-down, cold", "msgs", total, elapsed)
 	select {
 	case <-allUp:
 		fmt.Printf("  %-34s every one of the %d session(s) had its first message after %.2f s (the last was started at %.2f s)\n", "", streams*sessions, float64(upAfter.Load())/1e9, startedAfter.Seconds())
 	default:
 		fmt.Printf("  %-34s %d of the %d session(s) had a message\n", "", up.Load(), streams*sessions)
 	}
-	return produce, burn, nil
+	running = report1(label+" burn-down, running", "msgs", total, againAfter)
+	return produce, cold, running, nil
+}
+
+// spreadAgain is spread's second round: with every session running (and,
+// after the first round, idle), it produces the same calls again in one
+// transaction, untimed, and times from its commit until the sessions have
+// handled them (again closes). A transaction makes the whole backlog
+// visible at once, as a backlog that built up while the sessions ran is.
+func (b *bench) spreadAgain(ctx context.Context, handles []*sqlstreams.StreamHandle[Order], items []sqlstreams.BatchItem[Order], calls int, handled *atomic.Int64, again <-chan struct{}, label string) (time.Duration, error) {
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after the commit
+	for c := range calls {
+		if _, err := handles[c%len(handles)].ProduceBatch(ctx, items, &sqlstreams.BatchOptions{Tx: tx}); err != nil {
+			return 0, err
+		}
+	}
+	total := int64(calls * len(items))
+	if b.c.statements { // what the running round itself runs
+		if _, err := b.pool.Exec(ctx, "SELECT pg_stat_statements_reset()"); err != nil {
+			return 0, err
+		}
+	}
+	start := wall.Now()
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	select {
+	case <-again:
+		took := wall.Since(start)
+		if b.c.statements {
+			fmt.Printf("  %s, the running round's statements:", label)
+			if err := b.topStatements(ctx); err != nil {
+				return 0, err
+			}
+		}
+		return took, nil
+	case <-wall.After(burnTimeout):
+		return 0, fmt.Errorf("%s, running sessions: timed out after %s with %d of %d handled", label, burnTimeout, handled.Load()-total, total)
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
 }
