@@ -327,6 +327,7 @@ type Actor struct {
 	// idleProbed: the last claim was a sweep whose probe found nothing
 	// after the head, no lapsed lease and no stall (quiet).
 	idleProbed bool
+	parsedOptions
 	// wokenQuiet: a wake reached the claimer while it was quiet. The next
 	// claim reads new positions first, and sweeps only if there are none
 	// (woken).
@@ -477,7 +478,7 @@ func (a *Actor) quarantine(ctx context.Context, r store.Range, group policy.Grou
 		if !m.Matched {
 			continue
 		}
-		e := resolve(m, group)
+		e := a.resolve(m, group)
 		writes = append(writes, store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(e.Concurrency),
 			Status: policy.StatusPending, Error: fmt.Sprintf("%s its range was reclaimed %d times (MaxRangeReclaims %d)", store.QuarantinedPrefix, r.Reclaims, limit)})
 	}
@@ -495,26 +496,6 @@ func (a *Actor) quarantine(ctx context.Context, r store.Range, group policy.Grou
 	codes.RangeQuarantined.Log(ctx, a.cfg.Logger, "range quarantined: its messages are retried one by one", "range", r.ID,
 		"reclaims", r.Reclaims, "messages", len(r.Messages))
 	return nil
-}
-
-// resolve pins a message's policy against the group config of this moment.
-// A stored options document that no longer parses runs with the group's and
-// library's defaults.
-func resolve(m *store.Message, group policy.Group) policy.Effective {
-	opts, _ := policy.Parse(m.Options)
-	return policy.Resolve(opts, group)
-}
-
-// atWrite is the policy an attempt's result is decided by: the retry budget
-// and curve of the group config in force when the exception row is written
-// (seed 001: "the next claim or exception write uses the current copy"; a
-// MaxRetries raised while the last allowed attempt ran gives it the new
-// budget), with the concurrency and timeout the attempt was claimed and run
-// under (its key lease was taken for that concurrency).
-func atWrite(claimed policy.Effective, m *store.Message, group policy.Group) policy.Effective {
-	e := resolve(m, group)
-	e.Concurrency, e.Timeout = claimed.Concurrency, claimed.Timeout
-	return e
 }
 
 func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group) ([]Job, error) {
@@ -552,7 +533,7 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 			continue
 		}
 		a.cfg.Stats.Claimed.Add(1)
-		in.eff[i] = resolve(m, group)
+		in.eff[i] = a.resolve(m, group)
 		if !in.eff[i].Concurrency.Keyed() || m.Key == "" || a.cfg.Broken.skipKeyLeases() {
 			in.state[i] = running
 			jobs = append(jobs, a.job(in, i))
@@ -726,7 +707,7 @@ func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 	// The result is computed before anything changes: should a step panic,
 	// the actor's salvage (serve.go) finds the range as it was.
 	group := a.cfg.Group()
-	e := atWrite(in.eff[i], m, group)
+	e := a.atWrite(in.eff[i], m, group)
 	next := policy.Decide(e, group.InitialBackoffOrDefault(), 0, 0, o.Err)
 	var w *store.ExceptionWrite
 	if !next.Delete {

@@ -86,6 +86,7 @@ type ExceptionActor struct {
 	noneDue bool
 	nextDue time.Time
 	leaseBook
+	parsedOptions
 }
 
 // NewExceptionActor returns an exception claimer.
@@ -190,8 +191,7 @@ func (a *ExceptionActor) room() (free, prefetch int) {
 // starts with the key lease handed over (haveKey).
 func (a *ExceptionActor) startRow(ctx context.Context, r *excRun, haveKey bool) ([]Job, error) {
 	m := &r.run.Message
-	opts, _ := policy.Parse(m.Options)
-	r.eff = policy.Resolve(opts, a.cfg.Group())
+	r.eff = a.resolve(m, a.cfg.Group())
 	r.eff.Concurrency = policy.Concurrency(r.run.Concurrency) // pinned at first claim
 	if r.run.Expired && r.run.Attempts > r.eff.MaxRetries {
 		// Its holder died on it too often: a message that kills its
@@ -300,7 +300,7 @@ func (a *ExceptionActor) apply(ctx context.Context, o Outcome) ([]Job, error) {
 	}
 	a.cfg.trace(TraceApplied, r.run.Message.ID)
 	group := a.cfg.Group()
-	next := policy.Decide(atWrite(r.eff, &r.run.Message, group), group.InitialBackoffOrDefault(), r.run.Attempts, r.run.Delays, o.Err)
+	next := policy.Decide(a.atWrite(r.eff, &r.run.Message, group), group.InitialBackoffOrDefault(), r.run.Attempts, r.run.Delays, o.Err)
 	a.cfg.Stats.count(next, o.Err, r.run.Attempts)
 	a.cfg.observeAttempt(o, next, r.run.Attempts, r.run.Message.ProducedAt)
 	s := store.Settlement{Delete: next.Delete, Status: next.Status, Attempts: next.Attempts, Delays: next.Delays,
