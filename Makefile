@@ -72,7 +72,8 @@ bench-capacity: check-postgres
 
 ## bench-scale: many streams and groups (issue 22): registering 1,000 streams and 2,000 groups (time,
 ## catalog), 2,000 idle sessions over 4 processes for 60 s (server CPU), 200,000 messages produced and
-## burnt down over 1,000 streams against one stream (3 runs; writes bench/results/scale/latest.*)
+## burnt down over 1,000 streams against one stream, by running sessions and by sessions starting on
+## the backlog (decision 0041; 3 runs; writes bench/results/scale/latest.*)
 bench-scale: check-postgres
 	cd bench && $(GO) run . -only scale -runs 3 -results results/scale $(BENCHFLAGS)
 
