@@ -58,6 +58,8 @@ func TestWakeSkipsGroupsWhoseBindingsMatchNoKey(t *testing.T) {
 	all, stopAll := e.client.hub.Subscribe(c.group.StreamID, nil)
 	defer stopAll()
 	within(t, listening, "the listener")
+	within(t, bound, "the bound subscriber's wake-up when the listener came up") // it wakes before it signals
+	within(t, all, "the unbound subscriber's wake-up when the listener came up")
 
 	_, err := s.Produce(ctx, order{OrderID: "miss"}, &ProduceOptions{RoutingKey: "orders.miss"})
 	require.NoError(t, err)
@@ -96,6 +98,7 @@ func TestAListenerThatHearsNothingIsReplaced(t *testing.T) {
 	woken, stop := hub.Subscribe(c.group.StreamID, nil)
 	defer stop()
 	first := within(t, listening, "the listener")
+	within(t, woken, "the wake-up when the listener came up") // it wakes before it signals
 	hub.Signals.Deaf.Store(true)
 	second := within(t, listening, "a new listener, after its pings went unheard")
 	require.NotEqual(t, first, second, "a new connection")
