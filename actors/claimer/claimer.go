@@ -327,12 +327,12 @@ type Actor struct {
 	// idleProbed: the last claim was a sweep whose probe found nothing
 	// after the head, no lapsed lease and no stall (quiet).
 	idleProbed bool
-	parsedOptions
 	// wokenQuiet: a wake reached the claimer while it was quiet. The next
 	// claim reads new positions first, and sweeps only if there are none
 	// (woken).
 	wokenQuiet bool
 	leaseBook
+	parsedOptions
 }
 
 // New returns a range claimer.
