@@ -222,6 +222,11 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	}
 	calls := (n + produceBatchLen - 1) / produceBatchLen
 	b.checkpoint(ctx)
+	if b.c.statements { // what the produce itself runs
+		if _, err := b.pool.Exec(ctx, "SELECT pg_stat_statements_reset()"); err != nil {
+			return 0, 0, 0, err
+		}
+	}
 	start := wall.Now()
 	if err := eachCall(calls, func(c int) error {
 		_, err := handles[c%streams].ProduceBatch(ctx, items, nil)
@@ -231,6 +236,12 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	}
 	total := calls * produceBatchLen
 	produce = report1(label+" produce", "msgs", total, wall.Since(start))
+	if b.c.statements {
+		fmt.Printf("  %s, the produce's statements:", label)
+		if err := b.topStatements(ctx); err != nil {
+			return 0, 0, 0, err
+		}
+	}
 
 	// The consumers: one client (pool) per process.
 	var pools []*pgxpool.Pool
