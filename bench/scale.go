@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/c1702965/sqlstreams"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -202,7 +203,18 @@ WHERE n.nspname = 'sqlstreams_bench' OR (c.relkind = 't' AND n.nspname = 'pg_toa
 // its commit (decision 0041). It returns the three rates.
 func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int, label string) (produce, cold, running float64, err error) {
 	n := b.c.scaleN
-	producer, err := sqlstreams.NewClient(ctx, b.pool, &sqlstreams.ClientConfig{Schema: "sqlstreams_bench", Logger: b.logger})
+	// The producer's own pool counts its prepares: a stream's insert is
+	// prepared once per connection, and over many streams most produce
+	// calls meet a stream new to their connection.
+	pcfg := b.pool.Config()
+	prepares := &prepareCounter{}
+	pcfg.ConnConfig.Tracer = prepares
+	ppool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer ppool.Close()
+	producer, err := sqlstreams.NewClient(ctx, ppool, &sqlstreams.ClientConfig{Schema: "sqlstreams_bench", Logger: b.logger})
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -222,6 +234,7 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	}
 	calls := (n + produceBatchLen - 1) / produceBatchLen
 	b.checkpoint(ctx)
+	fresh0, again0, took0 := prepares.fresh.Load(), prepares.again.Load(), prepares.ns.Load()
 	if b.c.statements { // what the produce itself runs
 		if _, err := b.pool.Exec(ctx, "SELECT pg_stat_statements_reset()"); err != nil {
 			return 0, 0, 0, err
@@ -236,6 +249,8 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	}
 	total := calls * produceBatchLen
 	produce = report1(label+" produce", "msgs", total, wall.Since(start))
+	fmt.Printf("  %-34s prepares: %d new to their connection (%.2f s in them, all workers), %d already prepared\n", "",
+		prepares.fresh.Load()-fresh0, float64(prepares.ns.Load()-took0)/1e9, prepares.again.Load()-again0)
 	if b.c.statements {
 		fmt.Printf("  %s, the produce's statements:", label)
 		if err := b.topStatements(ctx); err != nil {
@@ -393,5 +408,31 @@ func (b *bench) spreadAgain(ctx context.Context, handles []*sqlstreams.StreamHan
 		return 0, fmt.Errorf("%s, running sessions: timed out after %s with %d of %d handled", label, burnTimeout, handled.Load()-total, total)
 	case <-ctx.Done():
 		return 0, ctx.Err()
+	}
+}
+
+// prepareCounter counts a pool's prepares: those a connection had not
+// prepared yet (a round trip, and the time in it) and those it had.
+type prepareCounter struct {
+	fresh, again, ns atomic.Int64
+}
+
+type prepareStarted struct{}
+
+func (p *prepareCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (p *prepareCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (p *prepareCounter) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
+	return context.WithValue(ctx, prepareStarted{}, wall.Now())
+}
+func (p *prepareCounter) TracePrepareEnd(ctx context.Context, _ *pgx.Conn, d pgx.TracePrepareEndData) {
+	if d.AlreadyPrepared {
+		p.again.Add(1)
+		return
+	}
+	p.fresh.Add(1)
+	if t, ok := ctx.Value(prepareStarted{}).(time.Time); ok {
+		p.ns.Add(int64(wall.Since(t)))
 	}
 }
