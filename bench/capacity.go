@@ -263,17 +263,12 @@ func (b *bench) capacityWindow(ctx context.Context, prefix string, sc capacitySc
 	}
 	start := wall.Now()
 	if sc.idle {
-		if b.c.statements { // what the idle window itself runs
-			if _, err := b.pool.Exec(ctx, "SELECT pg_stat_statements_reset()"); err != nil {
-				return run, err
-			}
+		if err := b.windowStart(ctx); err != nil { // what the idle window itself runs
+			return run, err
 		}
 		wall.Sleep(window) // the measurement is the window itself: nothing is produced
-		if b.c.statements {
-			fmt.Printf("  the idle window's statements (%s):", window)
-			if err := b.topStatements(ctx); err != nil {
-				return run, err
-			}
+		if err := b.windowEnd(ctx, fmt.Sprintf("the idle window's statements (%s)", window)); err != nil {
+			return run, err
 		}
 	} else {
 		produced, err := produceAtRate(ctx, streams, rate, window, sc.batch)

@@ -390,6 +390,26 @@ var wall = clock.New()
 // topStatements prints the statements that took the most server time since
 // the run began, named by their first line (sqlstreams' statements start with
 // a comment naming their caller).
+// windowStart begins a window whose own statements windowEnd prints, with
+// -statements (otherwise both do nothing): the idle window, the spread's
+// produce and its running round.
+func (b *bench) windowStart(ctx context.Context) error {
+	if !b.c.statements {
+		return nil
+	}
+	_, err := b.pool.Exec(ctx, "SELECT pg_stat_statements_reset()")
+	return err
+}
+
+// windowEnd prints the statements run since windowStart under title.
+func (b *bench) windowEnd(ctx context.Context, title string) error {
+	if !b.c.statements {
+		return nil
+	}
+	fmt.Printf("  %s:", title)
+	return b.topStatements(ctx)
+}
+
 func (b *bench) topStatements(ctx context.Context) error {
 	// Grouped by that first line: a statement of a stream's own tables has a
 	// text per stream.

@@ -235,10 +235,8 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	calls := (n + produceBatchLen - 1) / produceBatchLen
 	b.checkpoint(ctx)
 	fresh0, again0, took0 := prepares.fresh.Load(), prepares.again.Load(), prepares.ns.Load()
-	if b.c.statements { // what the produce itself runs
-		if _, err := b.pool.Exec(ctx, "SELECT pg_stat_statements_reset()"); err != nil {
-			return 0, 0, 0, err
-		}
+	if err := b.windowStart(ctx); err != nil { // what the produce itself runs
+		return 0, 0, 0, err
 	}
 	start := wall.Now()
 	if err := eachCall(calls, func(c int) error {
@@ -251,11 +249,8 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	produce = report1(label+" produce", "msgs", total, wall.Since(start))
 	fmt.Printf("  %-34s prepares: %d new to their connection (%.2f s in them, all workers), %d already prepared\n", "",
 		prepares.fresh.Load()-fresh0, float64(prepares.ns.Load()-took0)/1e9, prepares.again.Load()-again0)
-	if b.c.statements {
-		fmt.Printf("  %s, the produce's statements:", label)
-		if err := b.topStatements(ctx); err != nil {
-			return 0, 0, 0, err
-		}
+	if err := b.windowEnd(ctx, label+", the produce's statements"); err != nil {
+		return 0, 0, 0, err
 	}
 
 	// The consumers: one client (pool) per process.
@@ -385,10 +380,8 @@ func (b *bench) spreadAgain(ctx context.Context, handles []*sqlstreams.StreamHan
 		}
 	}
 	total := int64(calls * len(items))
-	if b.c.statements { // what the running round itself runs
-		if _, err := b.pool.Exec(ctx, "SELECT pg_stat_statements_reset()"); err != nil {
-			return 0, err
-		}
+	if err := b.windowStart(ctx); err != nil { // what the running round itself runs
+		return 0, err
 	}
 	start := wall.Now()
 	if err := tx.Commit(ctx); err != nil {
@@ -397,13 +390,7 @@ func (b *bench) spreadAgain(ctx context.Context, handles []*sqlstreams.StreamHan
 	select {
 	case <-again:
 		took := wall.Since(start)
-		if b.c.statements {
-			fmt.Printf("  %s, the running round's statements:", label)
-			if err := b.topStatements(ctx); err != nil {
-				return 0, err
-			}
-		}
-		return took, nil
+		return took, b.windowEnd(ctx, label+", the running round's statements")
 	case <-wall.After(burnTimeout):
 		return 0, fmt.Errorf("%s, running sessions: timed out after %s with %d of %d handled", label, burnTimeout, handled.Load()-total, total)
 	case <-ctx.Done():
