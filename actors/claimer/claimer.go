@@ -422,7 +422,17 @@ func (a *Actor) claimWith(ctx context.Context, sweep, reclaim bool) (jobs []Job,
 		}
 		probe = &g
 	}
-	if sweep && reclaim && (probe == nil || probe.Expired) {
+	expired := probe != nil && probe.Expired
+	if sweep && reclaim && probe == nil {
+		// A busy claimer's sweep (no probe: it claimed positions last
+		// time) looks before it reclaims: the look plans in a tenth of
+		// the reclaim's time, and a stream's statements are planned
+		// afresh on most calls when there are many streams (decision 0042).
+		if expired, err = a.db.LeasesExpired(ctx, args.Now); err != nil {
+			return nil, false, err
+		}
+	}
+	if sweep && reclaim && expired {
 		began := a.cfg.Clock.Now()
 		a.leasing(a.cfg.Holdings)
 		r, ok, err := a.db.ReclaimRange(ctx, args)
