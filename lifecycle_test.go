@@ -151,9 +151,18 @@ func TestLeaseFenceRejectsTheOldOwner(t *testing.T) {
 	require.ErrorIs(t, db.ReleaseRange(ctx, store.Release{RangeID: ra.ID, Token: ra.Token}), store.ErrLeaseLost)
 	require.Zero(t, e.exceptions(c), "a fenced commit writes nothing")
 	require.Len(t, e.leases(c), 1)
+	// A commit with nothing but successes takes a shorter statement
+	// (decision 0042), fenced the same way.
+	require.ErrorIs(t, db.CommitRange(ctx, store.RangeCommit{RangeID: ra.ID, Token: ra.Token}), store.ErrLeaseLost)
+	require.Len(t, e.leases(c), 1, "a fenced commit deletes no lease")
 
 	require.NoError(t, db.CommitRange(ctx, store.RangeCommit{RangeID: rb.ID, Token: rb.Token}))
 	require.Empty(t, e.leases(c))
+	// Committed, the range is gone for both holders, whichever statement
+	// their commit takes.
+	require.ErrorIs(t, db.CommitRange(ctx, store.RangeCommit{RangeID: rb.ID, Token: rb.Token}), store.ErrRangeGone)
+	require.ErrorIs(t, db.CommitRange(ctx, store.RangeCommit{RangeID: ra.ID, Token: ra.Token, Exceptions: fail}), store.ErrRangeGone)
+	require.Zero(t, e.exceptions(c), "nor does a commit of a range that is gone")
 }
 
 // An instance that stops without a graceful shutdown (as a crash would)

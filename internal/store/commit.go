@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // ErrLeaseLost reports a commit or release whose lease was taken over by a
@@ -70,14 +72,20 @@ func keyArrays(keys []KeyLease) (names, tokens []string) {
 // one statement. ErrLeaseLost: another instance holds the range now;
 // ErrRangeGone: the range is settled already.
 func (g Group) CommitRange(ctx context.Context, s RangeCommit) error {
-	xs := exceptionColumns(s.Exceptions)
-	ds := deliveryColumns(s.Deliveries)
-	knames, ktokens := keyArrays(s.Keys)
 	var deleted int
 	var exists bool
-	if err := g.st.pool.QueryRow(ctx, g.sql(commitSQL), s.RangeID, s.Token, s.Now,
-		xs.xids, xs.ids, xs.keys, xs.concs, xs.statuses, xs.attempts, xs.delays, xs.errs, xs.afters,
-		ds.xids, ds.ids, ds.attempts, ds.outcomes, ds.errs, knames, ktokens, g.GroupID).Scan(&deleted, &exists); err != nil {
+	var row pgx.Row
+	if len(s.Exceptions) == 0 && len(s.Deliveries) == 0 && len(s.Keys) == 0 {
+		row = g.st.pool.QueryRow(ctx, g.sql(commitPlainSQL), s.RangeID, s.Token)
+	} else {
+		xs := exceptionColumns(s.Exceptions)
+		ds := deliveryColumns(s.Deliveries)
+		knames, ktokens := keyArrays(s.Keys)
+		row = g.st.pool.QueryRow(ctx, g.sql(commitSQL), s.RangeID, s.Token, s.Now,
+			xs.xids, xs.ids, xs.keys, xs.concs, xs.statuses, xs.attempts, xs.delays, xs.errs, xs.afters,
+			ds.xids, ds.ids, ds.attempts, ds.outcomes, ds.errs, knames, ktokens, g.GroupID)
+	}
+	if err := row.Scan(&deleted, &exists); err != nil {
 		return fmt.Errorf("commit range %d: %w", s.RangeID, err)
 	}
 	switch {
@@ -203,6 +211,18 @@ WITH d AS (
     INSERT INTO {s}.{t}_delivery (group_id, message_xid, message_id, attempt, outcome, error, at)
     SELECT d.group_id, x.xid, x.id, x.attempt, x.outcome, x.err, coalesce($3, now())
     FROM d, unnest($13::bigint[], $14::bigint[], $15::int[], $16::text[], $17::text[]) AS x(xid, id, attempt, outcome, err)
+)
+SELECT (SELECT count(*) FROM d), EXISTS (SELECT 1 FROM {s}.{t}_range WHERE id = $1)`)
+
+// A range whose every message succeeded, with no key lease and no delivery
+// history to write (nearly every commit), is committed by its lease row
+// alone. commitSQL touches four tables: planned afresh, as a stream's
+// statements mostly are when there are 1,000 streams, it took 7 ms on a
+// connection new to the stream and 0.9 ms after, this one 1.3 ms and 0.2 ms
+// (decision 0042).
+var commitPlainSQL = perStream(`-- store.CommitRange
+WITH d AS (
+    DELETE FROM {s}.{t}_range WHERE id = $1 AND token = $2::uuid RETURNING 1
 )
 SELECT (SELECT count(*) FROM d), EXISTS (SELECT 1 FROM {s}.{t}_range WHERE id = $1)`)
 
