@@ -294,8 +294,8 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 	excLive.Start(s.reg.Sent())
 	msgHold, excHold := &claimer.Holdings{}, &claimer.Holdings{}
 	msgAlarm, excAlarm := make(chan struct{}, 1), make(chan struct{}, 1)
-	newBeat := func(id, worker string, live *heartbeat.Liveness, hold *claimer.Holdings, alarm chan struct{}) *heartbeat.Actor {
-		return heartbeat.New(heartbeat.Config{Registered: true, Holds: hold.May, Beats: cfg.Beats, PeerLapsed: func() {
+	newBeat := func(id, worker string, kinds store.LeaseKinds, live *heartbeat.Liveness, hold *claimer.Holdings, alarm chan struct{}) *heartbeat.Actor {
+		return heartbeat.New(heartbeat.Config{Registered: true, Holds: hold.May, Leases: kinds, Beats: cfg.Beats, PeerLapsed: func() {
 			select {
 			case alarm <- struct{}{}:
 			default: // one is pending already
@@ -337,8 +337,8 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		{name: "exceptions", serve: ex.Serve, done: make(chan error, 1)},
 	}
 	sup := supervisor.New("consume:"+cfg.GroupName, logger)
-	sup.Add(supervisor.Guard("heartbeat", newBeat(msgID, store.WorkerMessageConsumer, msgLive, msgHold, msgAlarm)))
-	sup.Add(supervisor.Guard("exception-heartbeat", newBeat(excID, store.WorkerExceptionConsumer, excLive, excHold, excAlarm)))
+	sup.Add(supervisor.Guard("heartbeat", newBeat(msgID, store.WorkerMessageConsumer, store.RangeLeases, msgLive, msgHold, msgAlarm)))
+	sup.Add(supervisor.Guard("exception-heartbeat", newBeat(excID, store.WorkerExceptionConsumer, store.ExceptionLeases, excLive, excHold, excAlarm)))
 	sup.Add(supervisor.Guard("refresher", s.ref))
 	if cfg.Manager != nil {
 		sup.Add(supervisor.Guard("manager", cfg.Manager(s.plan)))

@@ -67,6 +67,9 @@ type Config struct {
 	// leases: a beat renews them only then (an idle session's beat is one
 	// statement). nil: always.
 	Holds func() bool
+	// Leases is the kind of lease the instance's claimer takes, which its
+	// beats renew (zero: store.AllLeases).
+	Leases store.LeaseKinds
 	// Stop, if set, bounds the give-back of the row on a graceful stop
 	// (the session's shutdown plan); without it the give-back gets
 	// shutdown.Grace.
@@ -298,7 +301,11 @@ func (a *Actor) StepLeases(ctx context.Context) error {
 	if a.lost || !a.registered || !a.holds() || !a.cfg.Liveness.Valid() {
 		return nil
 	}
-	return a.cfg.Store.RenewLeases(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow())
+	kinds := a.cfg.Leases
+	if kinds == 0 {
+		kinds = store.AllLeases
+	}
+	return a.cfg.Store.RenewLeasesOf(ctx, kinds, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow())
 }
 
 // Lost reports whether this heartbeat's incarnation was lost.

@@ -94,8 +94,35 @@ SELECT NULL, worker_config_id FROM lapsed`), ids, ttls, now, watch, lapsedWithin
 // RenewLeases is RenewInstance's second statement: it extends the leases of
 // every range and exception row the instance owns on streamID.
 func (st *Store) RenewLeases(ctx context.Context, id string, streamID int64, ttl time.Duration, now Now) error {
-	if _, err := st.pool.Exec(ctx, st.stream(streamID).sql(renewRangesSQL), id, now, ttl); err != nil {
-		return fmt.Errorf("renew range leases: %w", err)
+	return st.RenewLeasesOf(ctx, AllLeases, id, streamID, ttl, now)
+}
+
+// LeaseKinds says which of its leases an instance's renewal renews. A
+// session's range claimer and exception claimer are two instances, and
+// each takes one kind of lease only: ranges, or exception rows.
+type LeaseKinds uint8
+
+const (
+	RangeLeases     LeaseKinds = 1 << iota // the range claimer's
+	ExceptionLeases                        // the exception claimer's
+	AllLeases       = RangeLeases | ExceptionLeases
+)
+
+// RenewLeasesOf is RenewLeases for the kinds of lease the instance takes.
+// A statement over one table is the cheaper to plan, and over 1,000
+// streams a stream's statements are planned afresh on most calls: the
+// statement over both tables planned for 3.5 ms a call there (decision
+// 0042).
+func (st *Store) RenewLeasesOf(ctx context.Context, kinds LeaseKinds, id string, streamID int64, ttl time.Duration, now Now) error {
+	stmt := renewRangesSQL
+	switch kinds {
+	case RangeLeases:
+		stmt = renewRangeLeasesSQL
+	case ExceptionLeases:
+		stmt = renewExceptionLeasesSQL
+	}
+	if _, err := st.pool.Exec(ctx, st.stream(streamID).sql(stmt), id, now, ttl); err != nil {
+		return fmt.Errorf("renew leases: %w", err)
 	}
 	return nil
 }
@@ -141,6 +168,26 @@ WITH rl AS (
 ), xl AS (
     SELECT group_id, message_xid, message_id FROM {s}.{t}_exception
     WHERE owner = $1::uuid AND status IN ('running', 'queued') AND (SELECT count(*) FROM r) >= 0
+    ORDER BY group_id, message_xid, message_id FOR UPDATE
+)
+UPDATE {s}.{t}_exception x SET expires_at = coalesce($2, now()) + $3::interval
+FROM xl
+WHERE x.group_id = xl.group_id AND x.message_xid = xl.message_xid AND x.message_id = xl.message_id
+  AND x.owner = $1::uuid AND x.status IN ('running', 'queued')`)
+
+// renewRangesSQL's first half, for a range claimer's instance.
+var renewRangeLeasesSQL = perStream(`-- store.RenewLeases
+WITH rl AS (
+    SELECT id FROM {s}.{t}_range WHERE owner = $1::uuid ORDER BY id FOR UPDATE
+)
+UPDATE {s}.{t}_range SET expires_at = coalesce($2, now()) + $3::interval
+WHERE id IN (SELECT id FROM rl) AND owner = $1::uuid`)
+
+// renewRangesSQL's second half, for an exception claimer's instance.
+var renewExceptionLeasesSQL = perStream(`-- store.RenewLeases
+WITH xl AS (
+    SELECT group_id, message_xid, message_id FROM {s}.{t}_exception
+    WHERE owner = $1::uuid AND status IN ('running', 'queued')
     ORDER BY group_id, message_xid, message_id FOR UPDATE
 )
 UPDATE {s}.{t}_exception x SET expires_at = coalesce($2, now()) + $3::interval

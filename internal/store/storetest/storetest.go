@@ -72,6 +72,27 @@ func ExpireInstanceLeases(ctx context.Context, st *store.Store, id string, strea
 	return nil
 }
 
+// LeaseLengths returns, for each range lease and each running exception
+// row of a stream, how far its expiry lies past the moment it was taken
+// (claimed_at; updated_at, which the exception claim sets): longer than the
+// lease it was taken for once a heartbeat renewed it.
+func LeaseLengths(ctx context.Context, st *store.Store, streamID int64) (ranges, exceptions []time.Duration, err error) {
+	read := func(table, since, where string) ([]time.Duration, error) {
+		rows, err := st.Pool().Query(ctx, "-- storetest.LeaseLengths\nSELECT expires_at - "+since+" FROM "+st.StreamTable(streamID, table)+where)
+		if err != nil {
+			return nil, err
+		}
+		return pgx.CollectRows(rows, pgx.RowTo[time.Duration])
+	}
+	if ranges, err = read("range", "claimed_at", ""); err != nil {
+		return nil, nil, fmt.Errorf("range leases: %w", err)
+	}
+	if exceptions, err = read("exception", "updated_at", " WHERE status = 'running'"); err != nil {
+		return nil, nil, fmt.Errorf("exception leases: %w", err)
+	}
+	return ranges, exceptions, nil
+}
+
 // Delivery is a delivery-log row.
 type Delivery struct {
 	MessageID int64
