@@ -3,6 +3,7 @@ package sqlstreams
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/store/storetest"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -148,4 +150,78 @@ func TestEachHeartbeatRenewsItsOwnClaimersLeases(t *testing.T) {
 	close(release)
 	cancel()
 	require.NoError(t, within(t, done, "Consume to return"))
+}
+
+// A lease renewal never waits on a row lock. A heartbeat runs its beats and
+// its lease renewals on one loop, so a renewal waiting on a row another
+// transaction held (a commit not yet finished, an operator's transaction)
+// held up the beat that would find the incarnation lapsed:
+// TestTheNextIncarnationRecordsWhatALapsedOneCouldNot waited its minute for
+// the lapse about half the time under -race. A locked row is skipped; the
+// next renewal, a third of the TTL later, takes it.
+func TestALeaseRenewalSkipsLockedRows(t *testing.T) {
+	e, s, c := setup(t, nil, "g", 0)
+	ctx := context.Background()
+	e.produceN(s, "m", 4)
+	db := c.db()
+	owner := engine.NewID()
+	var ranges []store.Range
+	for range 2 {
+		r, ok, err := db.ClaimRange(ctx, store.ClaimParams{Owner: owner, Limit: 1, Lease: time.Minute})
+		require.NoError(t, err)
+		require.True(t, ok)
+		ranges = append(ranges, r)
+	}
+	// The other two messages become exception rows the owner leases.
+	r, ok, err := db.ClaimRange(ctx, store.ClaimParams{Owner: owner, Limit: 2, Lease: time.Minute})
+	require.NoError(t, err)
+	require.True(t, ok)
+	writes := make([]store.ExceptionWrite, len(r.Messages))
+	for i, m := range r.Messages {
+		writes[i] = store.ExceptionWrite{Position: m.Position, Concurrency: "parallel", Status: "pending"}
+	}
+	require.NoError(t, db.CommitRange(ctx, store.RangeCommit{RangeID: r.ID, Token: r.Token, Exceptions: writes}))
+	runs, err := db.ClaimExceptions(ctx, store.ClaimExceptions{Owner: owner, Limit: 2, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, runs, 2)
+
+	table := func(name string) string {
+		return fmt.Sprintf("%s.stream_%d_%s", e.client.Schema(), c.group.StreamID, name)
+	}
+	lock, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer lock.Rollback(ctx)
+	_, err = lock.Exec(ctx, "SELECT 1 FROM "+table("range")+" WHERE id = $1 FOR UPDATE", ranges[0].ID)
+	require.NoError(t, err)
+	_, err = lock.Exec(ctx, "SELECT 1 FROM "+table("exception")+" WHERE message_id = $1 FOR UPDATE", runs[0].ID)
+	require.NoError(t, err)
+
+	// Renewed for an hour: a row the renewal took expires after 30 minutes.
+	renewed := func() (rangesDone, exceptionsDone []bool) {
+		rows, err := e.pool.Query(ctx, "SELECT expires_at > now() + interval '30 minutes' FROM "+table("range")+" ORDER BY id")
+		require.NoError(t, err)
+		rangesDone, err = pgx.CollectRows(rows, pgx.RowTo[bool])
+		require.NoError(t, err)
+		rows, err = e.pool.Query(ctx, "SELECT expires_at > now() + interval '30 minutes' FROM "+table("exception")+" ORDER BY message_id")
+		require.NoError(t, err)
+		exceptionsDone, err = pgx.CollectRows(rows, pgx.RowTo[bool])
+		require.NoError(t, err)
+		return rangesDone, exceptionsDone
+	}
+	for _, kinds := range []store.LeaseKinds{store.RangeLeases, store.ExceptionLeases, store.AllLeases} {
+		// A bound, not a wait: the renewal must not wait on the lock at all.
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := e.client.store.RenewLeasesOf(rctx, kinds, owner, c.group.StreamID, time.Hour, nil)
+		cancel()
+		require.NoError(t, err, "kinds %v", kinds)
+	}
+	rs, xs := renewed()
+	require.Equal(t, []bool{false, true}, rs, "the locked range skipped, the other renewed")
+	require.Equal(t, []bool{false, true}, xs, "the locked exception row skipped, the other renewed")
+
+	require.NoError(t, lock.Rollback(ctx))
+	require.NoError(t, e.client.store.RenewLeasesOf(ctx, store.AllLeases, owner, c.group.StreamID, time.Hour, nil))
+	rs, xs = renewed()
+	require.Equal(t, []bool{true, true}, rs)
+	require.Equal(t, []bool{true, true}, xs)
 }

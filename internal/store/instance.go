@@ -158,9 +158,13 @@ func (st *Store) ExpireOwnedRanges(ctx context.Context, owner string, streamID i
 // the key rows a commit is deleting (the two used to deadlock).
 // Ranges, then exception rows, each in the lock order (locks.go): the
 // exception rows are locked only once the ranges are done (xl reads r).
+// A row another transaction has locked is skipped, never waited for: the
+// heartbeat's beats and renewals share one loop, and a renewal waiting on
+// a lock held up the beat that finds the incarnation lapsed. The next
+// renewal, a third of the TTL later, takes the row.
 var renewRangesSQL = perStream(`-- store.RenewLeases
 WITH rl AS (
-    SELECT id FROM {s}.{t}_range WHERE owner = $1::uuid ORDER BY id FOR UPDATE
+    SELECT id FROM {s}.{t}_range WHERE owner = $1::uuid ORDER BY id FOR UPDATE SKIP LOCKED
 ), r AS (
     UPDATE {s}.{t}_range SET expires_at = coalesce($2, now()) + $3::interval
     WHERE id IN (SELECT id FROM rl) AND owner = $1::uuid
@@ -168,7 +172,7 @@ WITH rl AS (
 ), xl AS (
     SELECT group_id, message_xid, message_id FROM {s}.{t}_exception
     WHERE owner = $1::uuid AND status IN ('running', 'queued') AND (SELECT count(*) FROM r) >= 0
-    ORDER BY group_id, message_xid, message_id FOR UPDATE
+    ORDER BY group_id, message_xid, message_id FOR UPDATE SKIP LOCKED
 )
 UPDATE {s}.{t}_exception x SET expires_at = coalesce($2, now()) + $3::interval
 FROM xl
@@ -178,7 +182,7 @@ WHERE x.group_id = xl.group_id AND x.message_xid = xl.message_xid AND x.message_
 // renewRangesSQL's first half, for a range claimer's instance.
 var renewRangeLeasesSQL = perStream(`-- store.RenewLeases
 WITH rl AS (
-    SELECT id FROM {s}.{t}_range WHERE owner = $1::uuid ORDER BY id FOR UPDATE
+    SELECT id FROM {s}.{t}_range WHERE owner = $1::uuid ORDER BY id FOR UPDATE SKIP LOCKED
 )
 UPDATE {s}.{t}_range SET expires_at = coalesce($2, now()) + $3::interval
 WHERE id IN (SELECT id FROM rl) AND owner = $1::uuid`)
@@ -188,7 +192,7 @@ var renewExceptionLeasesSQL = perStream(`-- store.RenewLeases
 WITH xl AS (
     SELECT group_id, message_xid, message_id FROM {s}.{t}_exception
     WHERE owner = $1::uuid AND status IN ('running', 'queued')
-    ORDER BY group_id, message_xid, message_id FOR UPDATE
+    ORDER BY group_id, message_xid, message_id FOR UPDATE SKIP LOCKED
 )
 UPDATE {s}.{t}_exception x SET expires_at = coalesce($2, now()) + $3::interval
 FROM xl
