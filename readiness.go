@@ -14,8 +14,10 @@ import (
 // level, not a one-shot: ready while every such session consumes (its
 // binding set is in force and its actors run) and reaches its database;
 // not ready while a session waits on a binding change, while its store
-// calls have been failing for longer than its InstanceTTL, and once its
-// Consume has returned. A Readiness no session was handed to is not ready.
+// calls have been failing for longer than its InstanceTTL (and after such
+// an outage until a heartbeat finds the session's instance row live, or the
+// session registers again: the level does not turn ready and back while a
+// lapsed incarnation is found out), and once its Consume has returned. A Readiness no session was handed to is not ready.
 // A nil *Readiness is valid and ignored.
 type Readiness struct {
 	once  sync.Once

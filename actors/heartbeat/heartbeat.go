@@ -288,6 +288,7 @@ func (a *Actor) renewed(ctx context.Context, live bool, sent time.Time) error {
 		return nil
 	}
 	a.cfg.Liveness.renew(sent)
+	a.cfg.Health.Confirm() // the incarnation outlived any outage: ready again
 	return nil
 }
 

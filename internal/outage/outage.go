@@ -121,6 +121,13 @@ type Health struct {
 	recoveredAt time.Time
 	// disrupted, if set, is told of every failed store call (OnFailure).
 	disrupted func(error)
+	// unsure: an actor failed for the TTL or longer, so the incarnation's
+	// rows may have lapsed meanwhile. The level stays not ready, after the
+	// database is back too, until a heartbeat finds its row live (Confirm)
+	// or a new incarnation begins (SetConsuming(true)): otherwise it would
+	// turn ready at the first store call that succeeds and back again when
+	// the heartbeat finds the row lapsed.
+	unsure bool
 
 	bmu  sync.Mutex       // guards the map; each mark is atomic
 	busy map[string]*Busy // actor → its liveness mark
@@ -209,19 +216,37 @@ func (h *Health) SetConsuming(on bool) {
 	}
 	h.mu.Lock()
 	h.consuming = on
+	if on {
+		h.unsure = false // a new incarnation: its rows are fresh
+	}
 	h.mu.Unlock()
 	h.notify()
 }
 
-// Ready reports the level: consuming, and no actor failing for ttl or
-// longer.
+// Confirm says a heartbeat found its incarnation's row live: after an
+// outage of the TTL or longer, the session is ready again from now.
+func (h *Health) Confirm() {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	was := h.unsure
+	h.unsure = false
+	h.mu.Unlock()
+	if was {
+		h.notify()
+	}
+}
+
+// Ready reports the level: consuming, no actor failing for ttl or longer,
+// and, after such an outage, the incarnation confirmed live.
 func (h *Health) Ready() bool {
 	if h == nil {
 		return false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !h.consuming {
+	if !h.consuming || h.unsure {
 		return false
 	}
 	now := h.clock.Now()
@@ -309,7 +334,14 @@ func (h *Health) failed(r *Reporter) {
 	}
 	h.failing[r] = h.clock.Now()
 	// The level turns at since+ttl: wake the watchers then.
-	h.timers[r] = h.clock.AfterFunc(h.ttl, h.notify)
+	h.timers[r] = h.clock.AfterFunc(h.ttl, func() {
+		h.mu.Lock()
+		if _, still := h.failing[r]; still && !h.closed {
+			h.unsure = true
+		}
+		h.mu.Unlock()
+		h.notify()
+	})
 	h.mu.Unlock()
 }
 
@@ -335,6 +367,9 @@ func (h *Health) recovered(r *Reporter) {
 	}
 	h.mu.Lock()
 	h.recoveredAt = h.clock.Now()
+	if since, ok := h.failing[r]; ok && h.recoveredAt.Sub(since) >= h.ttl {
+		h.unsure = true // its timer may not have run yet
+	}
 	delete(h.failing, r)
 	if t := h.timers[r]; t != nil {
 		t.Stop()

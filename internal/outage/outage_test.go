@@ -116,7 +116,28 @@ func TestHealthIsALevel(t *testing.T) {
 	require.False(t, h.Ready(), "failing for the TTL: not ready")
 	r.Report(context.Background(), nil)
 	<-changes
-	require.True(t, h.Ready(), "recovered")
+	require.False(t, h.Ready(), "back, but the incarnation may have lapsed meanwhile")
+	h.Confirm()
+	<-changes
+	require.True(t, h.Ready(), "a heartbeat found its row live")
+
+	// An outage shorter than the TTL needs no confirmation.
+	r.Report(context.Background(), errors.New("connection refused"))
+	mock.Add(5 * time.Second)
+	r.Report(context.Background(), nil)
+	<-changes
+	require.True(t, h.Ready())
+
+	// After one of the TTL, a new incarnation is ready as it begins.
+	r.Report(context.Background(), errors.New("connection refused"))
+	mock.Add(10 * time.Second)
+	<-changes
+	r.Report(context.Background(), nil)
+	<-changes
+	require.False(t, h.Ready())
+	h.SetConsuming(false)
+	h.SetConsuming(true)
+	require.True(t, h.Ready(), "a new incarnation")
 	h.SetConsuming(false)
 	require.False(t, h.Ready())
 }
