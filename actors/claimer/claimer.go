@@ -24,6 +24,7 @@ import (
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/observe"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -280,9 +281,9 @@ type inflight struct {
 // long as one of those ranges is outstanding (decision 0043): no lease row
 // is written or released.
 type keyState struct {
-	ordered bool           // acquired for ordered messages: never shared
-	queue   []ref          // messages of the key, in claim order; [0] runs
-	ranges  map[int64]bool // ranges using the lease
+	ordered bool    // acquired for ordered messages: never shared
+	queue   []ref   // messages of the key, in claim order; [0] runs
+	ranges  []int64 // ranges using the key (one or two: a slice, not a map per key)
 }
 
 // Actor is the range claimer.
@@ -600,10 +601,12 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 			}
 			continue
 		default:
-			ks = &keyState{ordered: k.ordered, ranges: map[int64]bool{}}
+			ks = &keyState{ordered: k.ordered}
 			a.keys[key] = ks
 		}
-		ks.ranges[r.ID] = true
+		if !slices.Contains(ks.ranges, r.ID) {
+			ks.ranges = append(ks.ranges, r.ID)
+		}
 		in.keys = append(in.keys, key)
 		idle := len(ks.queue) == 0
 		for _, i := range k.idx {
@@ -896,7 +899,7 @@ func (a *Actor) releaseKeys(in *inflight) {
 		if ks == nil {
 			continue
 		}
-		delete(ks.ranges, in.r.ID)
+		ks.ranges = slices.DeleteFunc(ks.ranges, func(id int64) bool { return id == in.r.ID })
 		kept := ks.queue[:0]
 		for _, q := range ks.queue {
 			if q.rangeID != in.r.ID {

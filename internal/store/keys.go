@@ -186,11 +186,15 @@ var rangeKeysSQL = perStream(`-- store.RangeKeys
 WITH req AS (
     SELECT k.key, k.ordered, k.xid, k.id
     FROM unnest($2::text[], $3::boolean[], $4::bigint[], $5::bigint[]) AS k(key, ordered, xid, id)
+), leased AS MATERIALIZED (
+    -- Whether the group has a key lease at all: usually not, and then no
+    -- key is looked up one by one.
+    SELECT EXISTS (SELECT 1 FROM {s}.{t}_key_lease WHERE group_id = $1) AS present
 ), ranged AS MATERIALIZED (` + rangesHoldingKeys("$1", "$6::uuid", "$7", "AND m.message_key IN (SELECT key FROM req WHERE NOT ordered)") + `
 ), busy AS MATERIALIZED (
     SELECT req.key FROM req
     WHERE (NOT req.ordered AND req.key IN (SELECT message_key FROM ranged))
-       OR EXISTS (` + keyHeldLiveAt("req.key", "$7") + `)
+       OR ((SELECT present FROM leased) AND EXISTS (` + keyHeldLiveAt("req.key", "$7") + `))
 )
 SELECT req.key, false FROM req WHERE req.key IN (SELECT key FROM busy)
 UNION ALL
