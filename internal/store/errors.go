@@ -41,7 +41,9 @@ func (e *PermanentError) Unwrap() []error { return []error{ErrPermanent, e.Err} 
 //   - 42501 (insufficient privilege), 28000 and 28P01 (authentication);
 //   - 3D000 (no such database);
 //   - a closed pool, and a stream whose row no longer matches (the schema
-//     was dropped and recreated under the client).
+//     was dropped and recreated under the client);
+//   - the rest of class 42 (a syntax error, a type mismatch): a statement
+//     the server refuses every time.
 //
 // Everything else is transient (see Transient) or unknown, and retried.
 func Permanent(err error) *PermanentError {
@@ -73,6 +75,12 @@ func Permanent(err error) *PermanentError {
 		return &PermanentError{Err: err, Remedy: "the database refused the role's credentials: check the connection string"}
 	case "3D000":
 		return &PermanentError{Err: err, Remedy: "the database named in the connection string does not exist"}
+	}
+	if strings.HasPrefix(pg.Code, "42") {
+		// The rest of class 42 (a syntax error, a type mismatch, an
+		// ambiguous name): the server will refuse the statement every time.
+		return &PermanentError{Err: err, Remedy: "the server cannot run a statement sqlstreams sent: " +
+			"report it to sqlstreams with the statement's caller (the comment that starts it) and the server's version"}
 	}
 	return nil
 }

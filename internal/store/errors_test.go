@@ -93,3 +93,17 @@ func TestResetIfDisruptedClearsTheDeadConnections(t *testing.T) {
 		require.NoError(t, err, "statement %d after the reset", i)
 	}
 }
+
+// A statement the server refuses every time is returned, not retried: a
+// claimer whose statement had a syntax error retried it for as long as it
+// ran (15 minutes of a benchmark), delivering nothing and saying nothing.
+func TestAStatementTheServerRefusesIsPermanent(t *testing.T) {
+	for _, code := range []string{"42601", "42804", "42P18", "42702"} {
+		pe := Permanent(fmt.Errorf("range keys: %w", &pgconn.PgError{Code: code}))
+		require.NotNil(t, pe, code)
+		require.ErrorIs(t, pe, ErrPermanent)
+	}
+	for _, code := range []string{"40P01", "40001", "55P03", "57014", "53300"} {
+		require.Nil(t, Permanent(&pgconn.PgError{Code: code}), "%s passes by itself", code)
+	}
+}
