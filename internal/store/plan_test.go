@@ -131,7 +131,7 @@ func TestOrderedKeyChecksUseTheLogIndexWithStaleStatistics(t *testing.T) {
 		args []any
 	}{
 		"rangeKeys": {tb.sql(rangeKeysSQL), []any{groupID, []string{"k", "kx", "k1"}, []bool{true, true, false},
-			[]int64{1, 1, 1}, []int64{5, 6, 7}, owner, nil, int64(0)}},
+			[]int64{1, 1, 1}, []int64{5, 6, 7}, owner, nil, int64(0), true}},
 		"yieldRangeKeys":  {tb.sql(yieldRangeKeysSQL), []any{groupID, []string{"k1", "k2"}, owner, owner, nil}},
 		"claimExceptions": {tb.sql(claimExceptionsSQL), []any{groupID, nil, 4, owner, time.Minute, 20, false, 100}},
 	} {
