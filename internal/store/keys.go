@@ -35,7 +35,9 @@ type RangeKeys struct {
 // exception row's key lease), and the ordered keys that must wait for an
 // earlier unresolved message (blocked: a non-dead exception row, or a
 // message inside another outstanding range). Every other key may run.
-// One statement, one snapshot, and no writes.
+// It writes nothing; each statement answers in one snapshot. When only
+// exclusive keys are wanted, a gate statement that finds nobody else
+// holding anything answers alone.
 func (g Group) RangeKeys(ctx context.Context, r RangeKeys) (busy, blocked map[string]bool, err error) {
 	keys := make([]string, len(r.Want))
 	ordered := make([]bool, len(r.Want))
@@ -199,17 +201,23 @@ RETURNING message_key`)
 // Whether another live instance has an outstanding range of the group, or
 // the group has a key lease: RangeKeys' gate, alone.
 var keysContendedSQL = perStream(`-- store.RangeKeys
-SELECT EXISTS (SELECT 1 FROM {s}.{t}_range g JOIN {s}.worker_instance i ON i.id = g.owner
-               WHERE g.group_id = $1 AND g.owner <> $2::uuid AND i.expires_at > coalesce($3, now()))
-    OR EXISTS (SELECT 1 FROM {s}.{t}_key_lease WHERE group_id = $1)`)
+SELECT ` + otherLiveRange("$2::uuid", "$3") + ` OR ` + anyKeyLease)
+
+// otherLiveRange is an EXISTS: the group ($1) has an outstanding range of a
+// live instance other than owner, at now.
+func otherLiveRange(owner, now string) string {
+	return fmt.Sprintf(`EXISTS (SELECT 1 FROM {s}.{t}_range g JOIN {s}.worker_instance i ON i.id = g.owner
+               WHERE g.group_id = $1 AND g.owner <> %s AND i.expires_at > coalesce(%s, now()))`, owner, now)
+}
+
+// anyKeyLease is an EXISTS: the group ($1) has a key lease.
+const anyKeyLease = `EXISTS (SELECT 1 FROM {s}.{t}_key_lease WHERE group_id = $1)`
 
 var rangeKeysSQL = perStream(`-- store.RangeKeys
 WITH gate AS MATERIALIZED (
     -- Usually no other live instance has a range and no key is leased: then
     -- only ordered keys ($9: one is wanted) have anything to look up.
-    SELECT EXISTS (SELECT 1 FROM {s}.{t}_range g JOIN {s}.worker_instance i ON i.id = g.owner
-                   WHERE g.group_id = $1 AND g.owner <> $6::uuid AND i.expires_at > coalesce($7, now())) AS ranges,
-           EXISTS (SELECT 1 FROM {s}.{t}_key_lease WHERE group_id = $1) AS leases
+    SELECT ` + otherLiveRange("$6::uuid", "$7") + ` AS ranges, ` + anyKeyLease + ` AS leases
 ), req AS MATERIALIZED (
     SELECT k.key, k.ordered, k.xid, k.id
     FROM gate, unnest($2::text[], $3::boolean[], $4::bigint[], $5::bigint[]) AS k(key, ordered, xid, id)
