@@ -281,36 +281,19 @@ func TestOrderedKeysRunInPositionOrderEvenWhenAnEarlierMessageRetries(t *testing
 
 // An exclusive key held for one range is shared with the instance's next
 // range: the later messages queue behind the running one instead of being
-// parked as exception rows, and they run one at a time in claim order. No
-// key-lease row is written (decision 0043): the database sees the keys held
-// by the instance's outstanding ranges, until the last range using them
-// commits.
+// parked as exception rows, they run one at a time in claim order, and the
+// lease row stays until the last range using it commits.
 func TestExclusiveKeyIsSharedAcrossAnInstancesRanges(t *testing.T) {
 	st, s := newStepper(t, nil, func(*order, int) error { return nil })
 	ctx := context.Background()
 	_, err := s.ProduceBatch(ctx, keyedBatch(20, 2), &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}})
 	require.NoError(t, err)
-	leaseRows := func() (n int) {
+	leaseRows := func() (n int, tokens int) {
 		require.NoError(t, st.e.pool.QueryRow(ctx, fmt.Sprintf(
-			"SELECT count(*) FROM %s.stream_%d_key_lease WHERE group_id = $1",
-			st.e.client.Schema(), st.c.group.StreamID), st.c.group.ID).Scan(&n))
-		return n
+			"SELECT count(*), count(DISTINCT token) FROM %s.stream_%d_key_lease WHERE group_id = $1",
+			st.e.client.Schema(), st.c.group.StreamID), st.c.group.ID).Scan(&n, &tokens))
+		return n, tokens
 	}
-	// The claimer's instance is live, as a session's is: its ranges hold
-	// their keys only then. What another instance's range claimer would
-	// find of the two keys:
-	w, err := st.e.client.store.EnsureFleetWorker(ctx, "keys", []byte(`{}`), nil)
-	require.NoError(t, err)
-	require.NoError(t, st.e.client.store.InsertInstance(ctx, st.common.InstanceID, w.ID, "test", time.Hour, nil))
-	other := engine.NewID()
-	busyElsewhere := func() int {
-		busy, blocked, err := st.c.db().RangeKeys(ctx, store.RangeKeys{Owner: other, Now: st.now(),
-			Want: []store.KeyClaim{{Key: "k0"}, {Key: "k1"}}})
-		require.NoError(t, err)
-		require.Empty(t, blocked)
-		return len(busy)
-	}
-	require.Zero(t, busyElsewhere(), "nothing claimed yet")
 
 	first, err := st.ranges.Claim(ctx)
 	require.NoError(t, err)
@@ -319,8 +302,9 @@ func TestExclusiveKeyIsSharedAcrossAnInstancesRanges(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, second, "the second range's messages queue behind the first's")
 	require.Zero(t, st.stats.Deferred.Load(), "nothing parked")
-	require.Zero(t, leaseRows(), "the ranges hold their keys: no lease rows")
-	require.Equal(t, 2, busyElsewhere(), "both keys held by this instance's ranges")
+	n, tokens := leaseRows()
+	require.Equal(t, 2, n)
+	require.Equal(t, 1, tokens, "the leases keep the acquiring range's token")
 
 	var ran []int
 	running := map[string]bool{}
@@ -343,13 +327,14 @@ func TestExclusiveKeyIsSharedAcrossAnInstancesRanges(t *testing.T) {
 		}
 		jobs = append(jobs, more...)
 		if st.stats.Committed.Load() == 1 {
-			require.Equal(t, 2, busyElsewhere(), "the second range still holds both keys")
+			n, _ := leaseRows()
+			require.Equal(t, 2, n, "the second range still uses both keys")
 		}
 	}
 	require.Len(t, ran, 20)
 	require.EqualValues(t, 2, st.stats.Committed.Load())
-	require.Zero(t, busyElsewhere(), "released with the last range")
-	require.Zero(t, leaseRows())
+	n, _ = leaseRows()
+	require.Zero(t, n, "released with the last range")
 	perKey := map[int][]int{}
 	for _, a := range ran {
 		perKey[a%2] = append(perKey[a%2], a)
@@ -437,85 +422,4 @@ WHERE l.group_id = $1 AND x.group_id = $1 AND x.message_id = $2`, st.e.client.Sc
 	// Retried counts rows begun: 6 in the first chain, 1 by the holder that
 	// died, 5 in the last.
 	require.Equal(t, int64(12), st.stats.Retried.Load())
-}
-
-// A range holds the keys of its messages while it is outstanding and its
-// owner is live, without a lease row (decision 0043), against every other
-// holder: the exception claim passes over an exclusive row of such a key,
-// an acquisition that got past the claim gives the key back, and another
-// instance's range claimer parks its messages of the key. An ordered key is
-// held only against earlier messages: a range holding later messages of it
-// does not keep its head from running (they wait for the head).
-func TestALiveInstancesRangeHoldsItsKeys(t *testing.T) {
-	st, s := newStepper(t, &ConsumerConfig{ExceptionInitialBackoff: time.Second}, func(o *order, attempt int) error {
-		if (o.OrderID == "x" || o.OrderID == "o") && attempt == 1 {
-			return errors.New("transient")
-		}
-		return nil
-	})
-	ctx := context.Background()
-	db := st.c.db()
-	produce := func(id, key string, c Concurrency) {
-		_, err := s.Produce(ctx, order{OrderID: id}, &ProduceOptions{Key: key, Message: &MessageOptions{Concurrency: c}})
-		require.NoError(t, err)
-	}
-	leaseRows := func() (n int) {
-		require.NoError(t, st.e.pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s.stream_%d_key_lease",
-			st.e.client.Schema(), st.c.group.StreamID)).Scan(&n))
-		return n
-	}
-	produce("x", "k0", Exclusive)
-	produce("o", "k1", Ordered)
-	require.Equal(t, 2, st.claimRange())
-	require.Len(t, st.states(), 2, "x and o failed once")
-
-	// Another live instance claims a range with later messages of both
-	// keys, and keeps it.
-	w, err := st.e.client.store.EnsureFleetWorker(ctx, "keys", []byte(`{}`), nil)
-	require.NoError(t, err)
-	other := engine.NewID()
-	require.NoError(t, st.e.client.store.InsertInstance(ctx, other, w.ID, "test", time.Hour, nil))
-	produce("x2", "k0", Exclusive)
-	produce("o2", "k1", Ordered)
-	held, ok, err := db.ClaimRange(ctx, store.ClaimParams{Owner: other, Limit: 10, Lease: time.Hour, Now: st.now()})
-	require.NoError(t, err)
-	require.True(t, ok)
-	require.Len(t, held.Messages, 2)
-
-	st.mock.Add(2 * time.Second)
-	require.Equal(t, 1, st.retry(), "only the ordered head runs")
-	require.Equal(t, call{id: "o", attempt: 2, at: st.mock.Now()}, st.calls[len(st.calls)-1])
-	xs := st.states()
-	require.Len(t, xs, 1)
-	require.Equal(t, "pending", xs[0].Status, "x waits: k0 is held by the other range")
-
-	// An acquisition made between a claim and a range's: the exclusive key
-	// is given back, the ordered one kept.
-	token := engine.NewID()
-	got, err := db.AcquireKeys(ctx, store.AcquireKeys{Want: []store.KeyClaim{{Key: "k0"}}, Token: token, Owner: engine.NewID(),
-		TTL: time.Minute, Now: st.now()})
-	require.NoError(t, err)
-	require.Empty(t, got)
-	require.Zero(t, leaseRows(), "given back")
-	got, err = db.AcquireKeys(ctx, store.AcquireKeys{Want: []store.KeyClaim{{Key: "k1", Ordered: true}}, Token: token, Owner: engine.NewID(),
-		TTL: time.Minute, Now: st.now()})
-	require.NoError(t, err)
-	require.Equal(t, map[string]bool{"k1": true}, got)
-	require.NoError(t, db.ReturnRuns(ctx, []store.ExceptionRun{{Token: token}}, nil))
-	require.Zero(t, leaseRows())
-
-	// This instance's next range parks its message of k0.
-	produce("x3", "k0", Exclusive)
-	deferred := st.stats.Deferred.Load()
-	require.Zero(t, st.claimRange())
-	require.Equal(t, deferred+1, st.stats.Deferred.Load())
-
-	// The other range settled, k0 is free: the exclusive rows run.
-	require.NoError(t, db.CommitRange(ctx, store.RangeCommit{RangeID: held.ID, Token: held.Token}))
-	for i := 0; i < 5 && len(st.states()) > 0; i++ {
-		st.mock.Add(time.Second)
-		st.retry()
-	}
-	require.Empty(t, st.states())
-	require.Zero(t, leaseRows())
 }

@@ -484,9 +484,7 @@ func TestALostClaimReplyIsLetGo(t *testing.T) {
 	lost, ok, err := db.ClaimRange(ctx, args) // the claimer never sees this reply
 	require.NoError(t, err)
 	require.True(t, ok)
-	// A range claimer writes no key leases (its range holds its keys), but
-	// any under its instance are let go with the range.
-	_, err = db.AcquireKeys(ctx, store.AcquireKeys{Want: []store.KeyClaim{{Key: "k0"}, {Key: "k1"}},
+	_, _, err = db.AcquireKeys(ctx, store.AcquireKeys{RangeID: lost.ID, Want: []store.KeyClaim{{Key: "k0"}, {Key: "k1"}},
 		Token: lost.Token, Owner: me, TTL: time.Minute, Now: st.now()})
 	require.NoError(t, err)
 

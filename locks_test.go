@@ -75,7 +75,7 @@ func TestLockOrderHasNoDeadlocks(t *testing.T) {
 			owner := engine.NewID()
 			return func(int) error {
 				token := engine.NewID()
-				held, err := g.AcquireKeys(ctx, store.AcquireKeys{Want: want, Token: token, Owner: owner, TTL: time.Minute})
+				held, _, err := g.AcquireKeys(ctx, store.AcquireKeys{Want: want, Token: token, Owner: owner, TTL: time.Minute})
 				if err != nil {
 					return err
 				}

@@ -24,7 +24,6 @@ import (
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/observe"
 	"log/slog"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -256,7 +255,8 @@ type inflight struct {
 	writes  []*store.ExceptionWrite // nil: success (or not done)
 	log     []store.DeliveryWrite   // delivery-log rows, per the group's mode
 	pending int                     // messages without an outcome
-	keys    []string                // held keys this range uses (its own or shared)
+	keys    []string                // held keys this range uses (acquired or shared)
+	release []store.KeyLease        // keys its settlement releases, once computed
 	// uncertain: a commit attempt failed without saying whether it applied
 	// (a reply lost to a cut connection, say), so a later attempt that
 	// finds the range gone has found that earlier attempt's work.
@@ -274,16 +274,17 @@ type inflight struct {
 	adopted bool
 }
 
-// keyState is a key this instance holds. Its queue spans the instance's
-// ranges: an exclusive key held for one range admits the next range's
-// messages of that key behind the running one instead of parking them, so a
-// hot key costs no exception round trips. The database sees the key held as
-// long as one of those ranges is outstanding (decision 0043): no lease row
-// is written or released.
+// keyState is a key lease this instance holds. Its queue spans the
+// instance's ranges: an exclusive key held for one range admits the next
+// range's messages of that key behind the running one instead of parking
+// them, so a hot key costs no exception round trips. The lease row keeps the
+// token of the range that acquired it and is released by the settlement of
+// the last range that uses it.
 type keyState struct {
-	ordered bool    // acquired for ordered messages: never shared
-	queue   []ref   // messages of the key, in claim order; [0] runs
-	ranges  []int64 // ranges using the key (one or two: a slice, not a map per key)
+	token   string
+	ordered bool           // acquired for ordered messages: never shared
+	queue   []ref          // messages of the key, in claim order; [0] runs
+	ranges  map[int64]bool // ranges using the lease
 }
 
 // Actor is the range claimer.
@@ -567,18 +568,23 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 			want = append(want, store.KeyClaim{Key: key, Ordered: k.ordered, Position: r.Messages[k.idx[0]].Position})
 		}
 	}
-	var busy, blocked map[string]bool
+	var held, blocked map[string]bool
 	if len(want) > 0 {
-		// The range holds its keys from its claim (decision 0043): this
-		// asks which another holder has, and writes nothing.
 		var err error
-		busy, blocked, err = a.db.RangeKeys(ctx, store.RangeKeys{RangeID: r.ID, Owner: a.cfg.InstanceID, Want: want, Now: a.cfg.DBNow()})
+		a.leasing(a.cfg.Holdings)
+		held, blocked, err = a.db.AcquireKeys(ctx, store.AcquireKeys{RangeID: r.ID, Want: want, Token: r.Token,
+			Owner: a.cfg.InstanceID, TTL: a.cfg.Lease, Now: a.cfg.DBNow()})
 		if err != nil {
 			// Keys unknown: hand the range back rather than run keyed
-			// messages unguarded.
+			// messages unguarded, with whatever keys the statement may
+			// have taken under the range's token.
 			a.queued -= in.pending
 			a.forget(r.ID)
-			rel := store.Release{RangeID: r.ID, Token: r.Token, Now: a.cfg.DBNow()}
+			taken := make([]store.KeyLease, len(want))
+			for i, k := range want {
+				taken[i] = store.KeyLease{Key: k.Key, Token: r.Token}
+			}
+			rel := store.Release{RangeID: r.ID, Token: r.Token, Keys: taken, Now: a.cfg.DBNow()}
 			if rerr := a.db.ReleaseRange(ctx, rel); rerr != nil {
 				return stale, errors.Join(err, rerr)
 			}
@@ -595,18 +601,16 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 				a.park(in, i, 0, "waiting behind an earlier unresolved message of its ordered key")
 			}
 			continue
-		case ks != nil || busy[key]: // this instance holds it with an ordered side, or another holder has it
+		case !held[key]:
 			for _, i := range k.idx {
 				a.park(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
 			}
 			continue
 		default:
-			ks = &keyState{ordered: k.ordered}
+			ks = &keyState{token: r.Token, ordered: k.ordered, ranges: map[int64]bool{}}
 			a.keys[key] = ks
 		}
-		if !slices.Contains(ks.ranges, r.ID) {
-			ks.ranges = append(ks.ranges, r.ID)
-		}
+		ks.ranges[r.ID] = true
 		in.keys = append(in.keys, key)
 		idle := len(ks.queue) == 0
 		for _, i := range k.idx {
@@ -848,8 +852,7 @@ func (a *Actor) commit(ctx context.Context, id int64) error {
 			writes = append(writes, *w)
 		}
 	}
-	s := store.RangeCommit{RangeID: id, Token: in.r.Token, Exceptions: writes, Deliveries: in.log, Now: a.cfg.DBNow()}
-	a.releaseKeys(in)
+	s := store.RangeCommit{RangeID: id, Token: in.r.Token, Exceptions: writes, Deliveries: in.log, Keys: a.releaseKeys(in), Now: a.cfg.DBNow()}
 	err := a.db.CommitRange(ctx, s)
 	if len(writes) > 0 {
 		a.cfg.Nudge.give() // after the write: the exception claimer's probe must see its rows
@@ -889,17 +892,18 @@ func (a *Actor) commit(ctx context.Context, id int64) error {
 	return nil
 }
 
-// releaseKeys detaches a leaving range from the keys it used, and drops
-// from the instance's map the keys no other range of it uses. The
-// database sees a key held until the range's row is gone (decision 0043),
-// so a failed settlement leaves nothing unguarded.
-func (a *Actor) releaseKeys(in *inflight) {
+// releaseKeys detaches a leaving range from the keys it used and returns the
+// leases no other range of this instance uses. They are dropped from the
+// instance's map before the statement runs: if it fails, nothing more is
+// queued behind a lease whose release may already have committed, and the
+// retry releases the same rows by the same tokens.
+func (a *Actor) releaseKeys(in *inflight) []store.KeyLease {
 	for _, key := range in.keys {
 		ks := a.keys[key]
 		if ks == nil {
 			continue
 		}
-		ks.ranges = slices.DeleteFunc(ks.ranges, func(id int64) bool { return id == in.r.ID })
+		delete(ks.ranges, in.r.ID)
 		kept := ks.queue[:0]
 		for _, q := range ks.queue {
 			if q.rangeID != in.r.ID {
@@ -908,10 +912,12 @@ func (a *Actor) releaseKeys(in *inflight) {
 		}
 		ks.queue = kept
 		if len(ks.ranges) == 0 {
+			in.release = append(in.release, store.KeyLease{Key: key, Token: ks.token})
 			delete(a.keys, key)
 		}
 	}
 	in.keys = nil
+	return in.release
 }
 
 func (a *Actor) forget(id int64) {
@@ -934,9 +940,11 @@ func (a *Actor) Reconcile(ctx context.Context) error {
 	for id := range a.ranges {
 		known = append(known, id)
 	}
-	// A range claimer writes no key leases (decision 0043): any under its
-	// instance are let go.
-	ranges, leases, err := a.db.ForgetUnknownRanges(ctx, store.ForgetRanges{Owner: a.cfg.InstanceID, Ranges: known, Now: a.cfg.DBNow()})
+	keys := make([]store.KeyLease, 0, len(a.keys))
+	for k, ks := range a.keys {
+		keys = append(keys, store.KeyLease{Key: k, Token: ks.token})
+	}
+	ranges, leases, err := a.db.ForgetUnknownRanges(ctx, store.ForgetRanges{Owner: a.cfg.InstanceID, Ranges: known, Keys: keys, Now: a.cfg.DBNow()})
 	if err != nil {
 		return err
 	}
@@ -1080,8 +1088,7 @@ func (a *Actor) HandBack(ctx context.Context) error {
 			}
 			continue
 		}
-		a.releaseKeys(in)
-		rel := store.Release{RangeID: in.r.ID, Token: in.r.Token, Now: a.cfg.DBNow()}
+		rel := store.Release{RangeID: in.r.ID, Token: in.r.Token, Keys: a.releaseKeys(in), Now: a.cfg.DBNow()}
 		err := a.db.ReleaseRange(ctx, rel)
 		if err != nil && !errors.Is(err, store.ErrLeaseLost) {
 			errs = append(errs, err) // kept: a later HandBack tries again

@@ -202,8 +202,7 @@ func (a *ExceptionActor) startRow(ctx context.Context, r *excRun, haveKey bool) 
 	}
 	if !haveKey && r.eff.Concurrency.Keyed() && m.Key != "" {
 		a.leasing(a.cfg.Holdings)
-		want := store.KeyClaim{Key: m.Key, Ordered: r.eff.Concurrency == policy.Ordered, Position: m.Position}
-		held, err := a.db.AcquireKeys(ctx, store.AcquireKeys{Want: []store.KeyClaim{want},
+		held, _, err := a.db.AcquireKeys(ctx, store.AcquireKeys{Want: []store.KeyClaim{{Key: m.Key, Position: m.Position}},
 			Token: r.run.Token, Owner: a.cfg.InstanceID, TTL: a.cfg.Lease, Now: a.cfg.DBNow()})
 		if err != nil || !held[m.Key] {
 			a.cfg.Stats.Deferred.Add(1)

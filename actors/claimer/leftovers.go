@@ -152,8 +152,7 @@ func (a *Actor) releaseAdopted(ctx context.Context) error {
 		if !in.adopted || in.pending == 0 {
 			continue
 		}
-		a.releaseKeys(in)
-		err := a.db.ReleaseRange(ctx, store.Release{RangeID: id, Token: in.r.Token, Now: a.cfg.DBNow()})
+		err := a.db.ReleaseRange(ctx, store.Release{RangeID: id, Token: in.r.Token, Keys: a.releaseKeys(in), Now: a.cfg.DBNow()})
 		if err != nil && !errors.Is(err, store.ErrLeaseLost) {
 			return err
 		}

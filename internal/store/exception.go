@@ -223,9 +223,8 @@ func (g Group) ForgetUnknownRuns(ctx context.Context, owner string, tokens []str
 // Due rows, and running rows whose lease lapsed (their holder died
 // or hung: that counts as a failed attempt). An ordered row runs only
 // when no earlier row of its key is unresolved.
-// Rows whose key a live holder leases, or (exclusive rows) an
-// outstanding range of a live instance holds, are passed over: they
-// would only be parked again (the claimer still asks for the key: the
+// Rows whose key a live holder leases are passed over: they would
+// only be parked again (the claimer still asks for the key: the
 // holder may have been a moment ago).
 // Each claimed ordered head brings the key's next rows with it, up
 // to $6, as a chain the claimer runs in order within one claim: the
@@ -234,10 +233,7 @@ func (g Group) ForgetUnknownRuns(ctx context.Context, owner string, tokens []str
 // that is not due, not locked by this claim, or behind a message of
 // the key that an outstanding range still holds.
 var claimExceptionsSQL = perStream(`-- store.ClaimExceptions
-WITH RECURSIVE range_keys AS MATERIALIZED (
-    -- The keys the outstanding ranges of live instances hold (decision
-    -- 0043); read only when an exclusive row is a candidate.` + rangesHoldingKeys("$1", "$4::uuid", "$2", "") + `
-), keys AS (
+WITH RECURSIVE keys AS (
     -- The group's keys with unresolved rows, one index probe each (a loose
     -- index scan): the cost follows the number of keys, not of rows.
     (SELECT e.message_key FROM {s}.{t}_exception e
@@ -294,8 +290,7 @@ WITH RECURSIVE range_keys AS MATERIALIZED (
     WHERE x.group_id = $1 AND x.status = 'pending' AND x.can_run_after <= coalesce($2, now())
       AND x.concurrency <> 'ordered'
       -- A row whose key a live holder has would only be parked again.
-      AND (x.concurrency = 'parallel' OR x.message_key IS NULL OR (NOT EXISTS (` + keyHeldLive("x.message_key") + `)
-                                                                        AND x.message_key NOT IN (SELECT message_key FROM range_keys)))
+      AND (x.concurrency = 'parallel' OR x.message_key IS NULL OR NOT EXISTS (` + keyHeldLive("x.message_key") + `))
     ORDER BY x.can_run_after
     LIMIT $3 + $8
     FOR UPDATE OF x SKIP LOCKED
@@ -309,8 +304,7 @@ WITH RECURSIVE range_keys AS MATERIALIZED (
     WHERE NOT $7::boolean AND x.group_id = $1
       AND x.status IN ('running', 'queued') AND x.expires_at < coalesce($2, now())
       AND x.concurrency <> 'ordered'
-      AND (x.concurrency = 'parallel' OR x.message_key IS NULL OR (NOT EXISTS (` + keyHeldLive("x.message_key") + `)
-                                                                        AND x.message_key NOT IN (SELECT message_key FROM range_keys)))
+      AND (x.concurrency = 'parallel' OR x.message_key IS NULL OR NOT EXISTS (` + keyHeldLive("x.message_key") + `))
     ORDER BY x.expires_at
     LIMIT $3
     FOR UPDATE OF x SKIP LOCKED

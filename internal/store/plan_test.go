@@ -102,9 +102,9 @@ SELECT now(), 1, '{"a":1}' FROM generate_series(1, 100000)`)
 	}
 }
 
-// The key checks (the range claimer's RangeKeys, the exception claimer's
-// yield of the keys a range holds, the exception claim's heads and chain
-// bounds) ask whether an outstanding range holds a message of a key. In the 30-minute chaos run, which restarts
+// The ordered-key checks (the range claimer's blockOrdered, the exception
+// claim's heads and chain bounds) ask whether an outstanding range holds an
+// earlier message of a key. In the 30-minute chaos run, which restarts
 // PostgreSQL every few seconds so autovacuum never analyzes, the join of
 // ranges and log planned as a scan of the log per key: 650 ms per
 // AcquireKeys at 20,000 rows, growing with the log. The checks are now
@@ -130,9 +130,7 @@ func TestOrderedKeyChecksUseTheLogIndexWithStaleStatistics(t *testing.T) {
 		sql  string
 		args []any
 	}{
-		"rangeKeys": {tb.sql(rangeKeysSQL), []any{groupID, []string{"k", "kx", "k1"}, []bool{true, true, false},
-			[]int64{1, 1, 1}, []int64{5, 6, 7}, owner, nil, int64(0), true}},
-		"yieldRangeKeys":  {tb.sql(yieldRangeKeysSQL), []any{groupID, []string{"k1", "k2"}, owner, owner, nil}},
+		"blockOrdered":    {tb.sql(blockOrderedSQL), []any{groupID, []string{"k", "kx"}, []int64{1, 1}, []int64{5, 6}, int64(0), owner}},
 		"claimExceptions": {tb.sql(claimExceptionsSQL), []any{groupID, nil, 4, owner, time.Minute, 20, false, 100}},
 	} {
 		text := explain(t, st, name, q.sql, q.args...)
