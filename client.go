@@ -185,7 +185,7 @@ type Client struct {
 	hub     *engine.Hub
 	beats   *heartbeat.Beats
 	configs *refresher.Reads
-	wakes   wakeup.Combiner // pool produces' wake-ups, merged
+	wakes   wakeup.Combiner // pool produces' wake-ups, merged and paced (decision 0044)
 	// managerTurn is held by the one Consume session of this client whose
 	// manager runs (see oneManagerAProcess).
 	managerTurn chan struct{}
@@ -223,10 +223,15 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg *ClientConfig) (*Cli
 	if err != nil {
 		return nil, fmt.Errorf("new client: read pool: %w", err)
 	}
-	return &Client{cfg: c, store: st, reads: reads, hub: engine.NewHub(st, c.Clock, c.Logger, c.Observer),
+	cl := &Client{cfg: c, store: st, reads: reads, hub: engine.NewHub(st, c.Clock, c.Logger, c.Observer),
 		beats:       heartbeat.NewBeats(st, c.Clock, engine.DBNow(c.Clock)),
 		configs:     refresher.NewReads(st, c.Clock, configReadBound),
-		managerTurn: make(chan struct{}, 1)}, nil
+		managerTurn: make(chan struct{}, 1)}
+	// The wake-up hold-off paces database transactions in real time, not
+	// on cfg.Clock: a mock clock that a test moves by hand would hold a
+	// produce until it moved (decision 0044).
+	cl.wakes.Clock, cl.wakes.PerMessage = clock.New(), wakeup.DefaultPerMessage
+	return cl, nil
 }
 
 // Schema returns the schema the client works in.

@@ -122,3 +122,26 @@ func TestAListenerWakesEverySessionWhenItComesUp(t *testing.T) {
 	within(t, listening, "the listener")
 	within(t, woken, "the session woken when the listener came up")
 }
+
+// Batched produces one right after another: each one's wake-up waits out
+// the hold-off of the round before it (decision 0044) and still reaches the
+// consumer.
+func TestAHeldOffWakeUpStillArrives(t *testing.T) {
+	e, s, c := setup(t, nil, "g", 0)
+	ctx := context.Background()
+	e.client.hub.Signals.Listening.Init()
+	listening := e.client.hub.Signals.Listening.C()
+	woken, stop := e.client.hub.Subscribe(c.group.StreamID, nil)
+	defer stop()
+	within(t, listening, "the listener")
+	within(t, woken, "the wake-up when the listener came up") // it wakes before it signals
+	items := make([]BatchItem[order], 100)
+	for i := range items {
+		items[i] = BatchItem[order]{Msg: order{OrderID: fmt.Sprint(i)}}
+	}
+	for batch := range 3 {
+		_, err := s.ProduceBatch(ctx, items, nil)
+		require.NoError(t, err)
+		within(t, woken, fmt.Sprintf("the wake-up of batch %d", batch))
+	}
+}

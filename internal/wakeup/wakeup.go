@@ -23,6 +23,10 @@ package wakeup
 
 import (
 	"context"
+	"errors"
+	"time"
+
+	"github.com/benbjohnson/clock"
 	"slices"
 	"sync"
 )
@@ -58,30 +62,51 @@ func (k *Keys) Add(keys ...string) {
 // Send delivers one round: per stream, its merged keys.
 type Send func(ctx context.Context, round map[int64]*Keys) error
 
-// Combiner merges the wake-ups of concurrent calls. The zero value is ready.
+// Combiner merges the wake-ups of concurrent calls. The zero value sends
+// rounds back to back; a client sets Clock and PerMessage.
+//
+// At most one round is in flight, and at most one call waits to send the
+// next: the first call whose wake-up finds a round in flight, or finds the
+// last round's hold-off running. Every later call leaves its wake-up with
+// that one and returns at once, so a busy producer does not wait on other
+// producers' notifications.
+//
+// A round's hold-off is PerMessage for each message it carried, at most
+// MaxHoldOff: the next round starts no earlier. Each round is a transaction
+// of its own, and the wake-ups of batched produces cost a fifth of their
+// throughput while a round followed every call (decision 0044); held off, a
+// round of 100 messages is followed by the next one 10 ms later at the
+// soonest, carrying every call that committed meanwhile. A single message
+// holds the next round off for 100 µs, so single produces wake consumers as
+// soon as before up to about 10,000 a second.
 type Combiner struct {
+	// PerMessage is the hold-off after a round for each message it carried
+	// (0: none).
+	PerMessage time.Duration
+	// Clock times the hold-off; it must be set when PerMessage is.
+	Clock clock.Clock
+
 	mu       sync.Mutex
-	pending  map[int64]*Keys // carried by next
-	next     *round          // the round that will carry what is pending
-	inflight *round          // the round being sent, if any
+	pending  map[int64]*Keys // carried by the next round
+	messages int             // how many messages pending wakes up for
+	waiter   bool            // a call waits to send the next round
+	inflight chan struct{}   // closed when the round being sent, if any, is
+	until    time.Time       // the last round's hold-off ends
 }
 
-type round struct {
-	done chan struct{}
-	err  error
-}
+// MaxHoldOff bounds a round's hold-off: the longest a wake-up waits for the
+// round before it, besides the round in flight.
+const MaxHoldOff = 10 * time.Millisecond
 
-func (r *round) finished() bool {
-	select {
-	case <-r.done:
-		return true
-	default:
-		return false
-	}
-}
+// DefaultPerMessage is the hold-off per message a client uses.
+const DefaultPerMessage = 100 * time.Microsecond
 
-// Wake returns once a round carrying streamID's wake-up for keys has been
-// sent, by this call or by another, with that round's error.
+// Wake sends streamID's wake-up for keys, or leaves it with the call that
+// will send the next round. It returns the errors of the rounds this call
+// sent: nil when it left its wake-up to another call, and its context's
+// error when that ended while it waited to send. Its wake-up then stays
+// pending: the call in flight, if any, sends it when it finishes and no
+// other call waits; otherwise the next produce's round carries it.
 func (c *Combiner) Wake(ctx context.Context, streamID int64, keys []string, send Send) error {
 	c.mu.Lock()
 	if c.pending == nil {
@@ -93,37 +118,87 @@ func (c *Combiner) Wake(ctx context.Context, streamID int64, keys []string, send
 		c.pending[streamID] = k
 	}
 	k.Add(keys...)
-	if c.next == nil {
-		c.next = &round{done: make(chan struct{})}
-	}
-	mine := c.next
-	for c.inflight != nil {
-		wait := c.inflight
+	c.messages += max(len(keys), 1)
+	if c.waiter {
 		c.mu.Unlock()
-		select {
-		case <-wait.done:
-		case <-ctx.Done():
-			return ctx.Err() // the wake-up stays pending for the next round
-		}
-		c.mu.Lock()
-		if mine.finished() { // another call led it
+		return nil // the waiting call sends it
+	}
+	var errs []error
+	for {
+		// c.mu is held, and this call sends the next round once nothing
+		// holds it off.
+		if wait := c.holdOff(); wait != nil {
+			c.waiter = true
 			c.mu.Unlock()
-			return mine.err
+			err := wait(ctx)
+			c.mu.Lock()
+			c.waiter = false
+			if err != nil {
+				c.mu.Unlock()
+				return errors.Join(append(errs, err)...)
+			}
+			continue
+		}
+		// Lead a round: everything pending, this call's wake-up included.
+		done := make(chan struct{})
+		payload := c.pending
+		if c.PerMessage > 0 {
+			c.until = c.Clock.Now().Add(min(MaxHoldOff, time.Duration(c.messages)*c.PerMessage))
+		}
+		c.pending, c.messages, c.inflight = nil, 0, done
+		c.mu.Unlock()
+
+		if err := send(ctx, payload); err != nil {
+			errs = append(errs, err)
+		}
+
+		c.mu.Lock()
+		c.inflight = nil
+		close(done)
+		if len(c.pending) == 0 || c.waiter || ctx.Err() != nil {
+			c.mu.Unlock()
+			return errors.Join(errs...)
+		}
+		// Wake-ups were left for a call that gave up waiting: this call
+		// sends them too.
+	}
+}
+
+// holdOff returns what the next round waits for (nil: nothing): the round
+// in flight, or a timer for the rest of the last round's hold-off, made here
+// while c.mu is held (so a test that sees Waiting knows the timer is set).
+func (c *Combiner) holdOff() func(ctx context.Context) error {
+	var inflight <-chan struct{}
+	var fired <-chan time.Time
+	var stop func() bool
+	if c.inflight != nil {
+		inflight = c.inflight
+	} else if c.PerMessage > 0 && c.until.After(c.Clock.Now()) {
+		t := c.Clock.Timer(c.until.Sub(c.Clock.Now()))
+		fired, stop = t.C, t.Stop
+	} else {
+		return nil
+	}
+	return func(ctx context.Context) error {
+		if stop != nil {
+			defer stop()
+		}
+		select { // one of the two is nil, and never ready
+		case <-inflight:
+			return nil
+		case <-fired:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
-	// Lead this round: take everything pending, this call's wake-up included.
-	payload := c.pending
-	c.pending, c.next, c.inflight = nil, nil, mine
-	c.mu.Unlock()
+}
 
-	err := send(ctx, payload)
-
+// Waiting reports whether a call waits to send the next round (tests).
+func (c *Combiner) Waiting() bool {
 	c.mu.Lock()
-	mine.err = err
-	c.inflight = nil
-	close(mine.done)
-	c.mu.Unlock()
-	return err
+	defer c.mu.Unlock()
+	return c.waiter
 }
 
 // Pending reports how many streams' wake-ups wait for the next round

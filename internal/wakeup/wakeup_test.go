@@ -9,7 +9,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/require"
 )
 
@@ -29,10 +31,10 @@ func canonical(round map[int64]*Keys) []string {
 	return out
 }
 
-// While one round of wake-ups is being sent, the wake-ups of produces that
-// commit meanwhile wait for it and then go out together in one round, merged
-// per stream; each call returns only once a round carrying its wake-up has
-// been sent.
+// While one round of wake-ups is being sent, the first call whose wake-up
+// arrives waits to send the next round; every later one leaves its wake-up
+// with it and returns at once. The next round carries them all, merged per
+// stream.
 func TestWakeUpsThatArriveDuringASendGoOutTogether(t *testing.T) {
 	ctx := context.Background()
 	var c Combiner
@@ -54,38 +56,34 @@ func TestWakeUpsThatArriveDuringASendGoOutTogether(t *testing.T) {
 	go func() { leader <- c.Wake(ctx, 1, []string{"a"}, send) }()
 	<-started
 
-	type call struct {
-		stream int64
-		keys   []string
+	waiter := make(chan error, 1)
+	go func() { waiter <- c.Wake(ctx, 2, []string{"x"}, send) }()
+	for !c.Waiting() {
+		runtime.Gosched()
 	}
-	calls := []call{{2, []string{"x"}}, {2, []string{"y", "x"}}, {3, nil}}
+	// Every later call returns before the round in flight is done.
+	require.NoError(t, c.Wake(ctx, 2, []string{"y", "x"}, send))
+	require.NoError(t, c.Wake(ctx, 3, nil, send))
 	for i := 4; i < 12; i++ {
-		calls = append(calls, call{int64(i), []string{fmt.Sprintf("k%d", i)}})
+		require.NoError(t, c.Wake(ctx, int64(i), []string{fmt.Sprintf("k%d", i)}, send))
 	}
 	many := make([]string, 200) // too many keys to list: wakes the whole stream
 	for i := range many {
 		many[i] = fmt.Sprintf("key.number.%d.of.a.long.batch", i)
 	}
-	calls = append(calls, call{12, many})
-	var wg sync.WaitGroup
-	errs := make(chan error, len(calls))
-	for _, cl := range calls {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs <- c.Wake(ctx, cl.stream, cl.keys, send) }()
-	}
-	for c.Pending() < 11 { // streams 2 to 12 queued behind the round in flight
-		runtime.Gosched()
-	}
+	require.NoError(t, c.Wake(ctx, 12, many, send))
+	require.Equal(t, 11, c.Pending(), "streams 2 to 12 wait for the next round")
 	mu.Lock()
 	require.Len(t, rounds, 1, "no second round while the first is in flight")
 	mu.Unlock()
+	select {
+	case err := <-waiter:
+		t.Fatalf("the waiting call returned before sending its round: %v", err)
+	default:
+	}
 	close(release)
 	require.NoError(t, <-leader)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
+	require.NoError(t, <-waiter)
 	require.Len(t, rounds, 2, "everything that arrived during the first send went out in one more round")
 	require.Equal(t, []string{"1;a"}, rounds[0])
 	want := []string{"12", "2;x y", "3;"}
@@ -94,15 +92,15 @@ func TestWakeUpsThatArriveDuringASendGoOutTogether(t *testing.T) {
 	}
 	slices.Sort(want)
 	require.Equal(t, want, rounds[1])
+	require.Zero(t, c.Pending())
 }
 
-// When the leader's send fails, every call whose wake-up rode that round
-// gets the error: followers too, not only the leader.
-func TestAFailedRoundFailsEveryCallItCarried(t *testing.T) {
+// A failed round's error reaches the call that sent it; the calls that left
+// their wake-ups with it have returned already.
+func TestAFailedRoundReachesTheCallThatSentIt(t *testing.T) {
 	ctx := context.Background()
 	var c Combiner
 	started, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
 	calls := 0
 	var mu sync.Mutex
 	send := func(context.Context, map[int64]*Keys) error {
@@ -111,7 +109,7 @@ func TestAFailedRoundFailsEveryCallItCarried(t *testing.T) {
 		n := calls
 		mu.Unlock()
 		if n == 1 {
-			once.Do(func() { close(started) })
+			close(started)
 			<-release
 			return nil
 		}
@@ -120,24 +118,22 @@ func TestAFailedRoundFailsEveryCallItCarried(t *testing.T) {
 	first := make(chan error, 1)
 	go func() { first <- c.Wake(ctx, 1, nil, send) }()
 	<-started
-	results := make(chan error, 3)
-	for i := range 3 {
-		go func() { results <- c.Wake(ctx, int64(10+i), nil, send) }()
-	}
-	for c.Pending() < 3 {
+	waiter := make(chan error, 1)
+	go func() { waiter <- c.Wake(ctx, 10, nil, send) }()
+	for !c.Waiting() {
 		runtime.Gosched()
 	}
+	require.NoError(t, c.Wake(ctx, 11, nil, send))
+	require.NoError(t, c.Wake(ctx, 12, nil, send))
 	close(release)
 	require.NoError(t, <-first)
-	for range 3 {
-		require.ErrorContains(t, <-results, "connection refused", "the round's failure reaches every call it carried")
-	}
+	require.ErrorContains(t, <-waiter, "connection refused", "the round's failure reaches the call that sent it")
 	require.Equal(t, 2, calls, "the three rode one round")
 }
 
-// A call whose context ends while it waits returns at once; its wake-up
-// rides the next round.
-func TestACancelledWaitLeavesItsWakeUpForTheNextRound(t *testing.T) {
+// A waiting call whose context ends returns at once; its wake-up and those
+// left with it are sent by the call in flight when it finishes.
+func TestACancelledWaitLeavesItsWakeUpsToTheCallInFlight(t *testing.T) {
 	var c Combiner
 	started, release := make(chan struct{}), make(chan struct{})
 	var rounds [][]string
@@ -157,12 +153,68 @@ func TestACancelledWaitLeavesItsWakeUpForTheNextRound(t *testing.T) {
 	go func() { first <- c.Wake(context.Background(), 1, nil, send) }()
 	<-started
 	ctx, cancel := context.WithCancel(context.Background())
+	waiter := make(chan error, 1)
+	go func() { waiter <- c.Wake(ctx, 2, []string{"late"}, send) }()
+	for !c.Waiting() {
+		runtime.Gosched()
+	}
+	require.NoError(t, c.Wake(context.Background(), 3, nil, send), "left with the waiting call")
 	cancel()
-	require.ErrorIs(t, c.Wake(ctx, 2, []string{"late"}, send), context.Canceled)
+	require.ErrorIs(t, <-waiter, context.Canceled)
+	require.False(t, c.Waiting())
 	close(release)
 	require.NoError(t, <-first)
-	require.NoError(t, c.Wake(context.Background(), 3, nil, send))
-	require.Equal(t, [][]string{{"1;"}, {"2;late", "3;"}}, rounds)
+	require.Equal(t, [][]string{{"1;"}, {"2;late", "3;"}}, rounds, "the call in flight sent what the cancelled one left")
+}
+
+// After a round, the next one waits PerMessage for each message the last
+// one carried, at most MaxHoldOff; a wake-up after the hold-off goes out at
+// once. The calls that arrive meanwhile ride one round.
+func TestARoundHoldsTheNextOneOffPerMessage(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewMock()
+	c := Combiner{Clock: clk, PerMessage: 100 * time.Microsecond}
+	var mu sync.Mutex
+	var rounds [][]string
+	send := func(_ context.Context, round map[int64]*Keys) error {
+		mu.Lock()
+		defer mu.Unlock()
+		rounds = append(rounds, canonical(round))
+		return nil
+	}
+	sent := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(rounds)
+	}
+	batch := func(n int) []string { return make([]string, n) } // n messages without routing keys
+
+	require.NoError(t, c.Wake(ctx, 1, batch(30), send), "nothing before it: sent at once")
+	require.Equal(t, 1, sent())
+	waiter := make(chan error, 1)
+	go func() { waiter <- c.Wake(ctx, 2, batch(1), send) }()
+	for !c.Waiting() {
+		runtime.Gosched()
+	}
+	require.NoError(t, c.Wake(ctx, 3, batch(1), send), "left with the waiting call")
+	clk.Add(2999 * time.Microsecond)
+	require.Equal(t, 1, sent(), "30 messages hold the next round off for 3 ms")
+	clk.Add(time.Microsecond)
+	require.NoError(t, <-waiter)
+	require.Equal(t, [][]string{{"1;"}, {"2;", "3;"}}, rounds)
+
+	clk.Add(200 * time.Microsecond) // past the 2 messages' hold-off
+	require.NoError(t, c.Wake(ctx, 4, batch(5000), send), "after the hold-off: sent at once")
+	require.Equal(t, 3, sent())
+	go func() { waiter <- c.Wake(ctx, 5, batch(1), send) }()
+	for !c.Waiting() {
+		runtime.Gosched()
+	}
+	clk.Add(MaxHoldOff - time.Microsecond)
+	require.Equal(t, 3, sent(), "5,000 messages hold it off for MaxHoldOff")
+	clk.Add(time.Microsecond)
+	require.NoError(t, <-waiter, "the hold-off is at most MaxHoldOff")
+	require.Equal(t, 4, sent())
 }
 
 func TestKeysCollapseToTheStreamPastTheBound(t *testing.T) {
