@@ -3,6 +3,7 @@ package sqlstreams
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -225,4 +226,34 @@ func TestSchemaRecreatedUnderAStaleHandleWritesNothing(t *testing.T) {
 	require.EqualValues(t, 1, e.count(na))
 	require.Zero(t, e.count(nb))
 	_ = b
+}
+
+// A stream new to a connection is produced to with an unnamed statement,
+// parsed, bound and run in one round trip; the connection prepares the
+// insert when it meets the stream again. Either way the ids come back in
+// item order.
+func TestAProduceNewToItsConnectionPreparesNothing(t *testing.T) {
+	ctx := context.Background()
+	pool := poolOf(t, 1) // every call on the same connection
+	client, err := NewClient(ctx, pool, &ClientConfig{Schema: pgtest.Schema(t), Logger: slog.New(newSink(t))})
+	require.NoError(t, err)
+	s := Stream[order](client, "orders")
+	require.NoError(t, s.Register(ctx, nil))
+	prepared := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '-- store.Produce%'`).Scan(&n))
+		return n
+	}
+	items := []BatchItem[order]{{Msg: order{OrderID: "a"}}, {Msg: order{OrderID: "b"}}, {Msg: order{OrderID: "c"}}}
+	var last int64
+	for call, want := range []int{0, 1, 1} {
+		res, err := s.ProduceBatch(ctx, items, nil)
+		require.NoError(t, err)
+		require.Len(t, res, len(items))
+		for i, r := range res {
+			require.Greater(t, r.ID, last, "call %d, item %d: ids ascend in item order", call, i)
+			last = r.ID
+		}
+		require.Equal(t, want, prepared(), "call %d: prepared inserts on the connection", call)
+	}
 }

@@ -189,8 +189,9 @@ SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`, st.NotifyChannel(), paylo
 	return err
 }
 
-// produceUnkeyed is the common case: one prepared insert whose parameters
-// wire.go encodes. On a caller's transaction
+// produceUnkeyed is the common case: one insert whose parameters wire.go
+// encodes; on the pool, unnamed the first time a connection meets the stream
+// and prepared from the second. On a caller's transaction
 // the statement is prepared through the transaction, which refuses a
 // finished one (pgx.ErrTxClosed): only then is its connection used, so a
 // produce never writes on a connection the transaction gave back to the
@@ -208,7 +209,11 @@ func (st *Store) produceUnkeyed(ctx context.Context, q Querier, own bool, r *ren
 			return fmt.Errorf("produce: %w", err)
 		}
 		conn := c.Conn()
-		err = insertPrepared(ctx, conn, conn.Prepare, r.name(insertBatchSQL), r.sql(insertBatchSQL), now, msgs, idx, out, stream.Name)
+		if firstSight(conn.PgConn(), r.name(insertBatchSQL)) {
+			err = insertUnnamed(ctx, conn, r.sql(insertBatchSQL), now, msgs, idx, out, stream.Name)
+		} else {
+			err = insertPrepared(ctx, conn, conn.Prepare, r.name(insertBatchSQL), r.sql(insertBatchSQL), now, msgs, idx, out, stream.Name)
+		}
 		c.Release()
 		return guarded(err)
 	}

@@ -127,6 +127,37 @@ func insertPrepared(ctx context.Context, conn *pgx.Conn, prepare func(ctx contex
 	if err != nil {
 		return fmt.Errorf("produce: prepare: %w", err)
 	}
+	return insertWith(now, msgs, idx, out, extra, func(values [][]byte) *pgconn.ResultReader {
+		return conn.PgConn().ExecPrepared(ctx, sd.Name, values, binaryFormat, binaryFormat)
+	})
+}
+
+// insertUnnamed runs insert as an unnamed statement: parse, bind and execute
+// in one round trip, for a stream new to the connection (firstSight).
+// Preparing it would cost a round trip of its own, and a produce spread over
+// many streams meets most (connection, stream) pairs once or twice.
+func insertUnnamed(ctx context.Context, conn *pgx.Conn, insert string, now Now, msgs []NewMessage, idx []int, out []Produced, extra ...string) error {
+	oids := insertParamOIDs[:7+len(extra)]
+	return insertWith(now, msgs, idx, out, extra, func(values [][]byte) *pgconn.ResultReader {
+		return conn.PgConn().ExecParams(ctx, insert, values, oids, binaryFormat, binaryFormat)
+	})
+}
+
+// insertParamOIDs are the types of the insert's parameters: the seven
+// produceParams encodes (produced_at, the versions, the five text arrays),
+// then the text ones: the guard, and the wake's channel and payload
+// (insertBatchWakeSQL only).
+var insertParamOIDs = []uint32{oidTimestamptz, oidInt4Array, oidTextArray, oidTextArray, oidTextArray, oidTextArray, oidTextArray, oidText, oidText, oidText}
+
+const (
+	oidTimestamptz = 1184
+	oidInt4Array   = 1007
+	oidTextArray   = 1009
+)
+
+// insertWith encodes the insert's parameters, runs it with exec and assigns
+// the returned ids.
+func insertWith(now Now, msgs []NewMessage, idx []int, out []Produced, extra []string, exec func(values [][]byte) *pgconn.ResultReader) error {
 	bp := paramBufs.Get().(*[]byte)
 	values, buf := produceParams(*bp, now, msgs, idx)
 	for _, x := range extra {
@@ -138,7 +169,7 @@ func insertPrepared(ctx context.Context, conn *pgx.Conn, prepare func(ctx contex
 			paramBufs.Put(bp)
 		}
 	}()
-	rr := conn.PgConn().ExecPrepared(ctx, sd.Name, values, binaryFormat, binaryFormat)
+	rr := exec(values)
 	ids := make([]int64, 0, len(idx))
 	for rr.NextRow() {
 		v := rr.Values()[0]
@@ -152,4 +183,24 @@ func insertPrepared(ctx context.Context, conn *pgx.Conn, prepare func(ctx contex
 		return fmt.Errorf("produce: %w", err)
 	}
 	return assignIDs(ids, idx, out)
+}
+
+// maxSeenStreams bounds the streams a connection remembers for firstSight;
+// past it the set starts over (a stream then runs unnamed once more).
+const maxSeenStreams = 4096
+
+// firstSight reports whether the connection has not run the statement
+// named name before through it, and remembers that it has now.
+func firstSight(conn *pgconn.PgConn, name string) bool {
+	data := conn.CustomData()
+	seen, _ := data["sqlstreams.produced"].(map[string]struct{})
+	if _, ok := seen[name]; ok {
+		return false
+	}
+	if seen == nil || len(seen) >= maxSeenStreams {
+		seen = make(map[string]struct{})
+		data["sqlstreams.produced"] = seen
+	}
+	seen[name] = struct{}{}
+	return true
 }
