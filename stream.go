@@ -320,7 +320,9 @@ func (s *StreamHandle[T]) Produce(ctx context.Context, msg T, opts *ProduceOptio
 // ProduceBatch writes items atomically, all or none, in one statement (one
 // batch of statements when some carry an idempotency key). The log holds them
 // in the order of items, and so are the results. On the pool, the wake-up
-// for consumers follows the commit in a second short statement.
+// for consumers follows the commit in a second short statement, merged with
+// other produces' wake-ups; under load these go out at most every 10 ms,
+// and the call may return before its wake-up is sent (decision 0044).
 func (s *StreamHandle[T]) ProduceBatch(ctx context.Context, items []BatchItem[T], opts *BatchOptions) ([]Produced, error) {
 	var o BatchOptions
 	if opts != nil {
