@@ -334,7 +334,12 @@ func TestExclusiveKeyIsSharedAcrossAnInstancesRanges(t *testing.T) {
 	require.Len(t, ran, 20)
 	require.EqualValues(t, 2, st.stats.Committed.Load())
 	n, _ = leaseRows()
-	require.Zero(t, n, "released with the last range")
+	require.Equal(t, 2, n, "kept after the last range (decision 0045)")
+	none, err := st.ranges.Claim(ctx)
+	require.NoError(t, err)
+	require.Empty(t, none)
+	n, _ = leaseRows()
+	require.Zero(t, n, "released by the claim that found nothing, with no range in flight")
 	perKey := map[int][]int{}
 	for _, a := range ran {
 		perKey[a%2] = append(perKey[a%2], a)

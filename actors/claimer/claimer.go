@@ -84,6 +84,12 @@ type Common struct {
 	// KeyBusyDelay is how long a keyed message waits before trying a busy
 	// key again.
 	KeyBusyDelay time.Duration
+	// KeyHold is how long the range claimer keeps an exclusive key's lease
+	// after the last range using it settled, while no key it wanted was
+	// busy in another instance lately: the next range bringing the key runs
+	// it without writing a lease again (decision 0045). 0: DefaultKeyHold;
+	// negative: released with the last range using it.
+	KeyHold time.Duration
 	// TimeoutGrace is how long a handler may outlive its Timeout before it
 	// is abandoned.
 	TimeoutGrace time.Duration
@@ -257,6 +263,8 @@ type inflight struct {
 	pending int                     // messages without an outcome
 	keys    []string                // held keys this range uses (acquired or shared)
 	release []store.KeyLease        // keys its settlement releases, once computed
+	excKeys map[string]bool         // keys of its messages given exception rows: never kept
+	left    bool                    // its keys were detached (release computed)
 	// uncertain: a commit attempt failed without saying whether it applied
 	// (a reply lost to a cut connection, say), so a later attempt that
 	// finds the range gone has found that earlier attempt's work.
@@ -285,18 +293,55 @@ type keyState struct {
 	ordered bool           // acquired for ordered messages: never shared
 	queue   []ref          // messages of the key, in claim order; [0] runs
 	ranges  map[int64]bool // ranges using the lease
+	// idleAt is when the last range using the lease settled, if the
+	// claimer kept it (zero: in use).
+	idleAt time.Time
+	// since is when the lease was acquired: a key is not kept past
+	// MaxKeyKeep times KeyHold from it, so that an exception row of the
+	// key elsewhere finds it free between this instance's ranges.
+	since time.Time
+}
+
+// DefaultKeyHold is Common.KeyHold's default: a burn-down's ranges bring a
+// key back within a few of its ranges, tens to hundreds of milliseconds
+// apart, and another instance that wants a kept key waits at most this
+// long beyond its KeyBusyDelay.
+const DefaultKeyHold = 500 * time.Millisecond
+
+// MaxKeyKeep bounds how long, in KeyHolds from its acquisition, a key is
+// kept from range to range: a key in every range of a long burn-down is
+// let go at least this often, so another instance's exception row of the
+// key (a retry) waits at most about this long plus its KeyBusyDelay.
+const MaxKeyKeep = 10
+
+// MaxKeptKeys bounds the key leases the range claimer keeps with no range
+// using them; past it, the longest kept are released.
+const MaxKeptKeys = 16384
+
+// keptKey is an entry of the claimer's queue of kept keys, valid while the
+// key's state still has this idleAt.
+type keptKey struct {
+	key string
+	at  time.Time
 }
 
 // Actor is the range claimer.
 type Actor struct {
-	cfg      Config
-	db       store.Group
-	runner   *runner
-	ranges   map[int64]*inflight
-	keys     map[string]*keyState // key leases held, across ranges
-	order    []int64              // range ids in claim order, for hand-back
-	queued   int                  // messages claimed and not settled
-	toCommit []ref                // complete ranges (id, token) whose commit failed and must be retried
+	cfg    Config
+	db     store.Group
+	runner *runner
+	ranges map[int64]*inflight
+	keys   map[string]*keyState // key leases held, across ranges
+	// kept queues the keys held with no range using them, oldest first
+	// (decision 0045); nkept counts its valid entries.
+	kept  []keptKey
+	nkept int
+	// contended is when a key this claimer wanted was last busy in
+	// another instance: it keeps no key for KeyHold after.
+	contended time.Time
+	order     []int64 // range ids in claim order, for hand-back
+	queued    int     // messages claimed and not settled
+	toCommit  []ref   // complete ranges (id, token) whose commit failed and must be retried
 
 	stallSince time.Time
 	stalled    bool
@@ -346,6 +391,7 @@ func New(cfg Config) *Actor {
 func (a *Actor) reset() {
 	a.ranges = map[int64]*inflight{}
 	a.keys = map[string]*keyState{}
+	a.kept, a.nkept, a.contended = nil, 0, time.Time{}
 	a.order, a.toCommit, a.queued = nil, nil, 0
 	a.starved, a.sweep, a.empty, a.idleProbed, a.wokenQuiet = false, true, false, false, false
 	a.leasing(a.cfg.Holdings)
@@ -395,8 +441,18 @@ func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
 // claimWith is Claim; sweep false skips the look for expired leases and the
 // gate probe (the serve loop's claims between sweeps), and reclaim false
 // the reclaim alone (TakeoverGrace). reclaimed says whether an expired lease
-// was taken over.
+// was taken over. A claim that finds nothing to run with no range in
+// flight lets the kept keys go (decision 0045): the backlog is drained
+// here, and a quiet claimer holds nothing (quiet.go).
 func (a *Actor) claimWith(ctx context.Context, sweep, reclaim bool) (jobs []Job, reclaimed bool, err error) {
+	jobs, reclaimed, err = a.claimOnce(ctx, sweep, reclaim)
+	if err == nil && len(jobs) == 0 && len(a.ranges) == 0 && a.nkept > 0 && a.cfg.Liveness.Valid() {
+		err = a.releaseKept(ctx, true)
+	}
+	return jobs, reclaimed, err
+}
+
+func (a *Actor) claimOnce(ctx context.Context, sweep, reclaim bool) (jobs []Job, reclaimed bool, err error) {
 	if a.queued+a.cfg.BatchLimit > a.cfg.QueueSize {
 		a.starved = true
 		return nil, false, nil
@@ -596,18 +652,35 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 		ks := a.keys[key]
 		switch {
 		case ks != nil && !ks.ordered && !k.ordered: // shared: queued behind this instance's earlier messages
+			if !ks.idleAt.IsZero() { // kept: in use again
+				ks.idleAt = time.Time{}
+				a.nkept--
+			}
+		case ks != nil && !ks.idleAt.IsZero():
+			// A kept exclusive key that an ordered message wants: let it go
+			// with this range, and the message waits as for a busy key.
+			delete(a.keys, key)
+			a.nkept--
+			in.release = append(in.release, store.KeyLease{Key: key, Token: ks.token})
+			for _, i := range k.idx {
+				a.park(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
+			}
+			continue
 		case blocked[key]:
 			for _, i := range k.idx {
 				a.park(in, i, 0, "waiting behind an earlier unresolved message of its ordered key")
 			}
 			continue
 		case !held[key]:
+			if ks == nil {
+				a.contended = a.cfg.Clock.Now()
+			}
 			for _, i := range k.idx {
 				a.park(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
 			}
 			continue
 		default:
-			ks = &keyState{token: r.Token, ordered: k.ordered, ranges: map[int64]bool{}}
+			ks = &keyState{token: r.Token, ordered: k.ordered, ranges: map[int64]bool{}, since: a.cfg.Clock.Now()}
 			a.keys[key] = ks
 		}
 		ks.ranges[r.ID] = true
@@ -646,6 +719,7 @@ func (a *Actor) park(in *inflight, i int, after time.Duration, why string) {
 	in.state[i] = done
 	in.writes[i] = &store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(in.eff[i].Concurrency),
 		Status: policy.StatusPending, Error: why, After: after}
+	in.markExc(m.Key)
 	in.pending--
 	a.queued--
 	a.cfg.Stats.Deferred.Add(1)
@@ -726,6 +800,9 @@ func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 	}
 	outcome := policy.OutcomeOf(next, o.Err, 0)
 	in.state[i], in.writes[i] = done, w
+	if w != nil {
+		in.markExc(m.Key)
+	}
 	in.pending--
 	a.queued--
 	if group.Logs(outcome) {
@@ -758,6 +835,14 @@ func errText(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// keyHold is KeyHold with its default.
+func (c *Common) keyHold() time.Duration {
+	if c.KeyHold == 0 {
+		return DefaultKeyHold
+	}
+	return c.KeyHold
 }
 
 func (c *Common) observer() observe.Observer { return observe.Or(c.Observer) }
@@ -852,7 +937,7 @@ func (a *Actor) commit(ctx context.Context, id int64) error {
 			writes = append(writes, *w)
 		}
 	}
-	s := store.RangeCommit{RangeID: id, Token: in.r.Token, Exceptions: writes, Deliveries: in.log, Keys: a.releaseKeys(in), Now: a.cfg.DBNow()}
+	s := store.RangeCommit{RangeID: id, Token: in.r.Token, Exceptions: writes, Deliveries: in.log, Keys: a.settleKeys(in), Now: a.cfg.DBNow()}
 	err := a.db.CommitRange(ctx, s)
 	if len(writes) > 0 {
 		a.cfg.Nudge.give() // after the write: the exception claimer's probe must see its rows
@@ -897,7 +982,27 @@ func (a *Actor) commit(ctx context.Context, id int64) error {
 // instance's map before the statement runs: if it fails, nothing more is
 // queued behind a lease whose release may already have committed, and the
 // retry releases the same rows by the same tokens.
-func (a *Actor) releaseKeys(in *inflight) []store.KeyLease {
+func (a *Actor) releaseKeys(in *inflight) []store.KeyLease { return a.leaveKeys(in, false) }
+
+// settleKeys is releaseKeys for a range being committed: an exclusive key
+// it was the last to use is kept instead (decision 0045) while no key this
+// claimer wanted was busy elsewhere within KeyHold, the range gave none of
+// the key's messages an exception row (its retry would wait for the key),
+// the lease is younger than MaxKeyKeep KeyHolds and fewer than MaxKeptKeys
+// are kept. Kept keys idle for KeyHold, or all of them once a key was busy,
+// go with this range's release; the rest go on the flush tick, at a
+// hand-back, or when a claim finds nothing with no range in flight.
+func (a *Actor) settleKeys(in *inflight) []store.KeyLease {
+	if in.left { // computed by an earlier attempt of this commit
+		return in.release
+	}
+	return a.leaveKeys(in, true)
+}
+
+func (a *Actor) leaveKeys(in *inflight, settling bool) []store.KeyLease {
+	in.left = true
+	now := a.cfg.Clock.Now()
+	keep := settling && a.keeping(now)
 	for _, key := range in.keys {
 		ks := a.keys[key]
 		if ks == nil {
@@ -912,12 +1017,88 @@ func (a *Actor) releaseKeys(in *inflight) []store.KeyLease {
 		}
 		ks.queue = kept
 		if len(ks.ranges) == 0 {
+			if keep && !ks.ordered && !in.excKeys[key] && a.nkept < MaxKeptKeys &&
+				now.Sub(ks.since) < MaxKeyKeep*a.cfg.keyHold() {
+				ks.idleAt = now
+				a.kept = append(a.kept, keptKey{key: key, at: now})
+				a.nkept++
+				continue
+			}
 			in.release = append(in.release, store.KeyLease{Key: key, Token: ks.token})
 			delete(a.keys, key)
 		}
 	}
 	in.keys = nil
+	if settling {
+		in.release = append(in.release, a.dueKept(now, !keep)...)
+	}
 	return in.release
+}
+
+// keeping: the claimer keeps keys now (KeyHold positive, and no key it
+// wanted was busy elsewhere within it).
+func (a *Actor) keeping(now time.Time) bool {
+	hold := a.cfg.keyHold()
+	return hold > 0 && (a.contended.IsZero() || now.Sub(a.contended) >= hold)
+}
+
+// dueKept takes out of the instance's keys the kept ones idle for KeyHold,
+// or all of them, and returns their leases for release.
+func (a *Actor) dueKept(now time.Time, all bool) []store.KeyLease {
+	var out []store.KeyLease
+	hold := a.cfg.keyHold()
+	n := 0
+	for ; n < len(a.kept); n++ {
+		e := a.kept[n]
+		ks := a.keys[e.key]
+		if ks == nil || !ks.idleAt.Equal(e.at) {
+			continue // in use again, or let go since
+		}
+		if !all && now.Sub(e.at) < hold {
+			break
+		}
+		out = append(out, store.KeyLease{Key: e.key, Token: ks.token})
+		delete(a.keys, e.key)
+		a.nkept--
+	}
+	a.kept = a.kept[n:]
+	if len(a.kept) > 2*MaxKeptKeys { // mostly entries of keys in use again
+		live := a.kept[:0]
+		for _, e := range a.kept {
+			if ks := a.keys[e.key]; ks != nil && ks.idleAt.Equal(e.at) {
+				live = append(live, e)
+			}
+		}
+		a.kept = live
+	}
+	if len(a.kept) == 0 {
+		a.kept = nil
+	}
+	return out
+}
+
+// releaseKept lets go of the kept keys that are due (all of them when no
+// range is in flight or a key was busy lately) in a statement of their own:
+// the flush tick's, when no commit came to carry them.
+func (a *Actor) releaseKept(ctx context.Context, all bool) error {
+	if a.nkept == 0 {
+		return nil
+	}
+	now := a.cfg.Clock.Now()
+	keys := a.dueKept(now, all || len(a.ranges) == 0 || !a.keeping(now))
+	_, err := a.db.ReleaseKeys(ctx, keys)
+	return err // on failure the rows stay under tokens the claimer no longer holds: Reconcile lets them go
+}
+
+// markExc records that the range gives a message of key an exception row.
+func (in *inflight) markExc(key string) {
+	if key == "" {
+		return
+	}
+	if in.excKeys == nil {
+		in.excKeys = map[string]bool{}
+	}
+	in.excKeys[key] = true
 }
 
 func (a *Actor) forget(id int64) {
@@ -961,7 +1142,10 @@ func (a *Actor) Flush(ctx context.Context) error {
 	if err := a.retryCommits(ctx); err != nil {
 		return err
 	}
-	return a.RecordProgress(ctx)
+	if err := a.RecordProgress(ctx); err != nil {
+		return err
+	}
+	return a.releaseKept(ctx, false)
 }
 
 // retryCommits retries the commits that failed earlier.
@@ -1098,6 +1282,9 @@ func (a *Actor) HandBack(ctx context.Context) error {
 			a.queued -= in.pending
 		}
 		a.forget(id)
+	}
+	if err := a.releaseKept(ctx, true); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

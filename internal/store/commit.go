@@ -155,6 +155,22 @@ func (g Group) ReleaseRange(ctx context.Context, r Release) error {
 	return nil
 }
 
+// ReleaseKeys deletes the key leases named, each by the token that acquired
+// it: the range claimer's keys it kept after their last range settled
+// (decision 0045), let go once no range of the instance brought them again.
+// It returns how many rows it deleted.
+func (g Group) ReleaseKeys(ctx context.Context, keys []KeyLease) (int64, error) {
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	knames, ktokens := keyArrays(keys)
+	tag, err := g.st.pool.Exec(ctx, g.sql(releaseKeysSQL), g.GroupID, knames, ktokens)
+	if err != nil {
+		return 0, fmt.Errorf("release %d key leases: %w", len(keys), err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 // ForgetRanges names what a claimer knows it holds: every other range lease
 // and key lease of Owner is let go.
 type ForgetRanges struct {
@@ -235,6 +251,12 @@ WITH kl AS (` + keyLocks("$6", "$4", "$5") + `
 )
 UPDATE {s}.{t}_range SET expires_at = coalesce($3, now()) - interval '1 millisecond'
 WHERE id = $1 AND token = $2::uuid`)
+
+// Key leases a claimer kept past their last range, let go by token.
+var releaseKeysSQL = perStream(`-- store.ReleaseKeys
+WITH kl AS (` + keyLocks("$1", "$2", "$3") + `
+)
+DELETE FROM {s}.{t}_key_lease l WHERE l.group_id = $1 AND l.message_key IN (SELECT message_key FROM kl)`)
 
 // A claim whose reply was lost (the connection died after the
 // commit) leaves a lease the claimer never learned of, which its
