@@ -86,19 +86,9 @@ func (st *stepper) now() store.Now { return engine.DBNow(st.mock)() }
 // claimRange claims and runs one range to its commit.
 func (st *stepper) claimRange() int {
 	st.t.Helper()
-	ctx := context.Background()
-	jobs, err := st.ranges.Claim(ctx)
+	jobs, err := st.ranges.Claim(context.Background())
 	require.NoError(st.t, err)
-	n := 0
-	for len(jobs) > 0 {
-		j := jobs[0]
-		jobs = jobs[1:]
-		more, err := st.ranges.Outcome(ctx, st.ranges.Run(ctx, j))
-		require.NoError(st.t, err)
-		jobs = append(jobs, more...)
-		n++
-	}
-	return n
+	return st.runAll(jobs)
 }
 
 // retry claims and runs the due exception rows; it returns how many ran.
