@@ -243,3 +243,30 @@ func TestAKeyIsKeptNoLongerThanMaxKeyKeepHolds(t *testing.T) {
 		"leases acquired MaxKeyKeep KeyHolds ago go with their range, so a retry elsewhere finds them free")
 	require.Equal(t, 10, st.runAll(second))
 }
+
+// A flush tick between ranges (none in flight, the next claim not yet made)
+// is no reason to let kept keys go: only KeyHold, a claim that finds the
+// stream drained, contention, hand-back or MaxKeyKeep are.
+func TestAFlushTickBetweenRangesKeepsTheKeptKeys(t *testing.T) {
+	st, first, second := twoRangesOfTenKeys(t, func(*order, int) error { return nil })
+	ctx := context.Background()
+	before := st.leaseTokens()
+	require.Equal(t, 10, st.runAll(first))
+	require.Equal(t, 10, st.runAll(second))
+	require.NoError(t, st.ranges.Flush(ctx))
+	require.Equal(t, before, st.leaseTokens(), "no range in flight, KeyHold not over: every key is kept")
+
+	st.mock.Add(claimer.DefaultKeyHold / 2)
+	third, err := st.ranges.Claim(ctx)
+	require.NoError(t, err)
+	require.Len(t, third, 10, "the kept keys run the next range at once")
+	require.Zero(t, st.stats.Deferred.Load())
+	require.Equal(t, 10, st.runAll(third))
+
+	st.mock.Add(claimer.DefaultKeyHold / 2)
+	require.NoError(t, st.ranges.Flush(ctx))
+	require.ElementsMatch(t, keyRange(0, 10), keysOf(st.leaseTokens()),
+		"k10..k19, idle for KeyHold, go on the flush tick; k0..k9 were used again by the third range")
+	st.drainRanges()
+	require.Empty(t, st.leaseTokens())
+}

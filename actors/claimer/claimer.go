@@ -1077,15 +1077,17 @@ func (a *Actor) dueKept(now time.Time, all bool) []store.KeyLease {
 	return out
 }
 
-// releaseKept lets go of the kept keys that are due (all of them when no
-// range is in flight or a key was busy lately) in a statement of their own:
-// the flush tick's, when no commit came to carry them.
+// releaseKept lets go of the kept keys that are due (all of them when asked
+// or a key was busy lately) in a statement of their own: the flush tick's,
+// when no commit came to carry them. A tick between two ranges lets go of
+// only the due ones: the claim that finds the stream drained releases the
+// rest (claimWith).
 func (a *Actor) releaseKept(ctx context.Context, all bool) error {
 	if a.nkept == 0 {
 		return nil
 	}
 	now := a.cfg.Clock.Now()
-	keys := a.dueKept(now, all || len(a.ranges) == 0 || !a.keeping(now))
+	keys := a.dueKept(now, all || !a.keeping(now))
 	_, err := a.db.ReleaseKeys(ctx, keys)
 	return err // on failure the rows stay under tokens the claimer no longer holds: Reconcile lets them go
 }
