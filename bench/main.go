@@ -226,10 +226,12 @@ func run(ctx context.Context, c config) (err error) {
 		}
 	}
 	started := wall.Now()
+	b.lapAt = started
 	if c.want("raw") {
 		if err := b.raw(ctx, pcfg.ConnConfig); err != nil {
 			return fmt.Errorf("raw baselines: %w", err)
 		}
+		b.lap("raw")
 	}
 	if c.want("produce") || c.want("burndown") || c.want("latency") || c.want("fanout") || c.want("selective") || c.want("keys") || c.want("growth") {
 		if err := b.streams(ctx); err != nil {
@@ -240,11 +242,13 @@ func run(ctx context.Context, c config) (err error) {
 		if err := b.capacity(ctx); err != nil {
 			return err
 		}
+		b.lap("capacity")
 	}
 	if c.want("scale") {
 		if err := b.scale(ctx); err != nil {
 			return fmt.Errorf("scale: %w", err)
 		}
+		b.lap("scale")
 	}
 	// The peers, after sqlstreams, whose burn-down they are compared to; then
 	// the reference points outside PostgreSQL, where the machine runs them.
@@ -258,6 +262,7 @@ func run(ctx context.Context, c config) (err error) {
 		if err := w.run(ctx); err != nil {
 			return fmt.Errorf("%s: %w", w.name, err)
 		}
+		b.lap(w.name)
 	}
 	if c.statements {
 		if err := b.topStatements(ctx); err != nil {
@@ -276,6 +281,16 @@ type bench struct {
 	pool   *pgxpool.Pool
 	rep    *report
 	logger *slog.Logger
+	lapAt  time.Time // when the last section ended (lap)
+}
+
+// lap records the wall time since the last lap as the named section's, so a
+// report says where its elapsed time went (the peers' fixed volumes, the
+// growth workload's 10M rows).
+func (b *bench) lap(name string) {
+	now := wall.Now()
+	b.rep.Sections = append(b.rep.Sections, section{Name: name, Seconds: now.Sub(b.lapAt).Seconds()})
+	b.lapAt = now
 }
 
 // checkpoint starts a timed run with no vacuum owed and a clean WAL, so no

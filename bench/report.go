@@ -51,6 +51,15 @@ type report struct {
 	CapacityRuns   []capacityRun `json:"capacity_runs,omitempty"`
 	CapacityRate   int           `json:"capacity_rate,omitempty"`
 	CapacityWindow string        `json:"capacity_window,omitempty"`
+	// Sections are the wall time of each part of the run, in run order.
+	Sections []section `json:"sections,omitempty"`
+}
+
+// section is one part of a run and the wall time it took, set-up (backlogs,
+// registrations) included.
+type section struct {
+	Name    string  `json:"name"`
+	Seconds float64 `json:"seconds"`
 }
 
 // peerInfo is a peer library the run measured beside sqlstreams: the module
@@ -449,6 +458,16 @@ func (r *report) markdown() string {
 	}
 	if r.Params.KeysN > 0 {
 		p(", failures/keys -keysn %d", r.Params.KeysN)
+	}
+	if len(r.Sections) > 0 {
+		p("\n- wall time by section:")
+		for i, sec := range r.Sections {
+			sep := ","
+			if i == 0 {
+				sep = ""
+			}
+			p("%s %s %.0f s", sep, sec.Name, sec.Seconds)
+		}
 	}
 	p("\n\n")
 	if len(r.Results) > 0 {

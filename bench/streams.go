@@ -74,6 +74,7 @@ func (b *bench) streams(ctx context.Context) error {
 			batch.add(label, rate)
 			backlog = s // the last run's stream holds exactly n messages
 		}
+		b.lap("produce")
 	}
 	ensureBacklog := func() error {
 		if backlog != nil {
@@ -130,6 +131,7 @@ func (b *bench) streams(ctx context.Context) error {
 			rawRes.add(label, rate)
 			rawRes.addCPU(c0, c1, ok, b.c.n)
 		}
+		b.lap("burndown")
 	}
 	if b.c.want("latency") {
 		// The offered loads are fractions of our maximum single-message
@@ -182,6 +184,7 @@ func (b *bench) streams(ctx context.Context) error {
 				lat[i].Runs = append(lat[i].Runs, run)
 			}
 		}
+		b.lap("latency")
 	}
 	if b.c.want("fanout") {
 		if err := ensureBacklog(); err != nil {
@@ -205,6 +208,7 @@ func (b *bench) streams(ctx context.Context) error {
 				res[i].add(label, rate)
 			}
 		}
+		b.lap("fanout")
 	}
 	if b.c.want("selective") {
 		for r := 1; r <= b.c.runs; r++ {
@@ -218,12 +222,14 @@ func (b *bench) streams(ctx context.Context) error {
 			}
 			b.rep.Selective = append(b.rep.Selective, x)
 		}
+		b.lap("selective")
 	}
 	// Last, so the workloads above run exactly as they did before it existed.
 	if b.c.want("keys") {
 		if err := b.keys(ctx, newStream); err != nil {
 			return fmt.Errorf("failures/keys: %w", err)
 		}
+		b.lap("keys")
 	}
 	if b.c.want("growth") {
 		var sizes []int
@@ -237,6 +243,7 @@ func (b *bench) streams(ctx context.Context) error {
 		if err := b.growth(ctx, newStream, sizes); err != nil {
 			return fmt.Errorf("growth: %w", err)
 		}
+		b.lap("growth")
 	}
 	return b.deadTuples(ctx)
 }
