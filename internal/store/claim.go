@@ -39,16 +39,39 @@ type Message struct {
 // one allocation per message (otherwise the claim's largest allocation). The log stores payloads as json, whose wire form in
 // either format is the JSON text itself. A NULL payload (a message the
 // group's bindings do not route to it) stays nil.
-type payloadSlab struct{ buf []byte }
+//
+// A slab is sized for the rows still to come, each as large as the row that
+// starts it, plus a sixteenth: uniform rows fit one slab with little to
+// spare. (It was sized for twice the rows to come, so every claim of 1,000
+// 1 KB messages allocated, zeroed and page-faulted 2 MB to hold 1 MB: 41% of
+// the burn-down's allocated bytes, and the garbage collector's and the
+// scavenger's work with them.)
+type payloadSlab struct {
+	buf       []byte
+	allocated int // bytes of every slab started, for tests
+}
 
-// copy returns a copy of raw; when the slab is full it starts a new one
-// sized for the expected more payloads of about this size.
-func (s *payloadSlab) copy(raw []byte, more int) []byte {
-	if raw == nil {
-		return nil
+// row copies one claimed row's payload, options and headers; left is the
+// number of rows still to copy, this one included.
+func (s *payloadSlab) row(payload, options, headers []byte, left int) (p, o, h []byte) {
+	need := len(payload) + len(options) + len(headers)
+	if cap(s.buf)-len(s.buf) < need {
+		size := need * max(left, 1)
+		size = max(size+size/16, 4096)
+		s.buf = make([]byte, 0, size)
+		s.allocated += size
 	}
-	if cap(s.buf)-len(s.buf) < len(raw) {
-		s.buf = make([]byte, 0, max(len(raw)*max(more, 1), 4096))
+	return s.copy(payload), s.copy(options), s.copy(headers)
+}
+
+// copy returns a copy of raw in the slab, which has room for it; nil and
+// empty stay nil.
+func (s *payloadSlab) copy(raw []byte) []byte {
+	if len(raw) == 0 {
+		if raw == nil {
+			return nil
+		}
+		return []byte{}
 	}
 	start := len(s.buf)
 	s.buf = append(s.buf, raw...)
@@ -100,13 +123,14 @@ func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool,
 			return r, false, fmt.Errorf("claim range: scan: %w", err)
 		}
 		raw := rows.RawValues()
-		m.Payload = slab.copy(raw[8], 2*(a.Limit-len(r.Messages)))
+		var options, headers []byte
 		if len(raw[9]) > 0 {
-			m.Options = slab.copy(raw[9], 2*(a.Limit-len(r.Messages)))
+			options = raw[9]
 		}
 		if len(raw[12]) > 0 {
-			m.Headers = slab.copy(raw[12], 2*(a.Limit-len(r.Messages)))
+			headers = raw[12]
 		}
+		m.Payload, m.Options, m.Headers = slab.row(raw[8], options, headers, a.Limit-len(r.Messages))
 		r.Messages = append(r.Messages, m)
 	}
 	if err := rows.Err(); err != nil {
@@ -114,6 +138,11 @@ func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool,
 	}
 	return r, len(r.Messages) > 0, nil
 }
+
+// reclaimSlabRows is the rows a reclaim's slab is sized for: the range's
+// size is not known before its rows arrive, and a slab per row cost 4 KB a
+// 1 KB message.
+const reclaimSlabRows = 64
 
 // ReclaimRange takes over one expired lease of the group with a new token.
 func (g Group) ReclaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool, err error) {
@@ -138,7 +167,7 @@ func (g Group) ReclaimRange(ctx context.Context, a ClaimParams) (r Range, ok boo
 		if mid == nil { // a lease over positions that no longer exist
 			continue
 		}
-		m.Payload = slab.copy(rows.RawValues()[9], 1)
+		m.Payload, _, _ = slab.row(rows.RawValues()[9], nil, nil, reclaimSlabRows)
 		m.Xid, m.ID, m.ProducedAt, m.Version, m.RoutingKey, m.Key = *mxid, *mid, *at, int(*ver), *rk, *key
 		r.Messages = append(r.Messages, m)
 	}
