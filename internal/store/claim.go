@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -98,21 +99,38 @@ type ClaimParams struct {
 }
 
 // ClaimRange hands out the next range of final positions, or ok=false when
-// none is available.
+// none is available. It takes two statements: the first moves the cursor
+// and writes the lease (and commits: the cursor's lock is held for one
+// short statement, not while a megabyte of messages goes out), the second
+// reads the range's messages by its bounds. The claim used to be one
+// statement, whose data-modifying CTEs made PostgreSQL run it to completion
+// into a tuplestore before sending a row: every claimed message was copied
+// (and its memory zeroed) once more on the server, a fifth of the server's
+// CPU in the burn-down (perf, BENCHMARKS.md, session 20). If the second
+// statement fails, the range stays leased to this owner, unread, until its
+// lease lapses and a sweep reclaims it, as when a claim's reply is lost.
 func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool, err error) {
-	rows, err := g.st.pool.Query(ctx, g.sql(claimSQL), g.GroupID, a.Limit, a.Now, a.Owner, a.Lease)
+	var loXid, loID, hiXid, hiID int64
+	err = g.st.pool.QueryRow(ctx, g.sql(claimSQL), g.GroupID, a.Limit, a.Now, a.Owner, a.Lease).
+		Scan(&r.ID, &r.Token, &loXid, &loID, &hiXid, &hiID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, false, nil
+	}
 	if err != nil {
 		return r, false, fmt.Errorf("claim range: %w", err)
+	}
+	rows, err := g.st.pool.Query(ctx, g.sql(claimMessagesSQL), g.GroupID, loXid, loID, hiXid, hiID, a.Limit)
+	if err != nil {
+		return r, false, fmt.Errorf("claim range %d: read its messages: %w", r.ID, err)
 	}
 	defer rows.Close()
 	r.Messages = make([]Message, 0, a.Limit)
 	var slab payloadSlab
 	var m Message
-	// The range's columns repeat on every row: scanned from the first only
-	// (a token string per row was the claim's largest allocation). Payload
-	// and options are copied into the slab.
-	first := []any{&r.ID, &r.Token, &m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, nil, nil, &m.Matched, &r.Bindings, nil}
-	rest := []any{nil, nil, &m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, nil, nil, &m.Matched, nil, nil}
+	// The binding declaration repeats on every row: scanned from the first
+	// only. Payload, options and headers are copied into the slab.
+	first := []any{&m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, nil, nil, &m.Matched, &r.Bindings, nil}
+	rest := []any{&m.Xid, &m.ID, &m.ProducedAt, &m.Version, &m.RoutingKey, &m.Key, nil, nil, &m.Matched, nil, nil}
 	for rows.Next() {
 		m = Message{}
 		dst := rest
@@ -120,23 +138,25 @@ func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool,
 			dst = first
 		}
 		if err := rows.Scan(dst...); err != nil {
-			return r, false, fmt.Errorf("claim range: scan: %w", err)
+			return r, false, fmt.Errorf("claim range %d: scan: %w", r.ID, err)
 		}
 		raw := rows.RawValues()
 		var options, headers []byte
-		if len(raw[9]) > 0 {
-			options = raw[9]
+		if len(raw[7]) > 0 {
+			options = raw[7]
 		}
-		if len(raw[12]) > 0 {
-			headers = raw[12]
+		if len(raw[10]) > 0 {
+			headers = raw[10]
 		}
-		m.Payload, m.Options, m.Headers = slab.row(raw[8], options, headers, a.Limit-len(r.Messages))
+		m.Payload, m.Options, m.Headers = slab.row(raw[6], options, headers, a.Limit-len(r.Messages))
 		r.Messages = append(r.Messages, m)
 	}
 	if err := rows.Err(); err != nil {
-		return r, false, fmt.Errorf("claim range: %w", err)
+		return r, false, fmt.Errorf("claim range %d: read its messages: %w", r.ID, err)
 	}
-	return r, len(r.Messages) > 0, nil
+	// A range whose positions are gone (never, short of a manual delete)
+	// comes back empty: the claimer settles it at once.
+	return r, true, nil
 }
 
 // reclaimSlabRows is the rows a reclaim's slab is sized for: the range's
@@ -241,9 +261,9 @@ WHERE backend_xid IS NOT NULL AND backend_xid::text::bigint = ($1::bigint & 4294
 
 // The claim statements.
 
-// One statement, one round trip: lock the cursor, find the next
-// positions that are final (xid below the snapshot's xmin), move the
-// head, write the lease and return the range's messages.
+// The claim: lock the cursor, find the next positions that are final
+// (xid below the snapshot's xmin), move the head and write the lease,
+// returning the range's bounds (its messages are the next statement's).
 // The bounds reach the log scans as scalar subqueries (InitPlan
 // parameters) because only then does the planner use them as index
 // conditions; a join against cur would scan the log from its start.
@@ -253,8 +273,7 @@ WHERE backend_xid IS NOT NULL AND backend_xid::text::bigint = ($1::bigint & 4294
 // head with a bitmap scan and sorted it, on every custom-planned
 // execution. As a subquery, the limit makes it plan for the first
 // rows, an ordered index scan. The upper bound comes from the index
-// alone; the messages are then read by both bounds, in order, without
-// materializing them in a CTE.
+// alone.
 var claimSQL = perStream(`-- store.ClaimRange
 WITH cur AS (
     SELECT head_xid, head_id FROM {s}.{t}_cursor WHERE group_id = $1 FOR UPDATE
@@ -273,19 +292,30 @@ WITH cur AS (
     UPDATE {s}.{t}_cursor c SET head_xid = last.xid, head_id = last.id, updated_at = coalesce($3, now())
     FROM last WHERE c.group_id = $1
     RETURNING c.group_id
-), rng AS (
-    INSERT INTO {s}.{t}_range (group_id, lo_xid, lo_id, hi_xid, hi_id, token, owner, claimed_at, expires_at)
-    SELECT $1, cur.head_xid, cur.head_id, last.xid, last.id, gen_random_uuid(), $4,
-           coalesce($3, now()), coalesce($3, now()) + $5::interval
-    FROM cur, last, moved
-    RETURNING id, token, lo_xid, lo_id, hi_xid, hi_id
+)
+INSERT INTO {s}.{t}_range (group_id, lo_xid, lo_id, hi_xid, hi_id, token, owner, claimed_at, expires_at)
+SELECT $1, cur.head_xid, cur.head_id, last.xid, last.id, gen_random_uuid(), $4,
+       coalesce($3, now()), coalesce($3, now()) + $5::interval
+FROM cur, last, moved
+RETURNING id, token::text, lo_xid, lo_id, hi_xid, hi_id`)
+
+// The range's messages, by its bounds ($2–$5), after the claim above has
+// committed: its positions are final, so every later snapshot sees them. A
+// plain SELECT streams its rows as it reads them. The bounds reach the scan
+// through a CTE referenced more than once (materialized, so its values are
+// InitPlan parameters the planner cannot see) and the limit as a subquery,
+// for the reasons the claim's comment gives: the plan is an ordered scan of
+// the log's (xid, id) index between the bounds, whatever the statistics.
+var claimMessagesSQL = perStream(`-- store.ClaimRange: the range's messages
+WITH rng AS (
+    SELECT $2::bigint AS lo_xid, $3::bigint AS lo_id, $4::bigint AS hi_xid, $5::bigint AS hi_id
 ), binds AS (
     -- The group's binding set, read in this statement's snapshot: every
     -- claim filters by exactly one declared set.
     SELECT array_agg(regex) AS rx, coalesce(max(declaration_id), 0) AS decl
     FROM {s}.{t}_binding WHERE group_id = $1
 )
-SELECT (SELECT id FROM rng), (SELECT token::text FROM rng), b.xid, b.id, b.produced_at, b.version,
+SELECT b.xid, b.id, b.produced_at, b.version,
        coalesce(b.routing_key, ''), coalesce(b.message_key, ''),
        CASE WHEN mt.matched THEN b.payload::text END, coalesce(b.options::text, ''), mt.matched, (SELECT decl FROM binds),
        CASE WHEN mt.matched THEN b.headers::text END
@@ -297,7 +327,7 @@ WHERE (b.xid, b.id) > ((SELECT lo_xid FROM rng), (SELECT lo_id FROM rng))
   AND (b.xid, b.id) <= ((SELECT hi_xid FROM rng), (SELECT hi_id FROM rng))
   AND b.xid >= (SELECT lo_xid FROM rng) AND b.xid <= (SELECT hi_xid FROM rng) -- chunk pruning
 ORDER BY b.xid, b.id
-LIMIT (SELECT $2::int)`)
+LIMIT (SELECT $6::int)`)
 
 var reclaimSQL = perStream(`-- store.ReclaimRange
 WITH r AS (

@@ -80,8 +80,11 @@ SELECT now(), 1, '{"a":1}' FROM generate_series(1, 100000)`)
 			// claim (a connection's first five executions) read the whole
 			// backlog, 200–850 ms at 200,000 messages.
 			"claim 1000": {tb.sql(claimSQL), []any{groupID, 1000, nil, owner, time.Minute}},
-			"reclaim":    {tb.sql(reclaimSQL), []any{groupID, nil, owner, time.Minute}},
-			"gate":       {tb.sql(gateProbeSQL), []any{groupID, nil}},
+			// A range's messages, read by bounds the planner cannot see
+			// (here the first 1,000 positions: xids are at least 1).
+			"claim messages": {tb.sql(claimMessagesSQL), []any{groupID, int64(0), int64(0), int64(1) << 40, int64(1) << 40, 1000}},
+			"reclaim":        {tb.sql(reclaimSQL), []any{groupID, nil, owner, time.Minute}},
+			"gate":           {tb.sql(gateProbeSQL), []any{groupID, nil}},
 		} {
 			reclaim := name == "reclaim"
 			name = name + ", " + stats
