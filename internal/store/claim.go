@@ -107,8 +107,9 @@ type ClaimParams struct {
 // into a tuplestore before sending a row: every claimed message was copied
 // (and its memory zeroed) once more on the server, a fifth of the server's
 // CPU in the burn-down (perf, BENCHMARKS.md, session 20). If the second
-// statement fails, the range stays leased to this owner, unread, until its
-// lease lapses and a sweep reclaims it, as when a claim's reply is lost.
+// statement fails, the range stays leased to this owner, unread, as when a
+// claim's reply is lost: the claimer's reconcile lets go of a lease it does
+// not know, and a sweep reclaims it (TestALostClaimReplyIsLetGo).
 func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool, err error) {
 	var loXid, loID, hiXid, hiID int64
 	err = g.st.pool.QueryRow(ctx, g.sql(claimSQL), g.GroupID, a.Limit, a.Now, a.Owner, a.Lease).
