@@ -65,8 +65,8 @@ func (s *payloadSlab) row(payload, options, headers []byte, left int) (p, o, h [
 	return s.copy(payload), s.copy(options), s.copy(headers)
 }
 
-// copy returns a copy of raw in the slab, which has room for it; nil and
-// empty stay nil.
+// copy returns a copy of raw in the slab, which has room for it; nil stays
+// nil (a NULL column) and empty stays empty.
 func (s *payloadSlab) copy(raw []byte) []byte {
 	if len(raw) == 0 {
 		if raw == nil {
