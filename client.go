@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -85,6 +86,39 @@ type ClientConfig struct {
 	// consumer's CPU); StandardJSON is encoding/json itself. Producers
 	// always encode with encoding/json.
 	Decoder Decoder
+	// EngineConns is how many of the pool's connections the consumers'
+	// claim path (claims, commits, key leases, exception claims and
+	// settlements, lease renewals) uses at once: it runs in that many lanes,
+	// each running one statement at a time on a connection it keeps while a
+	// consumer session runs and the pool has others idle (decision 0048).
+	// Every PostgreSQL backend warms its own caches for each stream's
+	// tables; over 1,000 streams, a claim path spread over a pool of 16
+	// connections a process ran at half the rate of one kept to 3 of them.
+	// Default (0): GOMAXPROCS, at most half the pool's MaxConns (none for a
+	// pool of one). NoEngineLanes turns lanes off: every statement takes
+	// whatever connection the pool gives. It must be below the pool's
+	// MaxConns: heartbeats, produces and the application need the rest.
+	EngineConns int
+}
+
+// NoEngineLanes is the ClientConfig.EngineConns that puts no bound on the
+// claim path's connections and keeps no stream to one.
+const NoEngineLanes = -1
+
+// engineLanes resolves ClientConfig.EngineConns against the pool.
+func engineLanes(n int, pool *pgxpool.Pool) (int, error) {
+	maxConns := int(pool.Config().MaxConns)
+	switch {
+	case n == NoEngineLanes:
+		return 0, nil
+	case n < 0:
+		return 0, fmt.Errorf("%w: ClientConfig.EngineConns %d: must be positive, 0 (the default: half the pool) or NoEngineLanes", ErrInvalidConfig, n)
+	case n == 0: // none for a pool of one: the heartbeats need a connection too
+		return min(runtime.GOMAXPROCS(0), maxConns/2), nil
+	case n >= maxConns:
+		return 0, fmt.Errorf("%w: ClientConfig.EngineConns %d must be below the pool's MaxConns %d: heartbeats, produces and the application need the rest", ErrInvalidConfig, n, maxConns)
+	}
+	return n, nil
 }
 
 // Backoff is a retry curve for the client's own store calls: the first
@@ -203,10 +237,15 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg *ClientConfig) (*Cli
 	if pool == nil {
 		return nil, fmt.Errorf("%w: NewClient needs a *pgxpool.Pool, got nil", ErrInvalidConfig)
 	}
+	lanes, err := engineLanes(c.EngineConns, pool)
+	if err != nil {
+		return nil, fmt.Errorf("new client: %w", err)
+	}
 	st, err := store.New(pool, c.Schema)
 	if err != nil {
 		return nil, fmt.Errorf("new client: %w", err)
 	}
+	st.SetLanes(lanes)
 	if c.DisableMigrate {
 		err = st.CheckSchema(ctx)
 	} else {

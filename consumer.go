@@ -577,6 +577,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 			return oneManagerAProcess{turn: client.managerTurn, svc: client.Manager().actor(o.InstanceTTL, stop)}
 		}
 	}
+	defer client.store.Session()()
 	health := outage.NewHealth(client.cfg.Clock, o.InstanceTTL)
 	defer health.Close()
 	defer o.Readiness.attach(health)()

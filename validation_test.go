@@ -192,3 +192,21 @@ func TestDisableMigrateChecksAndCreatesNothing(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotMigrated)
 	require.ErrorContains(t, err, "this library needs")
 }
+
+// EngineConns is checked against the pool: a lane count the pool cannot
+// spare is refused naming the field and the rule, and NoEngineLanes turns
+// the lanes off.
+func TestEngineConnsMustLeaveThePoolRoom(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	maxConns := int(pool.Config().MaxConns)
+	for _, n := range []int{maxConns, maxConns + 5, -2} {
+		_, err := NewClient(ctx, pool, &ClientConfig{Schema: pgtest.Schema(t), EngineConns: n})
+		require.ErrorIs(t, err, ErrInvalidConfig, "EngineConns %d", n)
+		require.ErrorContains(t, err, "ClientConfig.EngineConns")
+	}
+	for _, n := range []int{0, 1, maxConns - 1, NoEngineLanes} {
+		_, err := NewClient(ctx, pool, &ClientConfig{Schema: pgtest.Schema(t), EngineConns: n})
+		require.NoError(t, err, "EngineConns %d", n)
+	}
+}

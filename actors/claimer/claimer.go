@@ -382,7 +382,7 @@ type Actor struct {
 
 // New returns a range claimer.
 func New(cfg Config) *Actor {
-	a := &Actor{cfg: cfg, db: cfg.Store.Group(cfg.StreamID, cfg.GroupID), runner: cfg.newRunner(),
+	a := &Actor{cfg: cfg, db: cfg.Store.Group(cfg.StreamID, cfg.GroupID).InLane(false), runner: cfg.newRunner(),
 		outage: cfg.reporter("claimer store call")}
 	a.reset()
 	return a

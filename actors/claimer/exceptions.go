@@ -98,7 +98,7 @@ func NewExceptionActor(cfg ExceptionConfig) *ExceptionActor {
 		cfg.Chain = 0
 	}
 	cfg.Prefetch = max(cfg.Prefetch, 0)
-	return &ExceptionActor{cfg: cfg, db: cfg.Store.Group(cfg.StreamID, cfg.GroupID), running: map[store.Position]*excRun{},
+	return &ExceptionActor{cfg: cfg, db: cfg.Store.Group(cfg.StreamID, cfg.GroupID).InLane(true), running: map[store.Position]*excRun{},
 		runner: cfg.newRunner(),
 		outage: cfg.reporter("exception claimer store call")}
 }

@@ -112,7 +112,7 @@ type ClaimParams struct {
 // not know, and a sweep reclaims it (TestALostClaimReplyIsLetGo).
 func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool, err error) {
 	var loXid, loID, hiXid, hiID int64
-	err = g.st.pool.QueryRow(ctx, g.sql(claimSQL), g.GroupID, a.Limit, a.Now, a.Owner, a.Lease).
+	err = g.db().QueryRow(ctx, g.sql(claimSQL), g.GroupID, a.Limit, a.Now, a.Owner, a.Lease).
 		Scan(&r.ID, &r.Token, &loXid, &loID, &hiXid, &hiID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
@@ -120,7 +120,7 @@ func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool,
 	if err != nil {
 		return r, false, fmt.Errorf("claim range: %w", err)
 	}
-	rows, err := g.st.pool.Query(ctx, g.sql(claimMessagesSQL), g.GroupID, loXid, loID, hiXid, hiID, a.Limit)
+	rows, err := g.db().Query(ctx, g.sql(claimMessagesSQL), g.GroupID, loXid, loID, hiXid, hiID, a.Limit)
 	if err != nil {
 		return r, false, fmt.Errorf("claim range %d: read its messages: %w", r.ID, err)
 	}
@@ -167,7 +167,7 @@ const reclaimSlabRows = 64
 
 // ReclaimRange takes over one expired lease of the group with a new token.
 func (g Group) ReclaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool, err error) {
-	rows, err := g.st.pool.Query(ctx, g.sql(reclaimSQL), g.GroupID, a.Now, a.Owner, a.Lease)
+	rows, err := g.db().Query(ctx, g.sql(reclaimSQL), g.GroupID, a.Now, a.Owner, a.Lease)
 	if err != nil {
 		return r, false, fmt.Errorf("reclaim range: %w", err)
 	}
@@ -212,7 +212,7 @@ type Gate struct {
 // claimer's sweep whether it has anything to claim.
 func (g Group) GateProbe(ctx context.Context, now Now) (Gate, error) {
 	var gate Gate
-	if err := g.st.pool.QueryRow(ctx, g.sql(gateProbeSQL), g.GroupID, now).Scan(&gate.Xmin, &gate.Pending, &gate.Expired); err != nil {
+	if err := g.db().QueryRow(ctx, g.sql(gateProbeSQL), g.GroupID, now).Scan(&gate.Xmin, &gate.Pending, &gate.Expired); err != nil {
 		return gate, fmt.Errorf("gate probe: %w", err)
 	}
 	return gate, nil
@@ -226,7 +226,7 @@ func (g Group) GateProbe(ctx context.Context, now Now) (Gate, error) {
 // sweep finds nothing.
 func (g Group) LeasesExpired(ctx context.Context, now Now) (bool, error) {
 	var expired bool
-	if err := g.st.pool.QueryRow(ctx, g.sql(leasesExpiredSQL), g.GroupID, now).Scan(&expired); err != nil {
+	if err := g.db().QueryRow(ctx, g.sql(leasesExpiredSQL), g.GroupID, now).Scan(&expired); err != nil {
 		return false, fmt.Errorf("look for expired leases: %w", err)
 	}
 	return expired, nil

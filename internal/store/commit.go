@@ -76,12 +76,12 @@ func (g Group) CommitRange(ctx context.Context, s RangeCommit) error {
 	var exists bool
 	var row pgx.Row
 	if len(s.Exceptions) == 0 && len(s.Deliveries) == 0 && len(s.Keys) == 0 {
-		row = g.st.pool.QueryRow(ctx, g.sql(commitPlainSQL), s.RangeID, s.Token)
+		row = g.db().QueryRow(ctx, g.sql(commitPlainSQL), s.RangeID, s.Token)
 	} else {
 		xs := exceptionColumns(s.Exceptions)
 		ds := deliveryColumns(s.Deliveries)
 		knames, ktokens := keyArrays(s.Keys)
-		row = g.st.pool.QueryRow(ctx, g.sql(commitSQL), s.RangeID, s.Token, s.Now,
+		row = g.db().QueryRow(ctx, g.sql(commitSQL), s.RangeID, s.Token, s.Now,
 			xs.xids, xs.ids, xs.keys, xs.concs, xs.statuses, xs.attempts, xs.delays, xs.errs, xs.afters,
 			ds.xids, ds.ids, ds.attempts, ds.outcomes, ds.errs, knames, ktokens, g.GroupID)
 	}
@@ -145,7 +145,7 @@ type Release struct {
 // ReleaseRange hands a range back for immediate reclaim.
 func (g Group) ReleaseRange(ctx context.Context, r Release) error {
 	knames, ktokens := keyArrays(r.Keys)
-	tag, err := g.st.pool.Exec(ctx, g.sql(releaseSQL), r.RangeID, r.Token, r.Now, knames, ktokens, g.GroupID)
+	tag, err := g.db().Exec(ctx, g.sql(releaseSQL), r.RangeID, r.Token, r.Now, knames, ktokens, g.GroupID)
 	if err != nil {
 		return fmt.Errorf("release range %d: %w", r.RangeID, err)
 	}
@@ -164,7 +164,7 @@ func (g Group) ReleaseKeys(ctx context.Context, keys []KeyLease) (int64, error) 
 		return 0, nil
 	}
 	knames, ktokens := keyArrays(keys)
-	tag, err := g.st.pool.Exec(ctx, g.sql(releaseKeysSQL), g.GroupID, knames, ktokens)
+	tag, err := g.db().Exec(ctx, g.sql(releaseKeysSQL), g.GroupID, knames, ktokens)
 	if err != nil {
 		return 0, fmt.Errorf("release %d key leases: %w", len(keys), err)
 	}
@@ -190,7 +190,7 @@ func (g Group) ForgetUnknownRanges(ctx context.Context, f ForgetRanges) (ranges,
 		known = []int64{}
 	}
 	names, tokens := keyArrays(f.Keys)
-	err = g.st.pool.QueryRow(ctx, g.sql(forgetRangesSQL), g.GroupID, f.Owner, known, f.Now, names, tokens).Scan(&ranges, &leases)
+	err = g.db().QueryRow(ctx, g.sql(forgetRangesSQL), g.GroupID, f.Owner, known, f.Now, names, tokens).Scan(&ranges, &leases)
 	if err != nil {
 		return 0, 0, fmt.Errorf("forget unknown ranges: %w", err)
 	}

@@ -51,7 +51,7 @@ type ClaimExceptions struct {
 // to Prefetch more due rows of no key lease, prefetched, in log order (rows
 // come back in log order: a key's queued rows follow its head).
 func (g Group) ClaimExceptions(ctx context.Context, c ClaimExceptions) ([]ExceptionRun, error) {
-	rows, err := g.st.pool.Query(ctx, g.sql(claimExceptionsSQL), g.GroupID, c.Now, c.Limit, c.Owner, c.Lease, c.Chain, c.HoldTakeovers, max(c.Prefetch, 0))
+	rows, err := g.db().Query(ctx, g.sql(claimExceptionsSQL), g.GroupID, c.Now, c.Limit, c.Owner, c.Lease, c.Chain, c.HoldTakeovers, max(c.Prefetch, 0))
 	if err != nil {
 		return nil, fmt.Errorf("claim exceptions: %w", err)
 	}
@@ -83,7 +83,7 @@ func (g Group) ClaimExceptions(ctx context.Context, c ClaimExceptions) ([]Except
 // looks again only when wait has passed.
 func (g Group) ExceptionsDue(ctx context.Context, now Now, holdTakeovers bool) (due bool, wait time.Duration, err error) {
 	var secs *float64
-	if err := g.st.pool.QueryRow(ctx, g.sql(exceptionsDueSQL), g.GroupID, now, holdTakeovers).Scan(&due, &secs); err != nil {
+	if err := g.db().QueryRow(ctx, g.sql(exceptionsDueSQL), g.GroupID, now, holdTakeovers).Scan(&due, &secs); err != nil {
 		return false, 0, fmt.Errorf("exceptions due: %w", err)
 	}
 	if secs == nil {
@@ -123,7 +123,7 @@ func (g Group) SettleException(ctx context.Context, s Settlement) (nextStarted b
 	if s.Next != nil {
 		next, nxid, nid = s.Next.Token, s.Next.Xid, s.Next.ID
 	}
-	if err := g.st.pool.QueryRow(ctx, g.sql(settleExceptionSQL), g.GroupID, pos.Xid, pos.ID, s.Token, s.Delete,
+	if err := g.db().QueryRow(ctx, g.sql(settleExceptionSQL), g.GroupID, pos.Xid, pos.ID, s.Token, s.Delete,
 		s.Status, s.Attempts, s.Delays, s.Error, s.Now, s.After.Microseconds(), s.Outcome, s.Attempt,
 		next, nxid, nid).Scan(&n, &started); err != nil {
 		return false, fmt.Errorf("settle exception %d: %w", pos.ID, err)
@@ -166,7 +166,7 @@ func (g Group) SettleExceptions(ctx context.Context, ss []Settlement) (lost []bo
 		}
 		now = s.Now
 	}
-	rows, err := g.st.pool.Query(ctx, g.sql(settleExceptionsSQL), g.GroupID, xids, ids, tokens, dels, statuses,
+	rows, err := g.db().Query(ctx, g.sql(settleExceptionsSQL), g.GroupID, xids, ids, tokens, dels, statuses,
 		attempts, delays, errs, after, outcomes, attempt, now)
 	if err != nil {
 		return nil, fmt.Errorf("settle %d exceptions: %w", n, err)
@@ -198,7 +198,7 @@ func (g Group) ReturnRuns(ctx context.Context, runs []ExceptionRun, now Now) err
 	for i, r := range runs {
 		tokens[i], xids[i], ids[i] = r.Token, r.Xid, r.ID
 	}
-	if _, err := g.st.pool.Exec(ctx, g.sql(returnRunsSQL), g.GroupID, tokens, now, xids, ids); err != nil {
+	if _, err := g.db().Exec(ctx, g.sql(returnRunsSQL), g.GroupID, tokens, now, xids, ids); err != nil {
 		return fmt.Errorf("return queued exception rows: %w", err)
 	}
 	return nil
@@ -211,7 +211,7 @@ func (g Group) ForgetUnknownRuns(ctx context.Context, owner string, tokens []str
 	if tokens == nil {
 		tokens = []string{}
 	}
-	err = g.st.pool.QueryRow(ctx, g.sql(forgetRunsSQL), g.GroupID, owner, tokens, now).Scan(&runs, &leases)
+	err = g.db().QueryRow(ctx, g.sql(forgetRunsSQL), g.GroupID, owner, tokens, now).Scan(&runs, &leases)
 	if err != nil {
 		return 0, 0, fmt.Errorf("forget unknown runs: %w", err)
 	}

@@ -50,7 +50,7 @@ func (g Group) AcquireKeys(ctx context.Context, a AcquireKeys) (held, blocked ma
 	if len(okeys) > 0 {
 		b.Queue(g.sql(blockOrderedSQL), g.GroupID, okeys, oxids, oids, a.RangeID, a.Token)
 	}
-	br := g.st.pool.SendBatch(ctx, &b)
+	br := g.db().SendBatch(ctx, &b)
 	defer br.Close()
 	held, blocked = map[string]bool{}, map[string]bool{}
 	for q := range b.Len() {

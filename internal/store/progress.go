@@ -58,7 +58,7 @@ func (g Group) RecordProgress(ctx context.Context, ps []Progress, now Now) (map[
 	if dr == nil {
 		dr = []int64{}
 	}
-	rows, err := g.st.pool.Query(ctx, g.sql(progressSQL), g.GroupID, now, ids, tokens, xids, mids,
+	rows, err := g.db().Query(ctx, g.sql(progressSQL), g.GroupID, now, ids, tokens, xids, mids,
 		xr, xc.xids, xc.ids, xc.keys, xc.concs, xc.statuses, xc.attempts, xc.delays, xc.errs, xc.afters,
 		dr, dc.xids, dc.ids, dc.attempts, dc.outcomes, dc.errs, sr, sm)
 	if err != nil {

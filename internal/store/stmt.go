@@ -61,6 +61,7 @@ type Group struct {
 	r        *rendered
 	StreamID int64
 	GroupID  int64
+	lane     *lane // InLane's; nil: the pool
 }
 
 // Group returns the handle of group groupID of stream streamID.

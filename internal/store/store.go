@@ -68,6 +68,8 @@ type Store struct {
 	// every read on (reader.go); nil on the Store the engine gets, whose
 	// statements run on the pool.
 	tx pgx.Tx
+	// lanes, when set, run the claimers' statements (SetLanes, lanes.go).
+	lanes *laneSet
 }
 
 // New returns a Store for schema on pool. It does not touch the database.

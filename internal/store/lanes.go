@@ -1,0 +1,287 @@
+package store
+
+import (
+	"context"
+	"hash/fnv"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Engine lanes (decision 0048).
+//
+// Every PostgreSQL backend builds its own catalog caches, relation
+// descriptors and plans, and a stream's dozen tables are new to a backend
+// until it has run that stream's statements: the first claim of a stream on
+// a backend cost about six times a warm one, in planning and in execution
+// (BENCHMARKS.md, session 21). A process whose sessions took whatever
+// connection the pool gave ran every stream on every backend of its pool,
+// and over 1,000 streams nearly every claim was a first one.
+//
+// So a claimer's statements (claims, commits, key leases, exception claims
+// and settlements) run in a lane: one of a few slots per Store, each running
+// one statement at a time on a connection it keeps while statements wait
+// for it, and gives back to the pool as soon as none does. A session's
+// claimer keeps to one lane, so its stream keeps to the lane's backend while
+// there is work; the lanes bound the engine's share of the pool; and an idle
+// lane holds nothing, so nothing outlives the pool or needs a goroutine.
+
+// maxLaneUses is how many statements a lane runs on one connection before it
+// gives it back anyway, so that the pool's MaxConnLifetime (checked on
+// release) still ends it.
+const maxLaneUses = 10_000
+
+// laneSet is a Store's lanes.
+type laneSet struct {
+	lanes    []*lane
+	sessions atomic.Int32     // running consumer sessions (Session)
+	next     [2]atomic.Uint32 // InLane's turns: range claimers, exception claimers
+}
+
+// lane is one slot: turn is held while a statement runs.
+type lane struct {
+	pool    *pgxpool.Pool
+	running *atomic.Int32 // the store's sessions (Session)
+	turn    chan struct{}
+	waiting atomic.Int32
+	conn    *pgxpool.Conn // held between statements while others wait; guarded by turn
+	uses    int           // statements on conn; guarded by turn
+}
+
+// SetLanes makes the claimers' statements run in n lanes (n <= 0: none,
+// each statement takes whatever connection the pool gives).
+func (st *Store) SetLanes(n int) {
+	if n <= 0 {
+		st.lanes = nil
+		return
+	}
+	ls := &laneSet{lanes: make([]*lane, n)}
+	for i := range ls.lanes {
+		ls.lanes[i] = &lane{pool: st.pool, running: &ls.sessions, turn: make(chan struct{}, 1)}
+	}
+	st.lanes = ls
+}
+
+// InLane returns the group's handle with its statements in a lane of their
+// own kind's turn, when the store has lanes: range claimers take the lanes
+// in turn, and so do exception claimers, so that a process's busy range
+// claimers spread evenly whatever their number.
+func (g Group) InLane(exceptions bool) Group {
+	ls := g.st.lanes
+	if ls == nil {
+		return g
+	}
+	next := &ls.next[0]
+	if exceptions {
+		next = &ls.next[1]
+	}
+	g.lane = ls.lanes[int(next.Add(1)-1)%len(ls.lanes)]
+	return g
+}
+
+// laneOf is key's lane (a heartbeat's instance id), nil when the store has
+// none.
+func (st *Store) laneOf(key string) *lane {
+	if st.lanes == nil {
+		return nil
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(key))
+	return st.lanes.lanes[h.Sum64()%uint64(len(st.lanes.lanes))]
+}
+
+// onLane is where a statement of the instance key runs: its lane, or the
+// pool.
+func (st *Store) onLane(key string) Querier {
+	if l := st.laneOf(key); l != nil {
+		return l
+	}
+	return st.pool
+}
+
+// Session marks a consumer session running on the store until the returned
+// func is called. Lanes keep their connections only while a session runs:
+// when the last one ends, every lane not in a statement gives its
+// connection back, so that the pool can close.
+func (st *Store) Session() (end func()) {
+	ls := st.lanes
+	if ls == nil {
+		return func() {}
+	}
+	ls.sessions.Add(1)
+	return func() {
+		if ls.sessions.Add(-1) > 0 {
+			return
+		}
+		for _, l := range ls.lanes {
+			select {
+			case l.turn <- struct{}{}:
+				if l.conn != nil {
+					l.conn.Release()
+					l.conn = nil
+				}
+				<-l.turn
+			default: // in a statement: its done gives the connection back
+			}
+		}
+	}
+}
+
+// db is where the group's engine statements run: its lane, or the pool.
+func (g Group) db() Querier {
+	if g.lane == nil {
+		return g.st.pool
+	}
+	return g.lane
+}
+
+// acquire waits for the lane's turn and returns its connection, acquiring
+// one from the pool if it holds none; done ends the turn.
+func (l *lane) acquire(ctx context.Context) (*pgxpool.Conn, func(), error) {
+	l.waiting.Add(1)
+	select {
+	case l.turn <- struct{}{}:
+		l.waiting.Add(-1)
+	case <-ctx.Done():
+		l.waiting.Add(-1)
+		return nil, nil, ctx.Err()
+	}
+	if l.conn == nil {
+		c, err := l.pool.Acquire(ctx)
+		if err != nil {
+			<-l.turn
+			return nil, nil, err
+		}
+		l.conn, l.uses = c, 0
+	}
+	return l.conn, l.done, nil
+}
+
+// done ends a turn. The connection stays with the lane only while another
+// statement waits for it and it is fit to run one: otherwise it goes back
+// to the pool (which closes a broken one).
+func (l *lane) done() {
+	c := l.conn
+	l.uses++
+	pc := c.Conn().PgConn()
+	if l.running.Load() == 0 || (l.waiting.Load() == 0 && l.pool.Stat().IdleConns() == 0) || l.uses >= maxLaneUses || pc.IsClosed() || pc.IsBusy() || pc.TxStatus() != 'I' {
+		l.conn = nil
+		c.Release()
+	}
+	<-l.turn
+}
+
+func (l *lane) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	c, done, err := l.acquire(ctx)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	defer done()
+	return c.Exec(ctx, sql, args...)
+}
+
+func (l *lane) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	c, done, err := l.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := c.Query(ctx, sql, args...)
+	if err != nil {
+		done()
+		return nil, err
+	}
+	return &laneRows{Rows: rows, done: done}, nil
+}
+
+func (l *lane) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	rows, err := l.Query(ctx, sql, args...)
+	return laneRow{rows: rows, err: err}
+}
+
+func (l *lane) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	c, done, err := l.acquire(ctx)
+	if err != nil {
+		return failedBatch{err: err}
+	}
+	return &laneBatch{BatchResults: c.SendBatch(ctx, b), done: done}
+}
+
+// laneRows ends the lane's turn once its rows are read or closed.
+type laneRows struct {
+	pgx.Rows
+	done func()
+}
+
+func (r *laneRows) end() {
+	if r.done != nil {
+		r.done()
+		r.done = nil
+	}
+}
+
+func (r *laneRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.end()
+	return false
+}
+
+func (r *laneRows) Close() {
+	r.Rows.Close()
+	r.end()
+}
+
+// laneRow is QueryRow's row, as pgx's: the first row scanned, the rest
+// discarded, pgx.ErrNoRows when there is none.
+type laneRow struct {
+	rows pgx.Rows
+	err  error
+}
+
+func (r laneRow) Scan(dest ...any) error {
+	if r.err != nil {
+		return r.err
+	}
+	defer r.rows.Close()
+	if !r.rows.Next() {
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	r.rows.Close()
+	return r.rows.Err()
+}
+
+// laneBatch ends the lane's turn when the batch is closed.
+type laneBatch struct {
+	pgx.BatchResults
+	done func()
+}
+
+func (b *laneBatch) Close() error {
+	err := b.BatchResults.Close()
+	if b.done != nil {
+		b.done()
+		b.done = nil
+	}
+	return err
+}
+
+// failedBatch is a batch that could not start: every result is err. (The
+// embedded interface, nil, only completes the method set.)
+type failedBatch struct {
+	pgx.BatchResults
+	err error
+}
+
+func (b failedBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
+func (b failedBatch) Query() (pgx.Rows, error)         { return nil, b.err }
+func (b failedBatch) QueryRow() pgx.Row                { return laneRow{err: b.err} }
+func (b failedBatch) Close() error                     { return b.err }

@@ -1,0 +1,207 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// laneSetup is planSetup's store with n lanes and its group's range
+// claimer's handle in the first.
+func laneSetup(t *testing.T, n int) (*Store, Group) {
+	t.Helper()
+	st, streamID, groupID := planSetup(t)
+	st.SetLanes(n)
+	return st, st.Group(streamID, groupID).InLane(false)
+}
+
+// backendPID runs a statement through q and returns the backend that ran it.
+func backendPID(t *testing.T, q Querier) uint32 {
+	t.Helper()
+	var pid uint32
+	require.NoError(t, q.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pid))
+	return pid
+}
+
+// While a consumer session runs, a lane keeps its connection from one
+// statement to the next, so its streams keep to one backend; when the last
+// session ends, the connection goes back to the pool (which could not close
+// otherwise). With no session running a lane keeps nothing.
+func TestALaneKeepsItsConnectionWhileASessionRuns(t *testing.T) {
+	st, g := laneSetup(t, 2)
+	l, db := g.lane, g.db()
+	require.NotNil(t, l)
+
+	backendPID(t, db)
+	require.Nil(t, l.conn, "no session: the connection went back")
+
+	// The pool has a connection idle besides the lane's.
+	ctx := context.Background()
+	c1, err := st.pool.Acquire(ctx)
+	require.NoError(t, err)
+	c2, err := st.pool.Acquire(ctx)
+	require.NoError(t, err)
+	c1.Release()
+	c2.Release()
+	end := st.Session()
+	pid := backendPID(t, db)
+	require.NotNil(t, l.conn, "a session runs and the pool has idle connections: kept")
+	held := l.conn
+	for range 5 {
+		require.Equal(t, pid, backendPID(t, db), "the same backend")
+		require.Same(t, held, l.conn)
+	}
+	endAnother := st.Session()
+	end()
+	require.Same(t, held, l.conn, "a session still runs")
+	endAnother()
+	require.Nil(t, l.conn, "the last session ended: back in the pool")
+	require.Len(t, l.turn, 0)
+	require.Equal(t, int32(0), st.pool.Stat().AcquiredConns(), "nothing is held")
+}
+
+// A lane gives its connection back when the pool has no other idle one,
+// unless a statement of its own waits for it.
+func TestALaneGivesItsConnectionBackWhenThePoolRunsShort(t *testing.T) {
+	ctx := context.Background()
+	st, g := laneSetup(t, 1)
+	l := g.lane
+	defer st.Session()()
+	// Take every other connection the pool has.
+	var taken []interface{ Release() }
+	defer func() {
+		for _, c := range taken {
+			c.Release()
+		}
+	}()
+	c, done, err := l.acquire(ctx)
+	require.NoError(t, err)
+	for int(st.pool.Stat().TotalConns()) < int(st.pool.Config().MaxConns) || st.pool.Stat().IdleConns() > 0 {
+		o, err := st.pool.Acquire(ctx)
+		require.NoError(t, err)
+		taken = append(taken, o)
+	}
+	l.waiting.Add(1) // a statement of the lane waits
+	done()
+	require.Same(t, c, l.conn, "kept for the lane's own waiting statement")
+	l.waiting.Add(-1)
+	_, done, err = l.acquire(ctx)
+	require.NoError(t, err)
+	done()
+	require.Nil(t, l.conn, "the pool has nothing idle and nothing of the lane waits: given back")
+}
+
+// A connection that broke is given back (and closed by the pool), never kept
+// for the next statement.
+func TestALaneGivesABrokenConnectionBack(t *testing.T) {
+	ctx := context.Background()
+	st, g := laneSetup(t, 1)
+	l := g.lane
+	c, done, err := l.acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, c.Conn().Close(ctx))
+	defer st.Session()()
+	done()
+	require.Nil(t, l.conn, "even while a session runs")
+
+	var one int
+	require.NoError(t, g.db().QueryRow(ctx, "SELECT 1").Scan(&one), "the next statement takes a sound connection")
+	require.Equal(t, 1, one)
+}
+
+// Every way a statement ends (rows read, closed early, no row, an error, a
+// batch) ends the lane's turn, so the next statement runs.
+func TestEveryStatementEndsItsLanesTurn(t *testing.T) {
+	ctx := context.Background()
+	_, g := laneSetup(t, 1)
+	l, db := g.lane, g.db()
+	free := func(what string) {
+		t.Helper()
+		require.Len(t, l.turn, 0, "%s: the turn ended", what)
+	}
+
+	rows, err := db.Query(ctx, "SELECT generate_series(1, 3)")
+	require.NoError(t, err)
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, 3, n)
+	free("rows read")
+	rows.Close()
+	free("rows read, then closed")
+
+	rows, err = db.Query(ctx, "SELECT generate_series(1, 3)")
+	require.NoError(t, err)
+	require.True(t, rows.Next())
+	rows.Close()
+	free("rows closed early")
+
+	var v int
+	require.ErrorIs(t, db.QueryRow(ctx, "SELECT 1 WHERE false").Scan(&v), pgx.ErrNoRows)
+	free("no row")
+
+	var pgErr interface{ SQLState() string }
+	err = db.QueryRow(ctx, "SELECT 1/0").Scan(&v)
+	require.True(t, errors.As(err, &pgErr), "%v", err)
+	require.Equal(t, "22012", pgErr.SQLState())
+	free("an error")
+
+	_, err = db.Exec(ctx, "SELECT no_such_column")
+	require.Error(t, err)
+	free("a failed Exec")
+
+	var b pgx.Batch
+	b.Queue("SELECT 1")
+	b.Queue("SELECT 2")
+	br := db.SendBatch(ctx, &b)
+	require.NoError(t, br.QueryRow().Scan(&v))
+	require.Equal(t, 1, v)
+	require.NoError(t, br.Close())
+	free("a batch")
+}
+
+// A statement whose context ends while it waits for the lane returns the
+// context's error, and the lane goes on.
+func TestAStatementWaitingForItsLaneHonoursItsContext(t *testing.T) {
+	ctx := context.Background()
+	_, g := laneSetup(t, 1)
+	l := g.lane
+	_, done, err := l.acquire(ctx) // the turn is taken
+	require.NoError(t, err)
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	var v int
+	require.ErrorIs(t, g.db().QueryRow(cctx, "SELECT 1").Scan(&v), context.Canceled)
+	require.ErrorIs(t, g.db().SendBatch(cctx, &pgx.Batch{}).Close(), context.Canceled)
+	require.Equal(t, int32(0), l.waiting.Load())
+	done()
+	require.NoError(t, g.db().QueryRow(ctx, "SELECT 1").Scan(&v))
+	require.Equal(t, 1, v)
+}
+
+// Without lanes a group's statements take whatever the pool gives. Range
+// claimers take the lanes in turn, and so do exception claimers, so that a
+// process's claimers of either kind spread evenly.
+func TestClaimersTakeTheLanesInTurn(t *testing.T) {
+	st, streamID, groupID := planSetup(t)
+	g := st.Group(streamID, groupID)
+	require.Nil(t, g.InLane(false).lane, "no lanes")
+	require.Same(t, st.pool, g.InLane(false).db())
+	st.SetLanes(3)
+	for _, exceptions := range []bool{false, true} {
+		var got []*lane
+		for range 6 {
+			got = append(got, g.InLane(exceptions).lane)
+		}
+		for i, l := range got {
+			require.Same(t, st.lanes.lanes[i%3], l, "exception claimers %v, claimer %d", exceptions, i)
+		}
+	}
+	require.Same(t, st.laneOf("x"), st.laneOf("x"), "an instance's renewals keep to one lane")
+	require.NotNil(t, st.laneOf("x"))
+}
