@@ -66,18 +66,20 @@ func (st *Store) SetLanes(n int) {
 
 // InLane returns the group's handle with its statements in a lane of their
 // own kind's turn, when the store has lanes: range claimers take the lanes
-// in turn, and so do exception claimers, so that a process's busy range
-// claimers spread evenly whatever their number.
+// in turn from the first, and exception claimers from the last, so that a
+// process's busy range claimers spread evenly whatever their number, and a
+// session's two claimers share a lane only when there is one.
 func (g Group) InLane(exceptions bool) Group {
 	ls := g.st.lanes
 	if ls == nil {
 		return g
 	}
-	next := &ls.next[0]
-	if exceptions {
-		next = &ls.next[1]
+	n := len(ls.lanes)
+	if !exceptions {
+		g.lane = ls.lanes[int(ls.next[0].Add(1)-1)%n]
+		return g
 	}
-	g.lane = ls.lanes[int(next.Add(1)-1)%len(ls.lanes)]
+	g.lane = ls.lanes[n-1-int(ls.next[1].Add(1)-1)%n]
 	return g
 }
 
