@@ -94,8 +94,9 @@ type ClientConfig struct {
 	// Every PostgreSQL backend warms its own caches for each stream's
 	// tables; over 1,000 streams, a claim path spread over a pool of 16
 	// connections a process ran at half the rate of one kept to 3 of them.
-	// Default (0): GOMAXPROCS, at most half the pool's MaxConns (none for a
-	// pool of one). NoEngineLanes turns lanes off: every statement takes
+	// Default (0): GOMAXPROCS, at least 4, at most half the pool's MaxConns
+	// (none for a pool of one): a process's few busy sessions of one stream
+	// each have a lane, and its many sessions of many streams share few. NoEngineLanes turns lanes off: every statement takes
 	// whatever connection the pool gives. It must be below the pool's
 	// MaxConns: heartbeats, produces and the application need the rest.
 	EngineConns int
@@ -104,6 +105,11 @@ type ClientConfig struct {
 // NoEngineLanes is the ClientConfig.EngineConns that puts no bound on the
 // claim path's connections and keeps no stream to one.
 const NoEngineLanes = -1
+
+// minDefaultLanes is the least default ClientConfig.EngineConns: on a 2-core
+// machine, 2 lanes made a process's 4 sessions of one stream share them in
+// pairs (the 4-instance burn-down ran at the 2-instance rate).
+const minDefaultLanes = 4
 
 // engineLanes resolves ClientConfig.EngineConns against the pool.
 func engineLanes(n int, pool *pgxpool.Pool) (int, error) {
@@ -114,7 +120,7 @@ func engineLanes(n int, pool *pgxpool.Pool) (int, error) {
 	case n < 0:
 		return 0, fmt.Errorf("%w: ClientConfig.EngineConns %d: must be positive, 0 (the default: half the pool) or NoEngineLanes", ErrInvalidConfig, n)
 	case n == 0: // none for a pool of one: the heartbeats need a connection too
-		return min(runtime.GOMAXPROCS(0), maxConns/2), nil
+		return min(max(minDefaultLanes, runtime.GOMAXPROCS(0)), maxConns/2), nil
 	case n >= maxConns:
 		return 0, fmt.Errorf("%w: ClientConfig.EngineConns %d must be below the pool's MaxConns %d: heartbeats, produces and the application need the rest", ErrInvalidConfig, n, maxConns)
 	}
