@@ -21,12 +21,15 @@ import (
 // and over 1,000 streams nearly every claim was a first one.
 //
 // So a claimer's statements (claims, commits, key leases, exception claims
-// and settlements) run in a lane: one of a few slots per Store, each running
-// one statement at a time on a connection it keeps while statements wait
-// for it, and gives back to the pool as soon as none does. A session's
-// claimer keeps to one lane, so its stream keeps to the lane's backend while
-// there is work; the lanes bound the engine's share of the pool; and an idle
-// lane holds nothing, so nothing outlives the pool or needs a goroutine.
+// and settlements, progress) and its heartbeat's lease renewals run in a
+// lane: one of a few slots per Store, each running one statement at a time
+// on a connection it keeps between statements while a consumer session runs
+// and the pool has another connection idle (or a statement of the lane
+// waits). A claimer keeps to one lane, so its stream keeps to the lane's
+// backend; the lanes bound the claim path's share of the pool; and when the
+// last session ends every lane gives its connection back, so nothing
+// outlives the pool (pgxpool's Close waits for acquired connections) and no
+// goroutine is needed.
 
 // maxLaneUses is how many statements a lane runs on one connection before it
 // gives it back anyway, so that the pool's MaxConnLifetime (checked on
@@ -46,7 +49,7 @@ type lane struct {
 	running *atomic.Int32 // the store's sessions (Session)
 	turn    chan struct{}
 	waiting atomic.Int32
-	conn    *pgxpool.Conn // held between statements while others wait; guarded by turn
+	conn    *pgxpool.Conn // kept between statements (done's rule); guarded by turn
 	uses    int           // statements on conn; guarded by turn
 }
 
@@ -161,9 +164,10 @@ func (l *lane) acquire(ctx context.Context) (*pgxpool.Conn, func(), error) {
 	return l.conn, l.done, nil
 }
 
-// done ends a turn. The connection stays with the lane only while another
-// statement waits for it and it is fit to run one: otherwise it goes back
-// to the pool (which closes a broken one).
+// done ends a turn. The connection stays with the lane while a session runs
+// and either the pool has another idle or a statement of the lane waits,
+// and only if it is fit to run one; otherwise it goes back to the pool
+// (which closes a broken one).
 func (l *lane) done() {
 	c := l.conn
 	l.uses++
