@@ -96,9 +96,10 @@ type ClientConfig struct {
 	// connections a process ran at half the rate of one kept to 3 of them.
 	// Default (0): GOMAXPROCS, at least 4, at most half the pool's MaxConns
 	// (none for a pool of one): a process's few busy sessions of one stream
-	// each have a lane, and its many sessions of many streams share few. NoEngineLanes turns lanes off: every statement takes
-	// whatever connection the pool gives. It must be below the pool's
-	// MaxConns: heartbeats, produces and the application need the rest.
+	// each have a lane, and its many sessions of many streams share few.
+	// NoEngineLanes turns lanes off: every statement takes whatever
+	// connection the pool gives. It must be below the pool's MaxConns:
+	// heartbeats, produces and the application need the rest.
 	EngineConns int
 }
 
@@ -118,7 +119,7 @@ func engineLanes(n int, pool *pgxpool.Pool) (int, error) {
 	case n == NoEngineLanes:
 		return 0, nil
 	case n < 0:
-		return 0, fmt.Errorf("%w: ClientConfig.EngineConns %d: must be positive, 0 (the default: half the pool) or NoEngineLanes", ErrInvalidConfig, n)
+		return 0, fmt.Errorf("%w: ClientConfig.EngineConns %d: must be positive, 0 (the default: GOMAXPROCS, at least 4, at most half the pool) or NoEngineLanes (-1)", ErrInvalidConfig, n)
 	case n == 0: // none for a pool of one: the heartbeats need a connection too
 		return min(max(minDefaultLanes, runtime.GOMAXPROCS(0)), maxConns/2), nil
 	case n >= maxConns:
