@@ -123,10 +123,7 @@ func (st *Store) Session() (end func()) {
 		for _, l := range ls.lanes {
 			select {
 			case l.turn <- struct{}{}:
-				if l.conn != nil {
-					l.conn.Release()
-					l.conn = nil
-				}
+				l.giveBack()
 				<-l.turn
 			default: // in a statement: its done gives the connection back
 			}
@@ -169,14 +166,30 @@ func (l *lane) acquire(ctx context.Context) (*pgxpool.Conn, func(), error) {
 // and only if it is fit to run one; otherwise it goes back to the pool
 // (which closes a broken one).
 func (l *lane) done() {
-	c := l.conn
 	l.uses++
-	pc := c.Conn().PgConn()
-	if l.running.Load() == 0 || (l.waiting.Load() == 0 && l.pool.Stat().IdleConns() == 0) || l.uses >= maxLaneUses || pc.IsClosed() || pc.IsBusy() || pc.TxStatus() != 'I' {
-		l.conn = nil
-		c.Release()
+	if !l.keep() {
+		l.giveBack()
 	}
 	<-l.turn
+}
+
+// keep is done's rule, the pool's statistics (a lock and a copy) read last.
+func (l *lane) keep() bool {
+	pc := l.conn.Conn().PgConn()
+	switch {
+	case l.running.Load() == 0, l.uses >= maxLaneUses, pc.IsClosed(), pc.IsBusy(), pc.TxStatus() != 'I':
+		return false
+	}
+	return l.waiting.Load() > 0 || l.pool.Stat().IdleConns() > 0
+}
+
+// giveBack returns the lane's connection to the pool; the caller holds the
+// turn.
+func (l *lane) giveBack() {
+	if l.conn != nil {
+		l.conn.Release()
+		l.conn = nil
+	}
 }
 
 func (l *lane) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
