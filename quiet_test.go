@@ -349,8 +349,9 @@ func TestAWakeReachingAQuietSessionClaimsFirstAndSweepsWhenNothingIsNew(t *testi
 	require.Equal(t, before["store.GateProbe"], within(t, claimed, "the claim")["store.GateProbe"], "the wake claimed without a probe")
 
 	// Quiet again: the range committed, then a sweep's probe found nothing.
-	within(t, counter.when("store.CommitRange", before["store.CommitRange"]+1), "the commit")
-	probes := counter.snapshot()["store.GateProbe"]
+	// The counts are taken as the commit is sent: a sweep that follows it
+	// at once is counted after it, however late this goroutine reads them.
+	probes := within(t, counter.at("store.CommitRange", before["store.CommitRange"]+1), "the commit")["store.GateProbe"]
 	within(t, counter.when("store.GateProbe", probes+1), "a sweep after the commit")
 
 	// The peer stops: its hand-back wakes the stream, the claim finds no new
