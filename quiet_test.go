@@ -362,3 +362,38 @@ func TestAWakeReachingAQuietSessionClaimsFirstAndSweepsWhenNothingIsNew(t *testi
 	after := counter.snapshot()
 	require.Greater(t, after["store.ReclaimRange"], before["store.ReclaimRange"], "taken over by the wake's sweep")
 }
+
+// A burst's last range leaves no claim that finds nothing: the claim that
+// took the last claimable position says so (store.Range.Drained), and the
+// claimer's next look is a sweep's probe, a read, instead of a claim, a
+// write (a row lock, a transaction id, a commit). Over a thousand streams
+// that claim was a third of the running burn-down's claims.
+func TestABurstsLastRangeLeavesNoClaimThatFindsNothing(t *testing.T) {
+	ctx := context.Background()
+	const batch = 5
+	client, counter := countingClient(t, "", 0)
+	s := Stream[order](client, "orders")
+	require.NoError(t, s.Register(ctx, nil))
+	c, err := s.Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+	handled := make(chan string, 2*batch)
+	consume(t, c, func(_ context.Context, o *order) error { handled <- o.OrderID; return nil },
+		&ConsumeOptions{BatchLimit: batch, QueueSize: 10 * batch, ClaimPollRate: claimer.MinSweep, InstanceTTL: 1500 * time.Millisecond}) // every tick a sweep
+	within(t, counter.when("store.RenewInstances", 4), "four heartbeat statements: the session is quiet")
+
+	// Two full ranges in one transaction; the produce's wake claims both.
+	before := counter.snapshot()
+	items := make([]BatchItem[order], 2*batch)
+	for i := range items {
+		items[i].Msg = order{OrderID: fmt.Sprint(i)}
+	}
+	_, err = s.ProduceBatch(ctx, items, nil)
+	require.NoError(t, err)
+	for range 2 * batch {
+		within(t, handled, "the burst's messages")
+	}
+	// The sweep that follows the burst: what ran before its probe.
+	at := within(t, counter.at("store.GateProbe", before["store.GateProbe"]+1), "the sweep's probe after the burst")
+	require.Equal(t, 2, at["store.ClaimRange"]-before["store.ClaimRange"],
+		"two claims, each of a full range, and none that found nothing")
+}

@@ -359,13 +359,16 @@ type Actor struct {
 	// transaction's end wait for the next sweep.
 	starved, sweep bool
 	ticks          int
-	// empty: the last claim of new positions found none, so the next sweep
-	// first probes (store.GateProbe: new positions after the head? a lapsed
-	// range lease?) and claims only what the probe found. An idle session's
+	// empty: the last claim of new positions found none, or took the last
+	// claimable one (store.Range.Drained), so the next sweep first probes
+	// (store.GateProbe: new positions after the head? a lapsed range
+	// lease?) and claims only what the probe found. An idle session's
 	// sweep is then one statement, cheap to plan, instead of three (the
 	// reclaim and claim statements cost most of an idle session's server
-	// CPU in planning).
+	// CPU in planning), and a burst's end costs no claim that finds nothing.
 	empty bool
+	// found: the last claim read positions (a range claimed or reclaimed).
+	found bool
 	// begunAt is when the serve loop's begin ran: takeovers wait
 	// TakeoverGrace after it (zero for the step functions' callers).
 	begunAt time.Time
@@ -393,7 +396,7 @@ func (a *Actor) reset() {
 	a.keys = map[string]*keyState{}
 	a.kept, a.nkept, a.contended = nil, 0, time.Time{}
 	a.order, a.toCommit, a.queued = nil, nil, 0
-	a.starved, a.sweep, a.empty, a.idleProbed, a.wokenQuiet = false, true, false, false, false
+	a.starved, a.sweep, a.empty, a.found, a.idleProbed, a.wokenQuiet = false, true, false, false, false, false
 	a.leasing(a.cfg.Holdings)
 }
 
@@ -453,6 +456,7 @@ func (a *Actor) claimWith(ctx context.Context, sweep, reclaim bool) (jobs []Job,
 }
 
 func (a *Actor) claimOnce(ctx context.Context, sweep, reclaim bool) (jobs []Job, reclaimed bool, err error) {
+	a.found = false
 	if a.queued+a.cfg.BatchLimit > a.cfg.QueueSize {
 		a.starved = true
 		return nil, false, nil
@@ -503,7 +507,7 @@ func (a *Actor) claimOnce(ctx context.Context, sweep, reclaim bool) (jobs []Job,
 				return nil, true, a.quarantine(ctx, r, group, limit)
 			}
 			a.cfg.Logger.Info("reclaimed an expired range", "range", r.ID, "reclaims", r.Reclaims, "messages", len(r.Messages))
-			a.empty = false
+			a.found, a.empty = true, false
 			jobs, err := a.dispatch(ctx, r, group)
 			return jobs, true, err
 		}
@@ -529,6 +533,11 @@ func (a *Actor) claimOnce(ctx context.Context, sweep, reclaim bool) (jobs []Job,
 		}
 		return nil, false, a.checkGate(ctx, probe)
 	}
+	// A range that took the last claimable position leaves the claimer as
+	// an empty claim would have: the next claim is a sweep's, which probes
+	// first, and nothing claims at once. A wake (a produce's) still claims
+	// without a probe.
+	a.found, a.empty = true, r.Drained
 	a.clearStall()
 	jobs, err = a.dispatch(ctx, r, group)
 	return jobs, false, err
@@ -1354,8 +1363,8 @@ func (a *Actor) claim(ctx context.Context) ([]Job, bool, error) {
 	if a.wokenQuiet && !sweep && a.cfg.Liveness.Valid() {
 		a.wokenQuiet = false
 		jobs, _, err := a.claimWith(ctx, false, false)
-		if err != nil || !a.empty { // new positions (or a failure): the wake was a produce's
-			return jobs, err == nil && a.queued-before >= a.cfg.BatchLimit, err
+		if err != nil || a.found { // new positions (or a failure): the wake was a produce's
+			return jobs, err == nil && !a.empty && a.queued-before >= a.cfg.BatchLimit, err
 		}
 		a.sweep, sweep = true, true // none: a hand-back's or a reconnect's wake
 	}
@@ -1363,7 +1372,7 @@ func (a *Actor) claim(ctx context.Context) ([]Job, bool, error) {
 	if sweep && err == nil && !a.starved && a.cfg.Liveness.Valid() { // the sweep ran
 		a.sweep = reclaimed
 	}
-	return jobs, err == nil && (reclaimed || a.queued-before >= a.cfg.BatchLimit), err
+	return jobs, err == nil && (reclaimed || !a.empty && a.queued-before >= a.cfg.BatchLimit), err
 }
 
 // sweepTicks is every how many poll ticks the poll's extra work is done

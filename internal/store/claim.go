@@ -88,6 +88,9 @@ type Range struct {
 	// Bindings is the binding declaration whose set filtered this claim
 	// (0: no bindings, the whole stream).
 	Bindings int64
+	// Drained: when the range was claimed, no claimable position followed
+	// it (ClaimRange only). A claim right after it would find nothing.
+	Drained bool
 }
 
 // ClaimParams are the inputs of a claim.
@@ -112,8 +115,9 @@ type ClaimParams struct {
 // not know, and a sweep reclaims it (TestALostClaimReplyIsLetGo).
 func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool, err error) {
 	var loXid, loID, hiXid, hiID int64
+	var more bool
 	err = g.db().QueryRow(ctx, g.sql(claimSQL), g.GroupID, a.Limit, a.Now, a.Owner, a.Lease).
-		Scan(&r.ID, &r.Token, &loXid, &loID, &hiXid, &hiID)
+		Scan(&r.ID, &r.Token, &loXid, &loID, &hiXid, &hiID, &more)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}
@@ -157,6 +161,7 @@ func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool,
 	}
 	// A range whose positions are gone (never, short of a manual delete)
 	// comes back empty: the claimer settles it at once.
+	r.Drained = !more
 	return r, true, nil
 }
 
@@ -274,7 +279,9 @@ WHERE backend_xid IS NOT NULL AND backend_xid::text::bigint = ($1::bigint & 4294
 // head with a bitmap scan and sorted it, on every custom-planned
 // execution. As a subquery, the limit makes it plan for the first
 // rows, an ordered index scan. The upper bound comes from the index
-// alone.
+// alone. Whether a claimable position follows the range (beyond) is one
+// more probe of the same index, from the upper bound: a claimer that took
+// the last one probes before it claims again (Range.Drained).
 var claimSQL = perStream(`-- store.ClaimRange
 WITH cur AS (
     SELECT head_xid, head_id FROM {s}.{t}_cursor WHERE group_id = $1 FOR UPDATE
@@ -289,6 +296,14 @@ WITH cur AS (
         LIMIT (SELECT $2::int)
     ) p
     ORDER BY p.xid DESC, p.id DESC LIMIT 1
+), beyond AS (
+    SELECT coalesce((
+        SELECT true FROM {s}.{t}_log m
+        WHERE (m.xid, m.id) > ((SELECT xid FROM last), (SELECT id FROM last))
+          AND m.xid >= (SELECT xid FROM last)
+          AND m.xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+        ORDER BY m.xid, m.id
+        LIMIT 1), false) AS more
 ), moved AS (
     UPDATE {s}.{t}_cursor c SET head_xid = last.xid, head_id = last.id, updated_at = coalesce($3, now())
     FROM last WHERE c.group_id = $1
@@ -298,7 +313,7 @@ INSERT INTO {s}.{t}_range (group_id, lo_xid, lo_id, hi_xid, hi_id, token, owner,
 SELECT $1, cur.head_xid, cur.head_id, last.xid, last.id, gen_random_uuid(), $4,
        coalesce($3, now()), coalesce($3, now()) + $5::interval
 FROM cur, last, moved
-RETURNING id, token::text, lo_xid, lo_id, hi_xid, hi_id`)
+RETURNING id, token::text, lo_xid, lo_id, hi_xid, hi_id, (SELECT more FROM beyond)`)
 
 // The range's messages, by its bounds ($2–$5), after the claim above has
 // committed: its positions are final, so every later snapshot sees them. A

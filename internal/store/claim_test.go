@@ -1,0 +1,66 @@
+package store
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A claim says whether it took the last claimable position: the claimer
+// then probes (a read) before its next claim instead of running a claim
+// that would find nothing (a write: a row lock, a transaction id, a
+// commit's flush), which every burst cost every stream once.
+func TestAClaimSaysWhetherItTookTheLastPosition(t *testing.T) {
+	ctx := context.Background()
+	st, streamID, groupID := planSetup(t)
+	g := st.Group(streamID, groupID)
+	produce := func(n int) {
+		t.Helper()
+		msgs := make([]NewMessage, n)
+		for i := range msgs {
+			msgs[i] = NewMessage{Version: 1, Payload: []byte(`{"a":1}`)}
+		}
+		_, err := st.Produce(ctx, nil, StreamRef{ID: streamID}, msgs, nil)
+		require.NoError(t, err)
+	}
+	claim := func(limit int) (Range, bool) {
+		t.Helper()
+		r, ok, err := g.ClaimRange(ctx, ClaimParams{Owner: "00000000-0000-4000-8000-000000000001", Limit: limit, Lease: time.Minute})
+		require.NoError(t, err)
+		return r, ok
+	}
+
+	produce(5)
+	r, ok := claim(2)
+	require.True(t, ok)
+	require.Len(t, r.Messages, 2)
+	require.False(t, r.Drained, "three positions follow the range")
+	r, ok = claim(3)
+	require.True(t, ok)
+	require.Len(t, r.Messages, 3)
+	require.True(t, r.Drained, "a full range that took the last position")
+
+	produce(2)
+	r, ok = claim(10)
+	require.True(t, ok)
+	require.Len(t, r.Messages, 2)
+	require.True(t, r.Drained, "a short range")
+	_, ok = claim(10)
+	require.False(t, ok, "nothing left")
+
+	// A position whose transaction is still open is not claimable yet: the
+	// range before it is drained as far as the claim could see.
+	produce(1)
+	tx, err := st.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // the test's own cleanup
+	_, err = tx.Exec(ctx, "INSERT INTO "+st.s+"."+tablePrefix(streamID)+`_log (produced_at, version, payload) VALUES (now(), 1, '{"a":1}')`)
+	require.NoError(t, err)
+	produce(1) // committed, but after the open transaction's xid
+	r, ok = claim(10)
+	require.True(t, ok)
+	require.Len(t, r.Messages, 1)
+	require.True(t, r.Drained, "what follows waits behind an open transaction")
+}
