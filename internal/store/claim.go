@@ -279,31 +279,29 @@ WHERE backend_xid IS NOT NULL AND backend_xid::text::bigint = ($1::bigint & 4294
 // head with a bitmap scan and sorted it, on every custom-planned
 // execution. As a subquery, the limit makes it plan for the first
 // rows, an ordered index scan. The upper bound comes from the index
-// alone. Whether a claimable position follows the range (beyond) is one
-// more probe of the same index, from the upper bound: a claimer that took
-// the last one probes before it claims again (Range.Drained).
+// alone. The scan reads one position more than the range takes: whether
+// a claimable position follows the range (beyond), so that a claimer that
+// took the last one probes before it claims again (Range.Drained). A second
+// scan from the upper bound would open every chunk of the log once more.
 var claimSQL = perStream(`-- store.ClaimRange
 WITH cur AS (
     SELECT head_xid, head_id FROM {s}.{t}_cursor WHERE group_id = $1 FOR UPDATE
-), last AS (
-    SELECT p.xid, p.id FROM (
-        SELECT m.xid, m.id
-        FROM {s}.{t}_log m
-        WHERE (m.xid, m.id) > ((SELECT head_xid FROM cur), (SELECT head_id FROM cur))
-          AND m.xid >= (SELECT head_xid FROM cur) -- lets the executor skip chunks below the head
-          AND m.xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
-        ORDER BY m.xid, m.id
-        LIMIT (SELECT $2::int)
-    ) p
-    ORDER BY p.xid DESC, p.id DESC LIMIT 1
+), ahead AS (
+    -- The next positions, one more than a range holds: that one only says
+    -- whether a claimable position follows the range (beyond).
+    SELECT m.xid, m.id
+    FROM {s}.{t}_log m
+    WHERE (m.xid, m.id) > ((SELECT head_xid FROM cur), (SELECT head_id FROM cur))
+      AND m.xid >= (SELECT head_xid FROM cur) -- lets the executor skip chunks below the head
+      AND m.xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+    ORDER BY m.xid, m.id
+    LIMIT (SELECT $2::int + 1)
 ), beyond AS (
-    SELECT coalesce((
-        SELECT true FROM {s}.{t}_log m
-        WHERE (m.xid, m.id) > ((SELECT xid FROM last), (SELECT id FROM last))
-          AND m.xid >= (SELECT xid FROM last)
-          AND m.xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
-        ORDER BY m.xid, m.id
-        LIMIT 1), false) AS more
+    SELECT count(*) > $2::int AS more FROM ahead
+), last AS (
+    SELECT a.xid, a.id FROM ahead a
+    ORDER BY a.xid DESC, a.id DESC
+    LIMIT 1 OFFSET (SELECT CASE WHEN more THEN 1 ELSE 0 END FROM beyond)
 ), moved AS (
     UPDATE {s}.{t}_cursor c SET head_xid = last.xid, head_id = last.id, updated_at = coalesce($3, now())
     FROM last WHERE c.group_id = $1
