@@ -1364,7 +1364,7 @@ func (a *Actor) claim(ctx context.Context) ([]Job, bool, error) {
 		a.wokenQuiet = false
 		jobs, _, err := a.claimWith(ctx, false, false)
 		if err != nil || a.found { // new positions (or a failure): the wake was a produce's
-			return jobs, err == nil && !a.empty && a.queued-before >= a.cfg.BatchLimit, err
+			return jobs, err == nil && a.more(before), err
 		}
 		a.sweep, sweep = true, true // none: a hand-back's or a reconnect's wake
 	}
@@ -1372,8 +1372,12 @@ func (a *Actor) claim(ctx context.Context) ([]Job, bool, error) {
 	if sweep && err == nil && !a.starved && a.cfg.Liveness.Valid() { // the sweep ran
 		a.sweep = reclaimed
 	}
-	return jobs, err == nil && (reclaimed || !a.empty && a.queued-before >= a.cfg.BatchLimit), err
+	return jobs, err == nil && (reclaimed || a.more(before)), err
 }
+
+// more: another claim may follow at once, since the last one took a whole
+// batch (queued was before it) and did not take the last claimable position.
+func (a *Actor) more(before int) bool { return !a.empty && a.queued-before >= a.cfg.BatchLimit }
 
 // sweepTicks is every how many poll ticks the poll's extra work is done
 // (see MinSweep): 1 unless ClaimPollRate is below MinSweep.
