@@ -596,7 +596,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 		Leftovers: &c.leftovers,
 		Alerts:    client.publishAlerts(c.s.name, c.group.Name, c.patterns),
 		Clock:     client.cfg.Clock, Logger: client.cfg.Logger, Stats: stats,
-		OnStart: o.test.start(), Fault: o.test.faults(), Trace: o.test.tracer(),
+		OnStart: o.test.start(), Fault: o.test.faults(), Trace: o.test.tracer(), Signals: o.test.claimerSignals(),
 	})
 }
 
@@ -648,6 +648,15 @@ type testHooks struct {
 	onStart     func(instanceID string)
 	fault       func(site string) error
 	trace       func(kind claimer.TraceKind, messages []int64)
+	// signals are the claimers' test signals (initialized by the test).
+	signals *claimer.Signals
+}
+
+func (h *testHooks) claimerSignals() *claimer.Signals {
+	if h == nil {
+		return nil
+	}
+	return h.signals
 }
 
 func (h *testHooks) tracer() func(claimer.TraceKind, []int64) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
+	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -336,8 +337,10 @@ func TestAWakeReachingAQuietSessionClaimsFirstAndSweepsWhenNothingIsNew(t *testi
 	within(t, stuck, "the peer's handler")
 
 	handled := make(chan string, 16)
+	signals := &claimer.Signals{}
+	signals.QuietTick.Init()
 	consume(t, c, func(_ context.Context, o *order) error { handled <- o.OrderID; return nil },
-		&ConsumeOptions{ClaimPollRate: 10 * time.Millisecond, InstanceTTL: ttl, test: &testHooks{quietSweeps: 1 << 20}})
+		&ConsumeOptions{ClaimPollRate: 10 * time.Millisecond, InstanceTTL: ttl, test: &testHooks{quietSweeps: 1 << 20, signals: signals}})
 	within(t, counter.when("store.RenewInstances", 4), "four heartbeat statements: the session is quiet")
 
 	// A produce's wake: a claim, and no probe before it.
@@ -348,11 +351,12 @@ func TestAWakeReachingAQuietSessionClaimsFirstAndSweepsWhenNothingIsNew(t *testi
 	require.Equal(t, "new", within(t, handled, "the produced message"))
 	require.Equal(t, before["store.GateProbe"], within(t, claimed, "the claim")["store.GateProbe"], "the wake claimed without a probe")
 
-	// Quiet again: the range committed, then a sweep's probe found nothing.
-	// The counts are taken as the commit is sent: a sweep that follows it
-	// at once is counted after it, however late this goroutine reads them.
-	probes := within(t, counter.at("store.CommitRange", before["store.CommitRange"]+1), "the commit")["store.GateProbe"]
-	within(t, counter.when("store.GateProbe", probes+1), "a sweep after the commit")
+	// Quiet again: the range committed, and a sweep's probe found nothing
+	// (after the commit, or while the range was in flight). The quiet ticks
+	// signalled before the wake's claim are stale; none comes while the
+	// range is in flight.
+	within(t, counter.at("store.CommitRange", before["store.CommitRange"]+1), "the commit")
+	quietRanges(t, signals)
 
 	// The peer stops: its hand-back wakes the stream, the claim finds no new
 	// position, and the sweep takes the range over.
@@ -396,4 +400,63 @@ func TestABurstsLastRangeLeavesNoClaimThatFindsNothing(t *testing.T) {
 	at := within(t, counter.at("store.GateProbe", before["store.GateProbe"]+1), "the sweep's probe after the burst")
 	require.Equal(t, 2, at["store.ClaimRange"]-before["store.ClaimRange"],
 		"two claims, each of a full range, and none that found nothing")
+}
+
+// A wake that reaches a quiet claimer while its incarnation is not provably
+// live (its last renewal is older than the TTL allows, as when a loaded
+// machine runs the heartbeat late) cannot claim. The claimer must not stay
+// quiet: it polls until a claim runs, so the produce the wake announced is
+// delivered once the incarnation is valid again, without another wake.
+// Quiet, it skipped its poll ticks and left the message for the backstop
+// sweep (ten minutes at this Lease).
+func TestAWakeThatFindsTheIncarnationNotValidIsNotLost(t *testing.T) {
+	ctx := context.Background()
+	client, _ := countingClient(t, "", 0)
+	e := &env{t: t, client: client, logs: newSink(t)}
+	s := e.stream("orders")
+	c, err := s.Consumer("g").Register(ctx, nil)
+	require.NoError(t, err)
+
+	lives := clock.NewMock() // the incarnation's validity alone runs on it
+	live := heartbeat.NewLiveness(lives, time.Minute)
+	live.Start(lives.Now())
+	handled := make(chan int64, 4)
+	cfg := e.common(c, clock.New(), func(_ context.Context, d *claimer.Delivery) error { handled <- d.Msg.ID; return nil })
+	cfg.PollRate, cfg.Liveness = 10*time.Millisecond, live
+	cfg.Listening = func() bool { return true }
+	cfg.Alarm = make(chan struct{}) // alarms come: the reconcile ticks' sweeps are skipped too
+	cfg.Signals = &claimer.Signals{}
+	cfg.Signals.QuietTick.Init()
+	cfg.Signals.NotValid.Init()
+	wake := make(chan struct{}) // unbuffered: a send returns once the claimer took it
+	a := claimer.New(claimer.Config{Common: cfg, BatchLimit: 10, QueueSize: 20, StallAfter: time.Hour, Wake: wake})
+	sctx, stop := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- a.Serve(sctx) }()
+	t.Cleanup(func() { stop(); within(t, served, "the claimer to stop") })
+
+	within(t, cfg.Signals.QuietTick.C(), "a quiet poll tick: the begin's probe found nothing")
+	lives.Add(time.Minute) // no renewal for a TTL: not valid
+	e.produceN(s, "m", 1)
+	wake <- struct{}{}
+	within(t, cfg.Signals.NotValid.C(), "the wake's claim, refused: the incarnation is not valid")
+	live.Start(lives.Now()) // renewed
+
+	within(t, handled, "the produced message, claimed at a poll tick once the incarnation is valid")
+}
+
+// quietRanges drains the stale quiet ticks, then waits for the range
+// claimer's next one: it is quiet (a wake, an alarm or the backstop alone
+// makes it look for work again).
+func quietRanges(t *testing.T, signals *claimer.Signals) {
+	t.Helper()
+	for drained := false; !drained; {
+		select {
+		case <-signals.QuietTick.C():
+		default:
+			drained = true
+		}
+	}
+	for within(t, signals.QuietTick.C(), "a quiet poll tick of the range claimer") != "in-flight ranges" {
+	}
 }

@@ -128,6 +128,8 @@ type Config struct {
 	Fault func(site string) error
 	// Trace, if set, is the claimers' Trace (chaos tests).
 	Trace func(kind claimer.TraceKind, messages []int64)
+	// Signals, if set, are the claimers' test signals.
+	Signals *claimer.Signals
 	// Alerts, if set, publishes the session's alert events (a binding wait,
 	// a delivery stall) on the alerts actor's goroutine, fed by a bounded
 	// queue the other actors never wait on.
@@ -312,7 +314,7 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		Concurrency: o.MessageConcurrency, PollRate: o.ClaimPollRate, Lease: o.InstanceTTL,
 		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: ShutdownBudget(o, s.snap), QuietSweeps: o.QuietSweeps,
 		Clock: cfg.Clock, Logger: logger, DBNow: s.dbNow, Stats: cfg.Stats, Drain: s.plan, Fault: cfg.Fault,
-		Trace: cfg.Trace, Health: s.health, Retry: cfg.Retry, Observer: cfg.Observer, StreamName: cfg.StreamName, GroupName: cfg.GroupName,
+		Trace: cfg.Trace, Signals: cfg.Signals, Health: s.health, Retry: cfg.Retry, Observer: cfg.Observer, StreamName: cfg.StreamName, GroupName: cfg.GroupName,
 		Nudge: &claimer.Nudge{},
 	}
 	if cfg.Hub != nil {

@@ -153,6 +153,8 @@ type Common struct {
 	// dropped (a stale or cancelled run), written, or lost with the lease.
 	// The chaos test accounts for its duplicates with it; nil elsewhere.
 	Trace func(kind TraceKind, messages []int64)
+	// Signals are test signals (nil: none): see Signals.
+	Signals *Signals
 }
 
 // Broken holds test-only fault switches. Each breaks one promise on purpose
@@ -369,6 +371,9 @@ type Actor struct {
 	empty bool
 	// found: the last claim read positions (a range claimed or reclaimed).
 	found bool
+	// released: a hand-back released a range that no wake has announced
+	// yet (handBack).
+	released bool
 	// begunAt is when the serve loop's begin ran: takeovers wait
 	// TakeoverGrace after it (zero for the step functions' callers).
 	begunAt time.Time
@@ -463,6 +468,12 @@ func (a *Actor) claimOnce(ctx context.Context, sweep, reclaim bool) (jobs []Job,
 	}
 	a.starved = false
 	if !a.cfg.Liveness.Valid() {
+		// Nothing was looked at: the claimer polls until a claim runs.
+		// Quiet, it would skip its poll ticks, and the wake that brought
+		// this claim (a produce's, a hand-back's) would be lost until the
+		// next wake or the backstop sweep.
+		a.idleProbed = false
+		a.cfg.Signals.notValid()
 		return nil, false, nil
 	}
 	if a.cfg.Fault != nil {
@@ -1289,6 +1300,7 @@ func (a *Actor) HandBack(ctx context.Context) error {
 			errs = append(errs, err) // kept: a later HandBack tries again
 			continue
 		}
+		a.released = a.released || err == nil
 		if !in.adopted {
 			a.queued -= in.pending
 		}
@@ -1464,13 +1476,20 @@ func (a *Actor) reconcile(ctx context.Context) error {
 // included) so that another instance takes what was released over at once.
 // The wake is best effort: without it the ranges are taken over at the next
 // sweep.
+//
+// The wake follows every attempt that finds ranges released and not yet
+// woken for, whether or not the attempt as a whole succeeded: an attempt
+// that released a range and then failed (say, on a kept key's release) is
+// retried with that range already forgotten, and a wake owed for the first
+// attempt was lost with it.
 func (a *Actor) handBack(ctx context.Context) error {
-	held := len(a.ranges) > 0
-	if err := a.HandBack(ctx); err != nil || !held || a.cfg.Listening == nil {
-		return err
+	err := a.HandBack(ctx)
+	if a.released && a.cfg.Listening != nil {
+		if a.cfg.Store.SendWakes(ctx, map[int64]*wakeup.Keys{a.cfg.StreamID: {All: true}}) == nil {
+			a.released = false
+		}
 	}
-	_ = a.cfg.Store.SendWakes(ctx, map[int64]*wakeup.Keys{a.cfg.StreamID: {All: true}})
-	return nil
+	return err
 }
 func (a *Actor) abandon() {
 	if a.cfg.Trace != nil {

@@ -267,6 +267,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		case <-poll.C:
 			busy.Working()
 			if begun && holdoff == nil && !draining && c.listening() && l.quiet() {
+				c.Signals.quietTick(l.what())
 				break // a wake brings what this tick would find (quiet.go)
 			}
 			if begun && holdoff == nil {
