@@ -590,7 +590,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 			ClaimPollRate: o.ClaimPollRate, InstanceTTL: o.InstanceTTL, ShutdownTimeout: o.ShutdownTimeout,
 			DisableGracefulShutdown: o.DisableGracefulShutdown, StallAfter: o.StallWarning,
 			TimeoutGrace: o.TimeoutGrace, KeyBusyDelay: keyBusyDelay, ConfigRefreshInterval: o.ConfigRefreshInterval,
-			BindingRetryInterval: o.BindingRetryInterval, QuietSweeps: o.test.sweeps(),
+			BindingRetryInterval: o.BindingRetryInterval, QuietSweeps: o.test.sweeps(), KeyHold: o.test.keyHoldFor(),
 		},
 		Patterns: c.patterns, Regexes: c.regexes, DeclaredAt: c.waitingSince(), Declared: c.declared, Hub: o.test.hub(client.hub), Beats: client.beats, Reads: client.configs,
 		Leftovers: &c.leftovers,
@@ -650,6 +650,15 @@ type testHooks struct {
 	trace       func(kind claimer.TraceKind, messages []int64)
 	// signals are the claimers' test signals (initialized by the test).
 	signals *claimer.Signals
+	// keyHold is the claimers' Common.KeyHold (0: the default).
+	keyHold time.Duration
+}
+
+func (h *testHooks) keyHoldFor() time.Duration {
+	if h == nil {
+		return 0
+	}
+	return h.keyHold
 }
 
 func (h *testHooks) claimerSignals() *claimer.Signals {

@@ -29,6 +29,21 @@ type callerCounter struct {
 	n       int
 	reached chan struct{}
 	waits   []countWait
+	// fail: the next statements of each caller to fail, with a context
+	// that is already cancelled (failNext).
+	fail map[string]int
+}
+
+// failNext makes caller name's next statement fail: it is sent with a
+// context that is already cancelled, so pgx returns an error and the
+// connection stays usable.
+func (c *callerCounter) failNext(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fail == nil {
+		c.fail = map[string]int{}
+	}
+	c.fail[name]++
 }
 
 type countWait struct {
@@ -105,6 +120,12 @@ func (c *callerCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.
 		kept = append(kept, w)
 	}
 	c.waits = kept
+	if c.fail[name] > 0 {
+		c.fail[name]--
+		failed, cancel := context.WithCancel(ctx)
+		cancel()
+		return failed
+	}
 	return ctx
 }
 

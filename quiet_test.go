@@ -460,3 +460,65 @@ func quietRanges(t *testing.T, signals *claimer.Signals) {
 	for within(t, signals.QuietTick.C(), "a quiet poll tick of the range claimer") != "in-flight ranges" {
 	}
 }
+
+// A hand-back that released a range and then failed (here its last
+// statement, the release of a kept key) still wakes the stream: the range
+// is back in the database, and a quiet peer takes it over at once. The
+// wake used to follow only an attempt that succeeded as a whole, so the
+// peer waited for its backstop sweep (out of reach here).
+func TestAHandBackThatReleasedARangeWakesEvenWhenItFailsAfter(t *testing.T) {
+	ctx := context.Background()
+	const ttl = 1500 * time.Millisecond
+	client, counter := countingClient(t, "", 0)
+	peerClient, peerCounter := countingClientIn(t, client.Schema(), "", 0)
+	s := Stream[order](client, "orders")
+	require.NoError(t, s.Register(ctx, nil))
+	cfg := &ConsumerConfig{Start: StartBeginning}
+	c, err := s.Consumer("g").Register(ctx, cfg)
+	require.NoError(t, err)
+	ps := Stream[order](peerClient, "orders")
+	require.NoError(t, ps.Register(ctx, nil))
+	pc, err := ps.Consumer("g").Register(ctx, cfg)
+	require.NoError(t, err)
+
+	// One range a message: "keyed" (exclusive, key k1) commits and its key
+	// is kept (decision 0045: for a minute here); "held" stays in flight.
+	stuck := make(chan struct{})
+	handled := make(chan string, 4)
+	first := consume(t, c, func(ctx context.Context, o *order) error {
+		if o.OrderID == "held" {
+			close(stuck)
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		handled <- o.OrderID
+		return nil
+	}, &ConsumeOptions{BatchLimit: 1, QueueSize: 2, InstanceTTL: ttl, ShutdownTimeout: 50 * time.Millisecond,
+		test: &testHooks{keyHold: time.Minute}})
+	_, err = s.ProduceBatch(ctx, []BatchItem[order]{
+		{Msg: order{OrderID: "keyed"}, Key: "k1", Message: &MessageOptions{Concurrency: Exclusive}},
+		{Msg: order{OrderID: "held"}},
+	}, nil)
+	require.NoError(t, err)
+	require.Equal(t, "keyed", within(t, handled, "the keyed message"))
+	within(t, stuck, "the held message's handler")
+	within(t, counter.when("store.CommitRange", 1), "the keyed message's range committed, its key kept")
+
+	// A quiet peer, with no backstop sweep within reach.
+	peerHandled := make(chan string, 4)
+	signals := &claimer.Signals{}
+	signals.QuietTick.Init()
+	consume(t, pc, func(_ context.Context, o *order) error { peerHandled <- o.OrderID; return nil },
+		&ConsumeOptions{ClaimPollRate: 10 * time.Millisecond, InstanceTTL: ttl, test: &testHooks{quietSweeps: 1 << 20, signals: signals}})
+	// Past its start: the wake its listener gave every session on coming
+	// up has been answered, and its TakeoverGrace is over.
+	within(t, peerCounter.when("store.RenewInstances", 4), "four heartbeat statements of the peer")
+	quietRanges(t, signals)
+
+	// The first session stops: its hand-back releases "held"'s range, then
+	// fails to release the kept key.
+	counter.failNext("store.ReleaseKeys")
+	require.NoError(t, first.stop(t))
+	require.Positive(t, counter.snapshot()["store.ReleaseKeys"], "the kept key's release was tried (and failed)")
+	require.Equal(t, "held", within(t, peerHandled, "the handed-back message, taken over on the hand-back's wake"))
+}

@@ -67,6 +67,8 @@ type Options struct {
 	BindingRetryInterval    time.Duration
 	// QuietSweeps is the claimers' Common.QuietSweeps (0: the default).
 	QuietSweeps int
+	// KeyHold is the claimers' Common.KeyHold (0: the default).
+	KeyHold time.Duration
 }
 
 // ShutdownBudget is the drain bound in force: ShutdownTimeout when the
@@ -313,7 +315,7 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		Leftovers: cfg.Leftovers, Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, Handler: cfg.Handler, Group: s.snap.Group,
 		Concurrency: o.MessageConcurrency, PollRate: o.ClaimPollRate, Lease: o.InstanceTTL,
 		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: ShutdownBudget(o, s.snap), QuietSweeps: o.QuietSweeps,
-		Clock: cfg.Clock, Logger: logger, DBNow: s.dbNow, Stats: cfg.Stats, Drain: s.plan, Fault: cfg.Fault,
+		KeyHold: o.KeyHold, Clock: cfg.Clock, Logger: logger, DBNow: s.dbNow, Stats: cfg.Stats, Drain: s.plan, Fault: cfg.Fault,
 		Trace: cfg.Trace, Signals: cfg.Signals, Health: s.health, Retry: cfg.Retry, Observer: cfg.Observer, StreamName: cfg.StreamName, GroupName: cfg.GroupName,
 		Nudge: &claimer.Nudge{},
 	}
