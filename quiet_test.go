@@ -309,17 +309,8 @@ func TestAQuietSessionTakesALapsedPeersRangeOverOnTheAlarm(t *testing.T) {
 func TestAWakeReachingAQuietSessionClaimsFirstAndSweepsWhenNothingIsNew(t *testing.T) {
 	ctx := context.Background()
 	const ttl = 1500 * time.Millisecond
-	client, counter := countingClient(t, "", 0)
-	peerClient, _ := countingClientIn(t, client.Schema(), "", 0)
-	s := Stream[order](client, "orders")
-	require.NoError(t, s.Register(ctx, nil))
-	cfg := &ConsumerConfig{Start: StartBeginning} // "held" may be produced before the peer's first claim
-	c, err := s.Consumer("g").Register(ctx, cfg)
-	require.NoError(t, err)
-	ps := Stream[order](peerClient, "orders")
-	require.NoError(t, ps.Register(ctx, nil))
-	pc, err := ps.Consumer("g").Register(ctx, cfg)
-	require.NoError(t, err)
+	p := twoProcesses(t) // "held" may be produced before the peer's first claim: StartBeginning
+	counter, s, c, pc := p.counter, p.s, p.c, p.peerConsumer
 
 	// The peer holds "held" in a handler that waits for its stop; with a
 	// queue of one it claims nothing more.
@@ -332,7 +323,7 @@ func TestAWakeReachingAQuietSessionClaimsFirstAndSweepsWhenNothingIsNew(t *testi
 		}
 		return nil
 	}, &ConsumeOptions{BatchLimit: 1, QueueSize: 1, MessageConcurrency: 1, InstanceTTL: ttl, ShutdownTimeout: 50 * time.Millisecond})
-	_, err = s.Produce(ctx, order{OrderID: "held"}, nil)
+	_, err := s.Produce(ctx, order{OrderID: "held"}, nil)
 	require.NoError(t, err)
 	within(t, stuck, "the peer's handler")
 
@@ -469,17 +460,8 @@ func quietRanges(t *testing.T, signals *claimer.Signals) {
 func TestAHandBackThatReleasedARangeWakesEvenWhenItFailsAfter(t *testing.T) {
 	ctx := context.Background()
 	const ttl = 1500 * time.Millisecond
-	client, counter := countingClient(t, "", 0)
-	peerClient, peerCounter := countingClientIn(t, client.Schema(), "", 0)
-	s := Stream[order](client, "orders")
-	require.NoError(t, s.Register(ctx, nil))
-	cfg := &ConsumerConfig{Start: StartBeginning}
-	c, err := s.Consumer("g").Register(ctx, cfg)
-	require.NoError(t, err)
-	ps := Stream[order](peerClient, "orders")
-	require.NoError(t, ps.Register(ctx, nil))
-	pc, err := ps.Consumer("g").Register(ctx, cfg)
-	require.NoError(t, err)
+	p := twoProcesses(t)
+	counter, peerCounter, s, c, pc := p.counter, p.peerCounter, p.s, p.c, p.peerConsumer
 
 	// One range a message: "keyed" (exclusive, key k1) commits and its key
 	// is kept (decision 0045: for a minute here); "held" stays in flight.
@@ -495,7 +477,7 @@ func TestAHandBackThatReleasedARangeWakesEvenWhenItFailsAfter(t *testing.T) {
 		return nil
 	}, &ConsumeOptions{BatchLimit: 1, QueueSize: 2, InstanceTTL: ttl, ShutdownTimeout: 50 * time.Millisecond,
 		test: &testHooks{keyHold: time.Minute}})
-	_, err = s.ProduceBatch(ctx, []BatchItem[order]{
+	_, err := s.ProduceBatch(ctx, []BatchItem[order]{
 		{Msg: order{OrderID: "keyed"}, Key: "k1", Message: &MessageOptions{Concurrency: Exclusive}},
 		{Msg: order{OrderID: "held"}},
 	}, nil)
@@ -521,4 +503,30 @@ func TestAHandBackThatReleasedARangeWakesEvenWhenItFailsAfter(t *testing.T) {
 	require.NoError(t, first.stop(t))
 	require.Positive(t, counter.snapshot()["store.ReleaseKeys"], "the kept key's release was tried (and failed)")
 	require.Equal(t, "held", within(t, peerHandled, "the handed-back message, taken over on the hand-back's wake"))
+}
+
+// processes is one stream's group "g" (StartBeginning) as two processes
+// see it: each its own counting client on the same schema.
+type processes struct {
+	counter, peerCounter *callerCounter
+	s                    *StreamHandle[order]
+	c, peerConsumer      *Consumer[order]
+}
+
+func twoProcesses(t *testing.T) processes {
+	t.Helper()
+	ctx := context.Background()
+	client, counter := countingClient(t, "", 0)
+	peerClient, peerCounter := countingClientIn(t, client.Schema(), "", 0)
+	cfg := &ConsumerConfig{Start: StartBeginning}
+	p := processes{counter: counter, peerCounter: peerCounter, s: Stream[order](client, "orders")}
+	require.NoError(t, p.s.Register(ctx, nil))
+	var err error
+	p.c, err = p.s.Consumer("g").Register(ctx, cfg)
+	require.NoError(t, err)
+	ps := Stream[order](peerClient, "orders")
+	require.NoError(t, ps.Register(ctx, nil))
+	p.peerConsumer, err = ps.Consumer("g").Register(ctx, cfg)
+	require.NoError(t, err)
+	return p
 }
