@@ -327,12 +327,7 @@ func TestAWakeReachingAQuietSessionClaimsFirstAndSweepsWhenNothingIsNew(t *testi
 	require.NoError(t, err)
 	within(t, stuck, "the peer's handler")
 
-	handled := make(chan string, 16)
-	signals := &claimer.Signals{}
-	signals.QuietTick.Init()
-	consume(t, c, func(_ context.Context, o *order) error { handled <- o.OrderID; return nil },
-		&ConsumeOptions{ClaimPollRate: 10 * time.Millisecond, InstanceTTL: ttl, test: &testHooks{quietSweeps: 1 << 20, signals: signals}})
-	within(t, counter.when("store.RenewInstances", 4), "four heartbeat statements: the session is quiet")
+	handled, signals := quietSession(t, c, counter, ttl)
 
 	// A produce's wake: a claim, and no probe before it.
 	before := counter.snapshot()
@@ -487,14 +482,7 @@ func TestAHandBackThatReleasedARangeWakesEvenWhenItFailsAfter(t *testing.T) {
 	within(t, counter.when("store.CommitRange", 1), "the keyed message's range committed, its key kept")
 
 	// A quiet peer, with no backstop sweep within reach.
-	peerHandled := make(chan string, 4)
-	signals := &claimer.Signals{}
-	signals.QuietTick.Init()
-	consume(t, pc, func(_ context.Context, o *order) error { peerHandled <- o.OrderID; return nil },
-		&ConsumeOptions{ClaimPollRate: 10 * time.Millisecond, InstanceTTL: ttl, test: &testHooks{quietSweeps: 1 << 20, signals: signals}})
-	// Past its start: the wake its listener gave every session on coming
-	// up has been answered, and its TakeoverGrace is over.
-	within(t, peerCounter.when("store.RenewInstances", 4), "four heartbeat statements of the peer")
+	peerHandled, signals := quietSession(t, pc, peerCounter, ttl)
 	quietRanges(t, signals)
 
 	// The first session stops: its hand-back releases "held"'s range, then
@@ -529,4 +517,21 @@ func twoProcesses(t *testing.T) processes {
 	p.peerConsumer, err = ps.Consumer("g").Register(ctx, cfg)
 	require.NoError(t, err)
 	return p
+}
+
+// quietSession starts a session of c that sends what it handles on the
+// returned channel, polling every 10 ms, with no backstop sweep within
+// reach and its quiet ticks signalled. It returns after four heartbeat
+// statements of c's client (counter): past the session's start, the wake
+// its listener gave every session on coming up has been answered, its
+// TakeoverGrace is over, and it is quiet.
+func quietSession(t *testing.T, c *Consumer[order], counter *callerCounter, ttl time.Duration) (<-chan string, *claimer.Signals) {
+	t.Helper()
+	handled := make(chan string, 16)
+	signals := &claimer.Signals{}
+	signals.QuietTick.Init()
+	consume(t, c, func(_ context.Context, o *order) error { handled <- o.OrderID; return nil },
+		&ConsumeOptions{ClaimPollRate: 10 * time.Millisecond, InstanceTTL: ttl, test: &testHooks{quietSweeps: 1 << 20, signals: signals}})
+	within(t, counter.when("store.RenewInstances", 4), "four heartbeat statements: the session is quiet")
+	return handled, signals
 }

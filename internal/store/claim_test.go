@@ -64,3 +64,57 @@ func TestAClaimSaysWhetherItTookTheLastPosition(t *testing.T) {
 	require.Len(t, r.Messages, 1)
 	require.True(t, r.Drained, "what follows waits behind an open transaction")
 }
+
+// A range its owner handed back (ReleaseRange) or expired (ExpireOwnedRanges,
+// a claimer's restart) stays expired when the owner's heartbeat renews its
+// leases afterwards: the owner keeps its id while a stopping session retries
+// its hand-back, and the renewal used to extend every range it owned,
+// those it had let go included, so a peer's sweep found nothing to take over.
+func TestARenewalDoesNotReviveARangeItsOwnerLetGo(t *testing.T) {
+	ctx := context.Background()
+	st, streamID, groupID := planSetup(t)
+	g := st.Group(streamID, groupID)
+	const owner = "00000000-0000-4000-8000-000000000001"
+	msgs := make([]NewMessage, 4)
+	for i := range msgs {
+		msgs[i] = NewMessage{Version: 1, Payload: []byte(`{"a":1}`)}
+	}
+	_, err := st.Produce(ctx, nil, StreamRef{ID: streamID}, msgs, nil)
+	require.NoError(t, err)
+	claim := func() Range {
+		t.Helper()
+		r, ok, err := g.ClaimRange(ctx, ClaimParams{Owner: owner, Limit: 2, Lease: time.Minute})
+		require.NoError(t, err)
+		require.True(t, ok)
+		return r
+	}
+	expired := func() bool {
+		t.Helper()
+		e, err := g.LeasesExpired(ctx, nil)
+		require.NoError(t, err)
+		return e
+	}
+
+	r := claim()
+	require.NoError(t, g.ReleaseRange(ctx, Release{RangeID: r.ID, Token: r.Token}))
+	require.True(t, expired(), "the hand-back expired the range")
+	for _, kinds := range []LeaseKinds{RangeLeases, AllLeases} {
+		require.NoError(t, st.RenewLeasesOf(ctx, kinds, owner, streamID, time.Minute, nil))
+		require.True(t, expired(), "a renewal (kinds %d) after the hand-back leaves it expired", kinds)
+	}
+
+	// A live range of the same owner is still renewed, and a restart's
+	// expiry is not undone either.
+	live := claim()
+	require.NoError(t, st.RenewLeasesOf(ctx, RangeLeases, owner, streamID, time.Minute, nil))
+	reclaimed, ok, err := g.ReclaimRange(ctx, ClaimParams{Owner: "00000000-0000-4000-8000-000000000002", Limit: 10, Lease: time.Minute})
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, r.ID, reclaimed.ID, "the handed-back range is taken over, not the live one")
+	require.NoError(t, st.ExpireOwnedRanges(ctx, owner, streamID, nil))
+	require.NoError(t, st.RenewLeasesOf(ctx, AllLeases, owner, streamID, time.Minute, nil))
+	reclaimed, ok, err = g.ReclaimRange(ctx, ClaimParams{Owner: "00000000-0000-4000-8000-000000000002", Limit: 10, Lease: time.Minute})
+	require.NoError(t, err)
+	require.True(t, ok, "the range a restart expired stays expired after a renewal")
+	require.Equal(t, live.ID, reclaimed.ID)
+}

@@ -162,9 +162,15 @@ func (st *Store) ExpireOwnedRanges(ctx context.Context, owner string, streamID i
 // heartbeat's beats and renewals share one loop, and a renewal waiting on
 // a lock held up the beat that finds the incarnation lapsed. The next
 // renewal, a third of the TTL later, takes the row.
+// A range whose lease has already expired is not renewed: its owner let it
+// go (a hand-back, a restarted claimer's ExpireOwnedRanges) and keeps the
+// owner column, so a renewal while the owner's session is still stopping
+// would revive it and hide it from the peers' sweeps; one that lapsed on
+// its own is a peer's to take over.
 var renewRangesSQL = perStream(`-- store.RenewLeases
 WITH rl AS (
-    SELECT id FROM {s}.{t}_range WHERE owner = $1::uuid ORDER BY id FOR UPDATE SKIP LOCKED
+    SELECT id FROM {s}.{t}_range WHERE owner = $1::uuid AND expires_at >= coalesce($2, now())
+    ORDER BY id FOR UPDATE SKIP LOCKED
 ), r AS (
     UPDATE {s}.{t}_range SET expires_at = coalesce($2, now()) + $3::interval
     WHERE id IN (SELECT id FROM rl) AND owner = $1::uuid
@@ -182,7 +188,8 @@ WHERE x.group_id = xl.group_id AND x.message_xid = xl.message_xid AND x.message_
 // renewRangesSQL's first half, for a range claimer's instance.
 var renewRangeLeasesSQL = perStream(`-- store.RenewLeases
 WITH rl AS (
-    SELECT id FROM {s}.{t}_range WHERE owner = $1::uuid ORDER BY id FOR UPDATE SKIP LOCKED
+    SELECT id FROM {s}.{t}_range WHERE owner = $1::uuid AND expires_at >= coalesce($2, now())
+    ORDER BY id FOR UPDATE SKIP LOCKED
 )
 UPDATE {s}.{t}_range SET expires_at = coalesce($2, now()) + $3::interval
 WHERE id IN (SELECT id FROM rl) AND owner = $1::uuid`)
