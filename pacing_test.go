@@ -32,6 +32,31 @@ type callerCounter struct {
 	// fail: the next statements of each caller to fail, with a context
 	// that is already cancelled (failNext).
 	fail map[string]int
+	// holds: a caller's statements wait at their start until the channel
+	// closes (hold).
+	holds, holding map[string]chan struct{}
+}
+
+// hold makes caller name's statements wait before they are sent (and
+// counted), until the returned release is called or their context ends;
+// waiting closes when the first of them waits.
+func (c *callerCounter) hold(name string) (waiting <-chan struct{}, release func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.holds == nil {
+		c.holds, c.holding = map[string]chan struct{}{}, map[string]chan struct{}{}
+	}
+	ch, w := make(chan struct{}), make(chan struct{})
+	c.holds[name], c.holding[name] = ch, w
+	var once sync.Once
+	return w, func() {
+		once.Do(func() {
+			c.mu.Lock()
+			delete(c.holds, name)
+			c.mu.Unlock()
+			close(ch)
+		})
+	}
 }
 
 // failNext makes caller name's next statement fail: it is sent with a
@@ -93,6 +118,7 @@ func (c *callerCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.
 	if !strings.HasPrefix(name, "store.") {
 		return ctx // a migration's comment
 	}
+	c.waitHeld(ctx, name)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.counts[name]++
@@ -130,6 +156,50 @@ func (c *callerCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.
 }
 
 func (c *callerCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// waitHeld waits while caller name is held (hold).
+func (c *callerCounter) waitHeld(ctx context.Context, name string) {
+	c.mu.Lock()
+	held := c.holds[name]
+	if w := c.holding[name]; held != nil && w != nil {
+		close(w)
+		delete(c.holding, name)
+	}
+	c.mu.Unlock()
+	if held != nil {
+		select {
+		case <-held:
+		case <-ctx.Done():
+		}
+	}
+}
+
+// TraceBatchStart applies hold and failNext to a batch by its first
+// statement's caller (store.AcquireKeys sends a batch); batches are not
+// counted.
+func (c *callerCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	if d.Batch == nil || len(d.Batch.QueuedQueries) == 0 {
+		return ctx
+	}
+	name, ok := strings.CutPrefix(d.Batch.QueuedQueries[0].SQL, "-- ")
+	if !ok {
+		return ctx
+	}
+	name, _, _ = strings.Cut(name, "\n")
+	c.waitHeld(ctx, name)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fail[name] > 0 {
+		c.fail[name]--
+		failed, cancel := context.WithCancel(ctx)
+		cancel()
+		return failed
+	}
+	return ctx
+}
+
+func (c *callerCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *callerCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 // itemsOf returns the slice lengths counted for caller name so far.
 func (c *callerCounter) itemsOf(name string) int {

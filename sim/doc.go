@@ -4,7 +4,10 @@
 // real PostgreSQL schema, one clock.Mock whose time reaches every statement,
 // and one seeded PRNG that decides which actor steps next, when instances
 // start, stop and crash, when heartbeats are late, when producers produce,
-// how handlers end and how far the clock moves. Nothing runs on another
+// how handlers end, when a claim's key acquisition comes back (the serve
+// loop runs it beside the claimer: a third of random claims leave it
+// pending for a later acquire step) and how far the clock moves. Nothing
+// runs on another
 // goroutine, so a seed replays exactly: the trace of a run is a function of
 // its seed.
 //

@@ -36,7 +36,24 @@ var steps = []step{
 	{3, "commit", func(ctx context.Context, w *World) error { return w.Commit(ctx) }},
 	{25, "claim", func(ctx context.Context, w *World) error {
 		if in := w.pick(w.consumers()); in != nil {
-			return w.Claim(ctx, in)
+			// Mostly the acquisition comes back before anything else
+			// happens; a third of the time other steps run in between.
+			if w.rng.IntN(3) > -1 {
+				return w.Claim(ctx, in)
+			}
+			return w.claim(ctx, in)
+		}
+		return nil
+	}},
+	{6, "acquire", func(ctx context.Context, w *World) error {
+		var pending []*instance
+		for _, in := range w.consumers() {
+			if in.cl.Acquiring() {
+				pending = append(pending, in)
+			}
+		}
+		if in := w.pick(pending); in != nil {
+			return w.Acquire(ctx, in)
 		}
 		return nil
 	}},
@@ -120,19 +137,25 @@ func (w *World) withJobs(exc bool) []*instance {
 
 // RandomStep takes one step chosen by the PRNG.
 func (w *World) RandomStep(ctx context.Context) error {
+	weight := func(s step) int {
+		if v, ok := w.opts.Weights[s.name]; ok {
+			return v
+		}
+		return s.weight
+	}
 	total := 0
 	for _, s := range steps {
-		total += s.weight
+		total += weight(s)
 	}
 	r := w.rng.IntN(total)
 	for _, s := range steps {
-		if r < s.weight {
+		if r < weight(s) {
 			if err := s.do(ctx, w); err != nil {
 				return fmt.Errorf("%s: %w", s.name, err)
 			}
 			return nil
 		}
-		r -= s.weight
+		r -= weight(s)
 	}
 	return nil
 }

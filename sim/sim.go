@@ -51,6 +51,9 @@ type Options struct {
 	// Only, if set, checks that one invariant alone (the broken-variant
 	// tests show each one catches its own fault).
 	Only string
+	// Weights overrides random steps' weights by name ("stall": 10), for a
+	// broken variant that a rare step exposes.
+	Weights map[string]int
 }
 
 func (o *Options) defaults() {
@@ -292,6 +295,7 @@ func (w *World) build(in *instance) {
 	rc := common
 	rc.InstanceID = in.msgID
 	in.cl = claimer.New(claimer.Config{Common: rc, BatchLimit: w.opts.BatchLimit, QueueSize: w.opts.QueueSize, StallAfter: time.Hour})
+	in.cl.DeferAcquire(true) // as the serve loop: random steps interleave with a claim's key acquisition
 	ec := common
 	ec.InstanceID = in.excID
 	in.ex = claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec, Prefetch: w.opts.BatchLimit}) // as the engine
@@ -472,8 +476,37 @@ func (w *World) finish(j claimer.Job) {
 	}
 }
 
-// Claim makes one range claim for the instance.
+// Claim makes one range claim for the instance and applies the key
+// acquisitions pending at once.
 func (w *World) Claim(ctx context.Context, in *instance) error {
+	if err := w.claim(ctx, in); err != nil {
+		return err
+	}
+	for in.cl.Acquiring() {
+		if err := w.Acquire(ctx, in); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Acquire applies the oldest key acquisition an instance's claims left
+// pending, as the serve loop does when the acquisition it ran on another
+// connection comes back: the messages queued behind its keys start or park.
+func (w *World) Acquire(ctx context.Context, in *instance) error {
+	if !in.cl.Acquiring() {
+		return nil
+	}
+	jobs, err := in.cl.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	return w.handOut(in, jobs, false)
+}
+
+// claim makes one range claim for the instance, leaving the key
+// acquisition it needs pending (Acquire applies it).
+func (w *World) claim(ctx context.Context, in *instance) error {
 	decl, set, err := w.db.BindingsInForce(ctx)
 	if err != nil {
 		return err
@@ -779,6 +812,11 @@ func (w *World) Settle(ctx context.Context, limit int) error {
 			return nil
 		}
 		for _, in := range w.consumers() {
+			for in.cl.Acquiring() { // as the serve loop: an acquisition always comes back
+				if err := w.Acquire(ctx, in); err != nil {
+					return err
+				}
+			}
 			for in.cl.Queued()+w.opts.BatchLimit <= w.opts.QueueSize {
 				before := len(in.jobs)
 				if err := w.Claim(ctx, in); err != nil {

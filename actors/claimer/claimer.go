@@ -24,6 +24,7 @@ import (
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/observe"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -302,6 +303,9 @@ type keyState struct {
 	// MaxKeyKeep times KeyHold from it, so that an exception row of the
 	// key elsewhere finds it free between this instance's ranges.
 	since time.Time
+	// pending: its acquisition has not been applied (acquiring); nothing
+	// of the key runs until it has.
+	pending bool
 }
 
 // DefaultKeyHold is Common.KeyHold's default: a burn-down's ranges bring a
@@ -384,6 +388,10 @@ type Actor struct {
 	// claim reads new positions first, and sweeps only if there are none
 	// (woken).
 	wokenQuiet bool
+	// acqs are the key acquisitions claims left pending, oldest first
+	// (deferAcquire: the serve loop's claims, and the simulator's).
+	acqs         []*acquiring
+	deferAcquire bool
 	leaseBook
 	parsedOptions
 }
@@ -402,6 +410,7 @@ func (a *Actor) reset() {
 	a.kept, a.nkept, a.contended = nil, 0, time.Time{}
 	a.order, a.toCommit, a.queued = nil, nil, 0
 	a.starved, a.sweep, a.empty, a.found, a.idleProbed, a.wokenQuiet = false, true, false, false, false, false
+	a.acqs = nil
 	a.leasing(a.cfg.Holdings)
 }
 
@@ -601,10 +610,6 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 	a.queued += n
 
 	// Keyed messages, by key in order of first appearance.
-	type keyed struct {
-		idx     []int
-		ordered bool
-	}
 	byKey := map[string]*keyed{}
 	var keyOrder []string
 	for i := range r.Messages {
@@ -635,88 +640,252 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 		k.ordered = k.ordered || in.eff[i].Concurrency == policy.Ordered
 	}
 	var want []store.KeyClaim
+	var wanted []string
 	for _, key := range keyOrder {
-		// A key this instance holds is shared below, or parked as busy when
-		// either side is ordered (an ordered key's order is decided by the
-		// database, never by a queue in one process).
+		// A key this instance holds (or is acquiring) is shared below, or
+		// parked as busy when either side is ordered (an ordered key's
+		// order is decided by the database, never by a queue in one
+		// process). The others are acquired.
 		if a.keys[key] == nil {
 			k := byKey[key]
 			want = append(want, store.KeyClaim{Key: key, Ordered: k.ordered, Position: r.Messages[k.idx[0]].Position})
-		}
-	}
-	var held, blocked map[string]bool
-	if len(want) > 0 {
-		var err error
-		a.leasing(a.cfg.Holdings)
-		held, blocked, err = a.db.AcquireKeys(ctx, store.AcquireKeys{RangeID: r.ID, Want: want, Token: r.Token,
-			Owner: a.cfg.InstanceID, TTL: a.cfg.Lease, Now: a.cfg.DBNow()})
-		if err != nil {
-			// Keys unknown: hand the range back rather than run keyed
-			// messages unguarded, with whatever keys the statement may
-			// have taken under the range's token.
-			a.queued -= in.pending
-			a.forget(r.ID)
-			taken := make([]store.KeyLease, len(want))
-			for i, k := range want {
-				taken[i] = store.KeyLease{Key: k.Key, Token: r.Token}
-			}
-			rel := store.Release{RangeID: r.ID, Token: r.Token, Keys: taken, Now: a.cfg.DBNow()}
-			if rerr := a.db.ReleaseRange(ctx, rel); rerr != nil {
-				return stale, errors.Join(err, rerr)
-			}
-			return stale, err
+			wanted = append(wanted, key)
 		}
 	}
 	for _, key := range keyOrder {
-		k := byKey[key]
+		jobs = append(jobs, a.admit(in, key, byKey[key], a.keys[key] == nil)...)
+	}
+	if len(want) == 0 {
+		return a.admitted(ctx, in, jobs)
+	}
+	// The wanted keys' messages wait, queued behind the key's pending
+	// lease, for the acquisition: the serve loop runs it off its path, on
+	// another connection, while it goes on claiming and committing
+	// (decision 0050); the step callers run it at once unless they
+	// deferred it.
+	a.leasing(a.cfg.Holdings)
+	a.acqs = append(a.acqs, &acquiring{token: r.Token, keys: wanted,
+		req: store.AcquireKeys{RangeID: r.ID, Want: want, Token: r.Token, Owner: a.cfg.InstanceID, TTL: a.cfg.Lease, Now: a.cfg.DBNow()}})
+	if a.deferAcquire {
+		return jobs, nil
+	}
+	more, err := a.Acquire(ctx)
+	return append(jobs, more...), err
+}
+
+// maxAcquires bounds the key acquisitions the serve loop runs at once,
+// each on a connection of the pool. They lease disjoint keys (a key being
+// acquired is pending in the key map, so no later claim wants it), but one
+// at a time applies them in claim order, as the simulator does, and two
+// measured no better on two cores (BENCHMARKS.md, session 24).
+const maxAcquires = 1
+
+// keyed is a range's messages of one key, and whether any is ordered.
+type keyed struct {
+	idx     []int
+	ordered bool
+}
+
+// acquiring is a range's key acquisition not applied yet. Its keys are in
+// the claimer's key map, pending: their messages (the range's, and later
+// ranges' that share them) are queued and none runs until it is applied.
+type acquiring struct {
+	token   string   // the range's: the lease rows' token
+	keys    []string // the wanted keys, in order of first appearance
+	req     store.AcquireKeys
+	started bool // the serve loop runs it
+}
+
+// Acquired is a key acquisition's result (store.Group.AcquireKeys).
+type Acquired struct {
+	Held, Blocked map[string]bool
+	Err           error
+	of            *acquiring // nil: the oldest pending
+}
+
+// Acquiring reports that claims left key acquisitions pending
+// (DeferAcquire), which Acquire applies in claim order.
+func (a *Actor) Acquiring() bool { return len(a.acqs) > 0 }
+
+// DeferAcquire makes a claim that must acquire key leases leave the
+// acquisition pending (Acquiring) instead of running it: the serve loop
+// runs it on another connection while claims, outcomes, commits and
+// flushes go on, and the simulator interleaves other steps with it.
+func (a *Actor) DeferAcquire(on bool) { a.deferAcquire = on }
+
+// Acquire runs the oldest pending key acquisition (if any) and applies it.
+func (a *Actor) Acquire(ctx context.Context) ([]Job, error) {
+	if len(a.acqs) == 0 {
+		return nil, nil
+	}
+	held, blocked, err := a.db.AcquireKeys(ctx, a.acqs[0].req)
+	return a.acquired(ctx, Acquired{Held: held, Blocked: blocked, Err: err})
+}
+
+// acquisition returns the oldest pending acquisition's store call that
+// has not started, to run off the serve loop on a connection of the pool
+// (the loop's lane is busy with claims and commits); nil if there is none.
+func (a *Actor) acquisition() func(context.Context) Acquired {
+	for _, p := range a.acqs {
+		if p.started {
+			continue
+		}
+		p.started = true
+		db, req := a.cfg.Store.Group(a.cfg.StreamID, a.cfg.GroupID), p.req
+		return func(ctx context.Context) Acquired {
+			held, blocked, err := db.AcquireKeys(ctx, req)
+			return Acquired{Held: held, Blocked: blocked, Err: err, of: p}
+		}
+	}
+	return nil
+}
+
+// acquiringAtOnce: how many acquisitions serve runs at once.
+func (a *Actor) acquiringAtOnce() int { return maxAcquires }
+
+// acquired applies an acquisition's result (the oldest pending one's when
+// res does not say which): a key held
+// starts its first queued message; a key busy elsewhere, blocked behind an
+// earlier message of its ordered key, or whose acquisition failed parks
+// every message queued behind it (as an exception row, which spends no
+// retry). What the statement took for keys no range wants any more (their
+// ranges went meanwhile), or may have taken before it failed, is released.
+func (a *Actor) acquired(ctx context.Context, res Acquired) ([]Job, error) {
+	p := res.of
+	if p == nil && len(a.acqs) > 0 {
+		p = a.acqs[0]
+	}
+	i := slices.Index(a.acqs, p)
+	if i < 0 { // dropped meanwhile (a hand-back): let go of what it took
+		if p == nil || res.Err != nil {
+			return nil, res.Err
+		}
+		var gone []store.KeyLease
+		for _, k := range p.keys {
+			if res.Held[k] {
+				gone = append(gone, store.KeyLease{Key: k, Token: p.token})
+			}
+		}
+		if len(gone) == 0 {
+			return nil, nil
+		}
+		_, err := a.db.ReleaseKeys(ctx, gone)
+		return nil, err // on failure Reconcile lets them go
+	}
+	a.acqs = slices.Delete(a.acqs, i, i+1)
+	var jobs []Job
+	var gone []store.KeyLease
+	touched := map[int64]bool{}
+	for _, key := range p.keys {
 		ks := a.keys[key]
+		if ks == nil || !ks.pending || ks.token != p.token {
+			if res.Err != nil || res.Held[key] {
+				gone = append(gone, store.KeyLease{Key: key, Token: p.token})
+			}
+			continue
+		}
+		ks.pending = false
 		switch {
-		case ks != nil && !ks.ordered && !k.ordered: // shared: queued behind this instance's earlier messages
-			if !ks.idleAt.IsZero() { // kept: in use again
-				ks.idleAt = time.Time{}
-				a.nkept--
-			}
-		case ks != nil && !ks.idleAt.IsZero():
-			// A kept exclusive key that an ordered message wants: let it go
-			// with this range, and the message waits as for a busy key.
-			delete(a.keys, key)
-			a.nkept--
-			in.release = append(in.release, store.KeyLease{Key: key, Token: ks.token})
-			for _, i := range k.idx {
-				a.park(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
-			}
-			continue
-		case blocked[key]:
-			for _, i := range k.idx {
-				a.park(in, i, 0, "waiting behind an earlier unresolved message of its ordered key")
-			}
-			continue
-		case !held[key]:
-			if ks == nil {
-				a.contended = a.cfg.Clock.Now()
-			}
-			for _, i := range k.idx {
-				a.park(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
-			}
-			continue
-		default:
-			ks = &keyState{token: r.Token, ordered: k.ordered, ranges: map[int64]bool{}, since: a.cfg.Clock.Now()}
-			a.keys[key] = ks
-		}
-		ks.ranges[r.ID] = true
-		in.keys = append(in.keys, key)
-		idle := len(ks.queue) == 0
-		for _, i := range k.idx {
-			ks.queue = append(ks.queue, ref{rangeID: r.ID, token: r.Token, index: i})
-		}
-		if idle {
+		case res.Err != nil:
+			gone = append(gone, store.KeyLease{Key: key, Token: p.token})
+			a.dropKey(key, ks, a.cfg.KeyBusyDelay, "waiting: its key could not be leased", touched)
+		case res.Blocked[key]: // the statement gave it back
+			a.dropKey(key, ks, 0, "waiting behind an earlier unresolved message of its ordered key", touched)
+		case !res.Held[key]:
+			a.contended = a.cfg.Clock.Now()
+			a.dropKey(key, ks, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance", touched)
+		case len(ks.queue) > 0:
 			jobs = append(jobs, a.start(ks.queue[0]))
 		}
 	}
+	var errs []error
+	if len(gone) > 0 {
+		if _, err := a.db.ReleaseKeys(ctx, gone); err != nil {
+			errs = append(errs, err) // Reconcile lets them go
+		}
+	}
+	for _, id := range a.order {
+		if in := a.ranges[id]; touched[id] && in.pending == 0 {
+			if err := a.settle(ctx, id); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if res.Err != nil {
+		errs = append([]error{res.Err}, errs...)
+	}
+	return jobs, errors.Join(errs...)
+}
+
+// dropKey forgets a pending key whose lease was not taken: every message
+// queued behind it parks, and the ranges it touched are marked.
+func (a *Actor) dropKey(key string, ks *keyState, after time.Duration, why string, touched map[int64]bool) {
+	delete(a.keys, key)
+	for _, q := range ks.queue {
+		if in := a.ranges[q.rangeID]; in != nil && in.r.Token == q.token {
+			a.park(in, q.index, after, why)
+			touched[q.rangeID] = true
+		}
+	}
+	for id := range ks.ranges {
+		if in := a.ranges[id]; in != nil {
+			in.keys = slices.DeleteFunc(in.keys, func(k string) bool { return k == key })
+		}
+	}
+}
+
+// admitted settles a range whose messages all have outcomes once its keyed
+// messages are placed.
+func (a *Actor) admitted(ctx context.Context, in *inflight, jobs []Job) ([]Job, error) {
 	if in.pending == 0 {
-		return jobs, a.settle(ctx, r.ID)
+		return jobs, a.settle(ctx, in.r.ID)
 	}
 	return jobs, nil
+}
+
+// admit places a range's messages of one key: queued behind this
+// instance's lease of it, or behind a new pending lease (wanted: the
+// acquisition decides), or parked when the key is held for an ordered
+// message on one side (an ordered lease is never shared). It returns the
+// job that starts, if any.
+func (a *Actor) admit(in *inflight, key string, k *keyed, wanted bool) []Job {
+	r := &in.r
+	ks := a.keys[key]
+	switch {
+	case wanted:
+		ks = &keyState{token: r.Token, ordered: k.ordered, ranges: map[int64]bool{}, since: a.cfg.Clock.Now(), pending: true}
+		a.keys[key] = ks
+	case !ks.ordered && !k.ordered: // shared: queued behind this instance's earlier messages
+		if !ks.idleAt.IsZero() { // kept: in use again
+			ks.idleAt = time.Time{}
+			a.nkept--
+		}
+	case !ks.idleAt.IsZero():
+		// A kept exclusive key that an ordered message wants: let it go
+		// with this range, and the message waits as for a busy key.
+		delete(a.keys, key)
+		a.nkept--
+		in.release = append(in.release, store.KeyLease{Key: key, Token: ks.token})
+		for _, i := range k.idx {
+			a.park(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
+		}
+		return nil
+	default: // held (or being acquired) for an ordered message, or wanted by one
+		for _, i := range k.idx {
+			a.park(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
+		}
+		return nil
+	}
+	ks.ranges[r.ID] = true
+	in.keys = append(in.keys, key)
+	idle := len(ks.queue) == 0 && !ks.pending
+	for _, i := range k.idx {
+		ks.queue = append(ks.queue, ref{rangeID: r.ID, token: r.Token, index: i})
+	}
+	if idle {
+		return []Job{a.start(ks.queue[0])}
+	}
+	return nil
 }
 
 // start marks a queued message running and returns its job.
@@ -931,7 +1100,7 @@ func (a *Actor) dropStale(old *inflight) []Job {
 	a.releaseKeys(old)
 	var jobs []Job
 	for _, key := range heads { // the next message of the key, another range's, starts
-		if ks := a.keys[key]; ks != nil && len(ks.queue) > 0 {
+		if ks := a.keys[key]; ks != nil && len(ks.queue) > 0 && !ks.pending {
 			jobs = append(jobs, a.start(ks.queue[0]))
 		}
 	}
@@ -1037,7 +1206,7 @@ func (a *Actor) leaveKeys(in *inflight, settling bool) []store.KeyLease {
 		}
 		ks.queue = kept
 		if len(ks.ranges) == 0 {
-			if keep && !ks.ordered && !in.excKeys[key] && a.nkept < MaxKeptKeys &&
+			if keep && !ks.ordered && !ks.pending && !in.excKeys[key] && a.nkept < MaxKeptKeys &&
 				now.Sub(ks.since) < MaxKeyKeep*a.cfg.keyHold() {
 				ks.idleAt = now
 				a.kept = append(a.kept, keptKey{key: key, at: now})
@@ -1282,6 +1451,10 @@ func (a *Actor) RecordProgress(ctx context.Context) error {
 // every flush tick does) and is released with its lease expired now, so
 // another instance takes the rest at once.
 func (a *Actor) HandBack(ctx context.Context) error {
+	// The acquisitions still pending have not run (the serve loop applies
+	// a running one before it hands back): their ranges go back with the
+	// rest, and the pending keys with them.
+	a.acqs = nil
 	var errs []error
 	if err := a.Flush(ctx); err != nil { // retried commits, then the prefixes
 		errs = append(errs, err)
@@ -1316,6 +1489,7 @@ func (a *Actor) HandBack(ctx context.Context) error {
 // or handed back) or until the session's drain finishes (ErrDrained); see
 // serve.
 func (a *Actor) Serve(ctx context.Context) error {
+	a.deferAcquire = true
 	return serve(ctx, a, a.outage, a.runner, a.cfg.Concurrency, a.cfg.QueueSize, a.cfg.Wake)
 }
 

@@ -587,3 +587,11 @@ func positionOrder(p, q store.Position) int {
 	}
 	return 0
 }
+
+// The exception claimer takes a row's key with the row's claim: it leaves
+// no acquisition pending.
+func (a *ExceptionActor) acquisition() func(context.Context) Acquired { return nil }
+func (a *ExceptionActor) acquired(context.Context, Acquired) ([]Job, error) {
+	return nil, nil
+}
+func (a *ExceptionActor) acquiringAtOnce() int { return 0 }

@@ -3,6 +3,7 @@ package claimer
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/c1702965/sqlstreams/internal/codes"
@@ -66,6 +67,14 @@ type loop interface {
 	// is quiet, alarms and wakes bring what its sweep would find, and the
 	// backstop sweep is not due (decision 0040).
 	skipTick() bool
+	// acquisition returns the store call of the oldest key acquisition a
+	// claim left pending and serve has not started (the range claimer's,
+	// decision 0050), which serve runs off the loop, acquiringAtOnce at a
+	// time, while claims, outcomes, commits and flushes go on; nil when
+	// there is none. acquired applies a result.
+	acquisition() func(context.Context) Acquired
+	acquired(ctx context.Context, res Acquired) ([]Job, error)
+	acquiringAtOnce() int
 }
 
 // serve runs l until ctx ends (an abrupt stop: nothing is committed or
@@ -145,7 +154,55 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		sctx, cancelDrainCtx = plan.Context(ctx, c.Clock, false)
 		deadline = timer(shutdown.Until(c.Clock, plan.HandlersDeadline()))
 	}
+	// The key acquisitions running off the loop (at most
+	// l.acquiringAtOnce()): started after the claims that left them
+	// pending, applied as their results come back, and waited for
+	// (cancelled once wctx ends) before any hand-back, salvage or return,
+	// so that what they took is known to whatever follows.
+	actx, acqStop := context.WithCancel(ctx)
+	defer acqStop()
+	var (
+		acqC    = make(chan Acquired, max(l.acquiringAtOnce(), 1))
+		running int
+		acqRuns sync.WaitGroup
+	)
+	defer func() { acqStop(); acqRuns.Wait() }()
+	startAcquire := func() {
+		for running < l.acquiringAtOnce() {
+			run := l.acquisition()
+			if run == nil {
+				return
+			}
+			running++
+			acqRuns.Add(1)
+			go func() {
+				defer acqRuns.Done()
+				acqC <- run(actx)
+			}()
+		}
+	}
+	applyAcquire := func(res Acquired, start bool, report func(error)) {
+		running--
+		jobs, err := l.acquired(sctx, res)
+		report(err)
+		if start {
+			send(jobs)
+			startAcquire() // the next claim's, if one is pending
+		}
+	}
+	awaitAcquire := func(wctx context.Context, report func(error)) { // their jobs do not start
+		for running > 0 {
+			select {
+			case res := <-acqC:
+				applyAcquire(res, false, report)
+			case <-wctx.Done():
+				acqStop()
+				applyAcquire(<-acqC, false, report)
+			}
+		}
+	}
 	finish := func() error {
+		awaitAcquire(sctx, report)
 		absorb(sctx, l, p, report, send) // outcomes already waiting settle before the hand-back
 		if !retryHandBack(sctx, c, l.what(), l.handBack) {
 			l.leave()
@@ -201,7 +258,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			jobs, more, err := l.claim(ctx)
 			report(err)
 			send(jobs)
-			if err != nil || !more {
+			if startAcquire(); err != nil || !more {
 				break
 			}
 			absorb(sctx, l, p, report, send) // keep outcomes flowing while claims are full
@@ -210,6 +267,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		busy.Waiting()
 		select {
 		case <-ctx.Done():
+			awaitAcquire(ctx, func(error) {}) // ctx is done: cancelled at once
 			switch {
 			case c.Liveness.Lost():
 				// The incarnation was lost: nothing more starts, but what
@@ -261,6 +319,10 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 				break
 			}
 			report(l.written(sctx))
+		case res := <-acqC: // a claim's keys: its keyed messages start
+			busy.Working()
+			applyAcquire(res, true, report)
+			due = true
 		case <-wake: // produced to: claim now
 			l.woken()
 			due = true

@@ -1,0 +1,90 @@
+package sqlstreams
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// keyedThenParallel produces one range's worth (BatchLimit 2) of exclusive
+// messages, keys "a" and "b", then n parallel ones.
+func keyedThenParallel(t *testing.T, s *StreamHandle[order], n int) {
+	t.Helper()
+	items := []BatchItem[order]{
+		{Msg: order{OrderID: "k-a"}, Key: "a", Message: &MessageOptions{Concurrency: Exclusive}},
+		{Msg: order{OrderID: "k-b"}, Key: "b", Message: &MessageOptions{Concurrency: Exclusive}},
+	}
+	for i := range n {
+		items = append(items, BatchItem[order]{Msg: order{OrderID: fmt.Sprintf("p-%d", i)}})
+	}
+	_, err := s.ProduceBatch(context.Background(), items, nil)
+	require.NoError(t, err)
+}
+
+// A range's key acquisition runs beside the claimer's loop (decision 0050):
+// while it is out, the later ranges are claimed, handled and committed, and
+// the range's keyed messages start only once it is back.
+func TestAKeyAcquisitionDoesNotHoldUpTheRangesAfterIt(t *testing.T) {
+	ctx := context.Background()
+	client, counter := countingClient(t, "", 0)
+	s := Stream[order](client, "orders")
+	require.NoError(t, s.Register(ctx, nil))
+	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Start: StartBeginning})
+	require.NoError(t, err)
+	keyedThenParallel(t, s, 4)
+
+	waiting, release := counter.hold("store.AcquireKeys")
+	t.Cleanup(release)
+	handled := make(chan string, 6)
+	consume(t, c, func(_ context.Context, o *order) error {
+		handled <- o.OrderID
+		return nil
+	}, &ConsumeOptions{BatchLimit: 2, QueueSize: 6, ClaimPollRate: 5 * time.Millisecond})
+
+	within(t, waiting, "the keyed range's key acquisition")
+	got := map[string]bool{}
+	for range 4 {
+		got[within(t, handled, "the parallel messages, in the ranges claimed after the keyed one")] = true
+	}
+	require.Equal(t, map[string]bool{"p-0": true, "p-1": true, "p-2": true, "p-3": true}, got,
+		"only the later ranges' messages ran while the keys were being acquired")
+	within(t, counter.when("store.CommitRange", 2), "the later ranges' commits, while the keys were being acquired")
+	select {
+	case id := <-handled:
+		t.Fatalf("%s ran before its key was leased", id)
+	default:
+	}
+
+	release()
+	got = map[string]bool{}
+	for range 2 {
+		got[within(t, handled, "the keyed messages, once their keys are leased")] = true
+	}
+	require.Equal(t, map[string]bool{"k-a": true, "k-b": true}, got)
+}
+
+// A key acquisition that fails parks its keyed messages as exception rows
+// (no retry spent) instead of running them unguarded: they are delivered
+// once, after KeyBusyDelay, and the ranges after them are not held up.
+func TestAFailedKeyAcquisitionParksItsMessagesAndLosesNone(t *testing.T) {
+	ctx := context.Background()
+	client, counter := countingClient(t, "", 0)
+	s := Stream[order](client, "orders")
+	require.NoError(t, s.Register(ctx, nil))
+	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Start: StartBeginning})
+	require.NoError(t, err)
+	keyedThenParallel(t, s, 2)
+
+	counter.failNext("store.AcquireKeys")
+	col := newCollector(4)
+	consume(t, c, func(_ context.Context, o *order) error {
+		col.add(o.OrderID)
+		return nil
+	}, &ConsumeOptions{BatchLimit: 2, QueueSize: 4, ClaimPollRate: 5 * time.Millisecond})
+	within(t, col.done, "every message, the keyed ones parked and retried")
+	require.Zero(t, col.duplicates(), "each message delivered once")
+	require.Positive(t, counter.snapshot()["store.ClaimExceptions"], "the keyed messages came back as exception rows")
+}
