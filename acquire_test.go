@@ -9,10 +9,18 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// keyedThenParallel produces one range's worth (BatchLimit 2) of exclusive
-// messages, keys "a" and "b", then n parallel ones.
-func keyedThenParallel(t *testing.T, s *StreamHandle[order], n int) {
+// keyedThenParallel registers the stream "orders" and its group "g"
+// (StartBeginning) on a counting client, and produces one range's worth
+// (BatchLimit 2) of exclusive messages, keys "a" and "b", then n parallel
+// ones.
+func keyedThenParallel(t *testing.T, n int) (*callerCounter, *Consumer[order]) {
 	t.Helper()
+	ctx := context.Background()
+	client, counter := countingClient(t, "", 0)
+	s := Stream[order](client, "orders")
+	require.NoError(t, s.Register(ctx, nil))
+	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Start: StartBeginning})
+	require.NoError(t, err)
 	items := []BatchItem[order]{
 		{Msg: order{OrderID: "k-a"}, Key: "a", Message: &MessageOptions{Concurrency: Exclusive}},
 		{Msg: order{OrderID: "k-b"}, Key: "b", Message: &MessageOptions{Concurrency: Exclusive}},
@@ -20,21 +28,16 @@ func keyedThenParallel(t *testing.T, s *StreamHandle[order], n int) {
 	for i := range n {
 		items = append(items, BatchItem[order]{Msg: order{OrderID: fmt.Sprintf("p-%d", i)}})
 	}
-	_, err := s.ProduceBatch(context.Background(), items, nil)
+	_, err = s.ProduceBatch(ctx, items, nil)
 	require.NoError(t, err)
+	return counter, c
 }
 
 // A range's key acquisition runs beside the claimer's loop (decision 0050):
 // while it is out, the later ranges are claimed, handled and committed, and
 // the range's keyed messages start only once it is back.
 func TestAKeyAcquisitionDoesNotHoldUpTheRangesAfterIt(t *testing.T) {
-	ctx := context.Background()
-	client, counter := countingClient(t, "", 0)
-	s := Stream[order](client, "orders")
-	require.NoError(t, s.Register(ctx, nil))
-	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Start: StartBeginning})
-	require.NoError(t, err)
-	keyedThenParallel(t, s, 4)
+	counter, c := keyedThenParallel(t, 4)
 
 	waiting, release := counter.hold("store.AcquireKeys")
 	t.Cleanup(release)
@@ -70,13 +73,7 @@ func TestAKeyAcquisitionDoesNotHoldUpTheRangesAfterIt(t *testing.T) {
 // (no retry spent) instead of running them unguarded: they are delivered
 // once, after KeyBusyDelay, and the ranges after them are not held up.
 func TestAFailedKeyAcquisitionParksItsMessagesAndLosesNone(t *testing.T) {
-	ctx := context.Background()
-	client, counter := countingClient(t, "", 0)
-	s := Stream[order](client, "orders")
-	require.NoError(t, s.Register(ctx, nil))
-	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Start: StartBeginning})
-	require.NoError(t, err)
-	keyedThenParallel(t, s, 2)
+	counter, c := keyedThenParallel(t, 2)
 
 	counter.failNext("store.AcquireKeys")
 	col := newCollector(4)

@@ -146,13 +146,19 @@ func (c *callerCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.
 		kept = append(kept, w)
 	}
 	c.waits = kept
-	if c.fail[name] > 0 {
-		c.fail[name]--
-		failed, cancel := context.WithCancel(ctx)
-		cancel()
-		return failed
+	return c.failLocked(ctx, name)
+}
+
+// failLocked returns a context already cancelled when caller name's next
+// statement is to fail (failNext), else ctx. c.mu is held.
+func (c *callerCounter) failLocked(ctx context.Context, name string) context.Context {
+	if c.fail[name] == 0 {
+		return ctx
 	}
-	return ctx
+	c.fail[name]--
+	failed, cancel := context.WithCancel(ctx)
+	cancel()
+	return failed
 }
 
 func (c *callerCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
@@ -189,13 +195,7 @@ func (c *callerCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.
 	c.waitHeld(ctx, name)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.fail[name] > 0 {
-		c.fail[name]--
-		failed, cancel := context.WithCancel(ctx)
-		cancel()
-		return failed
-	}
-	return ctx
+	return c.failLocked(ctx, name)
 }
 
 func (c *callerCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
