@@ -755,31 +755,22 @@ func (a *Actor) acquired(ctx context.Context, res Acquired) ([]Job, error) {
 	if p == nil && len(a.acqs) > 0 {
 		p = a.acqs[0]
 	}
-	i := slices.Index(a.acqs, p)
-	if i < 0 { // dropped meanwhile (a hand-back): let go of what it took
-		if p == nil || res.Err != nil {
-			return nil, res.Err
-		}
-		var gone []store.KeyLease
-		for _, k := range p.keys {
-			if res.Held[k] {
-				gone = append(gone, store.KeyLease{Key: k, Token: p.token})
-			}
-		}
-		if len(gone) == 0 {
-			return nil, nil
-		}
-		_, err := a.db.ReleaseKeys(ctx, gone)
-		return nil, err // on failure Reconcile lets them go
+	if p == nil {
+		return nil, res.Err
 	}
-	a.acqs = slices.Delete(a.acqs, i, i+1)
+	// An acquisition dropped meanwhile (a hand-back) places nothing: what
+	// it took is let go of, as for keys whose ranges went.
+	i := slices.Index(a.acqs, p)
+	if i >= 0 {
+		a.acqs = slices.Delete(a.acqs, i, i+1)
+	}
 	var jobs []Job
 	var gone []store.KeyLease
 	touched := map[int64]bool{}
 	for _, key := range p.keys {
 		ks := a.keys[key]
-		if ks == nil || !ks.pending || ks.token != p.token {
-			if res.Err != nil || res.Held[key] {
+		if i < 0 || ks == nil || !ks.pending || ks.token != p.token {
+			if res.Held[key] || i >= 0 && res.Err != nil {
 				gone = append(gone, store.KeyLease{Key: key, Token: p.token})
 			}
 			continue
