@@ -454,6 +454,12 @@ type Stats struct {
 	// AlertsDropped counts alerts not produced because the session's
 	// bounded alert queue was full (the conditions were logged all the same).
 	AlertsDropped int64
+	// KeyGates counts the times the range claimer was granted its group's
+	// key gate: it then held every exclusive key without a lease row each,
+	// as the only session of the group (decision 0051). KeyGatesGivenUp
+	// counts the times it gave the gate up because another session of
+	// the group started or a keyed message waited for a retry.
+	KeyGates, KeyGatesGivenUp int64
 }
 
 // statsOf reads an actor counter set.
@@ -464,6 +470,7 @@ func statsOf(s *claimer.Stats) Stats {
 		Deferred: s.Deferred.Load(), Retried: s.Retried.Load(), Panics: s.Panics.Load(), TimedOut: s.TimedOut.Load(),
 		Abandoned: s.Abandoned.Load(), Committed: s.Committed.Load(), LeasesLost: s.LeasesLost.Load(), Stalls: s.Stalls.Load(),
 		ProgressRecorded: s.ProgressRecorded.Load(), AlertsDropped: s.AlertsDropped.Load(),
+		KeyGates: s.KeyGates.Load(), KeyGatesGivenUp: s.KeyGatesGivenUp.Load(),
 	}
 }
 
@@ -475,6 +482,7 @@ func (a Stats) plus(b Stats) Stats {
 		Deferred: a.Deferred + b.Deferred, Retried: a.Retried + b.Retried, Panics: a.Panics + b.Panics, TimedOut: a.TimedOut + b.TimedOut,
 		Abandoned: a.Abandoned + b.Abandoned, Committed: a.Committed + b.Committed, LeasesLost: a.LeasesLost + b.LeasesLost,
 		Stalls: a.Stalls + b.Stalls, ProgressRecorded: a.ProgressRecorded + b.ProgressRecorded, AlertsDropped: a.AlertsDropped + b.AlertsDropped,
+		KeyGates: a.KeyGates + b.KeyGates, KeyGatesGivenUp: a.KeyGatesGivenUp + b.KeyGatesGivenUp,
 	}
 }
 

@@ -43,7 +43,7 @@ func (st *stepper) drainRanges() {
 func (st *stepper) leaseTokens() map[string]string {
 	st.t.Helper()
 	rows, err := st.e.pool.Query(context.Background(), fmt.Sprintf(
-		"SELECT message_key, token::text FROM %s.stream_%d_key_lease WHERE group_id = $1",
+		"SELECT message_key, token::text FROM %s.stream_%d_key_lease WHERE group_id = $1 AND message_key <> ''",
 		st.e.client.Schema(), st.c.group.StreamID), st.c.group.ID)
 	require.NoError(st.t, err)
 	defer rows.Close()

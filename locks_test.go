@@ -88,6 +88,46 @@ func TestLockOrderHasNoDeadlocks(t *testing.T) {
 		contend(t, 300, step(asc), step(desc), step(asc), step(desc))
 	})
 
+	t.Run("key_gate_beside_keys", func(t *testing.T) {
+		want := make([]store.KeyClaim, keys)
+		for i := range keys {
+			want[i] = store.KeyClaim{Key: fmt.Sprintf("k%02d", keys-1-i)}
+		}
+		// The gate is asked for, and given up with its keys written as
+		// rows, while other owners lease and release the same keys.
+		gate := func() func(int) error {
+			owner := engine.NewID()
+			return func(int) error {
+				token := engine.NewID()
+				held, _, err := g.AcquireKeys(ctx, store.AcquireKeys{Want: want, Token: engine.NewID(), Owner: owner, TTL: time.Minute, Gate: token})
+				if err != nil || !held[store.KeyGateKey] {
+					return err
+				}
+				kept := make([]store.KeyLease, len(want))
+				for i, k := range want {
+					kept[i] = store.KeyLease{Key: k.Key, Token: token}
+				}
+				if _, _, err := g.ReleaseKeyGate(ctx, store.KeyGateRelease{Token: token, Owner: owner, Keys: kept, TTL: time.Minute}); err != nil {
+					return err
+				}
+				_, err = g.ReleaseKeys(ctx, kept)
+				return err
+			}
+		}
+		keyed := func() func(int) error {
+			owner := engine.NewID()
+			return func(int) error {
+				token := engine.NewID()
+				held, _, err := g.AcquireKeys(ctx, store.AcquireKeys{Want: want, Token: token, Owner: owner, TTL: time.Minute})
+				if err != nil || len(held) == 0 {
+					return err
+				}
+				return g.ReturnRuns(ctx, []store.ExceptionRun{{Token: token}}, nil)
+			}
+		}
+		contend(t, 200, gate(), keyed(), gate(), keyed())
+	})
+
 	t.Run("settle_a_chain_while_renewing", func(t *testing.T) {
 		const chain = 60
 		items := make([]BatchItem[order], chain)

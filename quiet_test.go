@@ -448,7 +448,8 @@ func quietRanges(t *testing.T, signals *claimer.Signals) {
 }
 
 // A hand-back that released a range and then failed (here its last
-// statement, the release of a kept key) still wakes the stream: the range
+// statement, giving up the key gate it took alone in its group, decision
+// 0051) still wakes the stream: the range
 // is back in the database, and a quiet peer takes it over at once. The
 // wake used to follow only an attempt that succeeded as a whole, so the
 // peer waited for its backstop sweep (out of reach here).
@@ -458,8 +459,8 @@ func TestAHandBackThatReleasedARangeWakesEvenWhenItFailsAfter(t *testing.T) {
 	p := twoProcesses(t)
 	counter, peerCounter, s, c, pc := p.counter, p.peerCounter, p.s, p.c, p.peerConsumer
 
-	// One range a message: "keyed" (exclusive, key k1) commits and its key
-	// is kept (decision 0045: for a minute here); "held" stays in flight.
+	// One range a message: "keyed" (exclusive, key k1, held under the
+	// session's key gate) commits; "held" stays in flight.
 	stuck := make(chan struct{})
 	handled := make(chan string, 4)
 	first := consume(t, c, func(ctx context.Context, o *order) error {
@@ -486,10 +487,11 @@ func TestAHandBackThatReleasedARangeWakesEvenWhenItFailsAfter(t *testing.T) {
 	quietRanges(t, signals)
 
 	// The first session stops: its hand-back releases "held"'s range, then
-	// fails to release the kept key.
-	counter.failNext("store.ReleaseKeys")
+	// fails to give its key gate up (a gate is given up to a second
+	// session at a flush tick once a KeyHold, a minute here).
+	counter.failNext("store.ReleaseKeyGate")
 	require.NoError(t, first.stop(t))
-	require.Positive(t, counter.snapshot()["store.ReleaseKeys"], "the kept key's release was tried (and failed)")
+	require.Positive(t, counter.snapshot()["store.ReleaseKeyGate"], "the gate's release was tried (and failed)")
 	require.Equal(t, "held", within(t, peerHandled, "the handed-back message, taken over on the hand-back's wake"))
 }
 

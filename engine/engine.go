@@ -27,7 +27,6 @@ package engine
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"github.com/c1702965/sqlstreams/internal/observe"
@@ -162,13 +161,7 @@ func DBNow(c clock.Clock) func() store.Now {
 }
 
 // NewID returns a random UUID (version 4) as text.
-func NewID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
-}
+func NewID() string { return store.NewID() }
 
 type serviceFunc func(ctx context.Context) error
 
@@ -328,7 +321,7 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		rc.Alarm = msgAlarm
 	}
 	cl := claimer.New(claimer.Config{Common: rc, BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, StallAfter: o.StallAfter,
-		Alerts: s.queue, Wake: s.wake})
+		Alerts: s.queue, Wake: s.wake, WorkerConfigID: cfg.Workers[store.WorkerMessageConsumer]})
 	ec := common
 	ec.InstanceID, ec.Liveness, ec.Holdings = excID, excLive, excHold
 	if cfg.Beats != nil {

@@ -6,10 +6,12 @@
 // start, stop and crash, when heartbeats are late, when producers produce,
 // how handlers end, when a claim's key acquisition comes back (the serve
 // loop runs it beside the claimer: a third of random claims leave it
-// pending for a later acquire step) and how far the clock moves. Nothing
-// runs on another
-// goroutine, so a seed replays exactly: the trace of a run is a function of
-// its seed.
+// pending for a later acquire step), when a range claimer's flush and
+// reconcile ticks run (a flush looks whether its key gate is wanted,
+// decision 0051) and how far the clock moves. A third of the seeds start
+// with one instance, the fleet in which a range claimer takes the key
+// gate. Nothing runs on another goroutine, so a seed replays exactly: the
+// trace of a run is a function of its seed.
 //
 // Runs come two ways: scripts (testdata/*.sim, a small command language,
 // see World.Exec), whose traces are committed as golden files, and random

@@ -94,6 +94,10 @@ type World struct {
 	// Stalls counts stalls; Lapses those an instance came back from as a
 	// new incarnation (its row had expired while it slept).
 	Stalls, Lapses int
+	// gates and gatesGivenUp count the key gates (decision 0051) granted
+	// to and given up by the range claimers of earlier incarnations.
+	gates, gatesGivenUp int64
+	seed                uint64
 
 	st       *store.Store
 	opts     Options
@@ -166,7 +170,7 @@ type instance struct {
 // "g", declared with cfg.
 func New(ctx context.Context, st *store.Store, seed uint64, opts Options, cfg groupconfig.Declared) (*World, error) {
 	opts.defaults()
-	w := &World{st: st, opts: opts, clock: clock.NewMock(), rng: rand.New(rand.NewPCG(seed, seed^0x2545f4914f6cdd1d)),
+	w := &World{seed: seed, st: st, opts: opts, clock: clock.NewMock(), rng: rand.New(rand.NewPCG(seed, seed^0x2545f4914f6cdd1d)),
 		logger: slog.New(slog.NewTextHandler(io.Discard, nil)), byID: map[int64]*message{}, inFlight: map[string]int{},
 		ledger: map[int64]string{}}
 	w.clock.Set(Epoch)
@@ -274,6 +278,10 @@ func (w *World) build(in *instance) {
 	}
 	in.beat, in.exBeat = beat(in.msgID, store.WorkerMessageConsumer), beat(in.excID, store.WorkerExceptionConsumer)
 	in.lastBeat = w.clock.Now()
+	if in.stats != nil {
+		w.gates += in.stats.KeyGates.Load()
+		w.gatesGivenUp += in.stats.KeyGatesGivenUp.Load()
+	}
 	in.stats = &claimer.Stats{}
 	skipped := func(m *store.Message, bindings int64) {
 		if err := w.checkClaimSet(in, m, bindings, false); err != nil && w.skipErr == nil {
@@ -294,7 +302,8 @@ func (w *World) build(in *instance) {
 	}
 	rc := common
 	rc.InstanceID = in.msgID
-	in.cl = claimer.New(claimer.Config{Common: rc, BatchLimit: w.opts.BatchLimit, QueueSize: w.opts.QueueSize, StallAfter: time.Hour})
+	in.cl = claimer.New(claimer.Config{Common: rc, BatchLimit: w.opts.BatchLimit, QueueSize: w.opts.QueueSize, StallAfter: time.Hour,
+		WorkerConfigID: w.workers[store.WorkerMessageConsumer]})
 	in.cl.DeferAcquire(true) // as the serve loop: random steps interleave with a claim's key acquisition
 	ec := common
 	ec.InstanceID = in.excID
@@ -408,6 +417,20 @@ func (w *World) instance(name string) (*instance, error) {
 	return nil, fmt.Errorf("no running instance %q", name)
 }
 
+// KeyGates counts the key gates (decision 0051) the range claimers were
+// granted so far, and those they gave up because another instance or a
+// keyed retry wanted the keys.
+func (w *World) KeyGates() (granted, givenUp int64) {
+	granted, givenUp = w.gates, w.gatesGivenUp
+	for _, in := range w.inst {
+		if in.stats != nil {
+			granted += in.stats.KeyGates.Load()
+			givenUp += in.stats.KeyGatesGivenUp.Load()
+		}
+	}
+	return granted, givenUp
+}
+
 func (w *World) live() []*instance {
 	var out []*instance
 	for _, in := range w.inst {
@@ -502,6 +525,19 @@ func (w *World) Acquire(ctx context.Context, in *instance) error {
 		return err
 	}
 	return w.handOut(in, jobs, false)
+}
+
+// Flush runs the instance's range claimer's flush tick: failed commits
+// retried, progress recorded, kept keys let go, and the look at whether
+// another instance or a keyed retry wants its key gate (decision 0051).
+func (w *World) Flush(ctx context.Context, in *instance) error {
+	return in.cl.Flush(ctx)
+}
+
+// Reconcile runs the instance's range claimer's reconcile tick: what the
+// database says it holds without its knowing is let go.
+func (w *World) Reconcile(ctx context.Context, in *instance) error {
+	return in.cl.Reconcile(ctx)
 }
 
 // claim makes one range claim for the instance, leaving the key

@@ -87,11 +87,15 @@ const randomSteps = 150
 // checked after each, then settles.
 func TestRandomSeeds(t *testing.T) {
 	chained, stalls, lapses := 0, 0, 0
+	var gates, gatesGivenUp int64
 	defer func() {
 		if !t.Failed() && len(seeds(t)) >= 50 {
 			require.Positive(t, chained, "the random runs never ran an ordered chain: they no longer cover it")
 			require.Positive(t, lapses, "no random run stalled an instance past its TTL: they no longer cover incarnations")
-			t.Logf("%d seeds: %d ordered chains, %d stalls, %d of them past the TTL (a new incarnation)", len(seeds(t)), chained, stalls, lapses)
+			require.Positive(t, gates, "no random run granted a key gate: they no longer cover it")
+			require.Positive(t, gatesGivenUp, "no random run gave a key gate up to another instance or a retry: they no longer cover it")
+			t.Logf("%d seeds: %d ordered chains, %d stalls, %d of them past the TTL (a new incarnation), %d key gates granted, %d given up",
+				len(seeds(t)), chained, stalls, lapses, gates, gatesGivenUp)
 		}
 	}()
 	for _, seed := range seeds(t) {
@@ -107,6 +111,8 @@ func TestRandomSeeds(t *testing.T) {
 			chained += w.Chained
 			stalls += w.Stalls
 			lapses += w.Lapses
+			g, up := w.KeyGates()
+			gates, gatesGivenUp = gates+g, gatesGivenUp+up
 		})
 	}
 }

@@ -61,6 +61,9 @@ type Stats struct {
 	Stalls           atomic.Int64 // claims held back by an open transaction past StallAfter
 	// AlertsDropped counts alert events a full alerts queue dropped.
 	AlertsDropped atomic.Int64
+	// KeyGates counts key gates granted; KeyGatesGivenUp those given up
+	// because others wanted the keys (decision 0051).
+	KeyGates, KeyGatesGivenUp atomic.Int64
 }
 
 // Common is what both actors need.
@@ -191,6 +194,11 @@ type Config struct {
 	Wake <-chan struct{}
 	// Alerts, if set, is told of each stall once, with when it began.
 	Alerts *alerts.Queue
+	// WorkerConfigID is the range claimers' worker row of the group: the
+	// claimer asks for the group's key gate (decision 0051) only while no
+	// other live instance of it runs. 0: never asked for (step-driven
+	// tests that read key-lease rows).
+	WorkerConfigID int64
 }
 
 // TraceKind is what a Trace event says became of outcomes.
@@ -306,6 +314,10 @@ type keyState struct {
 	// pending: its acquisition has not been applied (acquiring); nothing
 	// of the key runs until it has.
 	pending bool
+	// gated: held under the group's key gate, with no lease row of its own
+	// (decision 0051); token is then the range's that brought it, the
+	// token its row gets if the gate is given up while it is held.
+	gated bool
 }
 
 // DefaultKeyHold is Common.KeyHold's default: a burn-down's ranges bring a
@@ -392,6 +404,15 @@ type Actor struct {
 	// (deferAcquire: the serve loop's claims, and the simulator's).
 	acqs         []*acquiring
 	deferAcquire bool
+	// keyGate is the token of the group's key gate while this claimer
+	// holds it (decision 0051), "" otherwise: its exclusive keys are then
+	// held without a row each. gateAsked: a pending acquisition asks for
+	// it. gateRefused: when it was last refused or given up (it is not
+	// asked for again for KeyGateRetry). gateChecked: the last look at
+	// whether another instance or a keyed retry wants the keys.
+	keyGate                  string
+	gateAsked                bool
+	gateRefused, gateChecked time.Time
 	leaseBook
 	parsedOptions
 }
@@ -411,12 +432,13 @@ func (a *Actor) reset() {
 	a.order, a.toCommit, a.queued = nil, nil, 0
 	a.starved, a.sweep, a.empty, a.found, a.idleProbed, a.wokenQuiet = false, true, false, false, false, false
 	a.acqs = nil
+	a.keyGate, a.gateAsked = "", false
 	a.leasing(a.cfg.Holdings)
 }
 
 // quiet: nothing for a poll tick to do while the listener is up (quiet.go).
 func (a *Actor) quiet() bool {
-	return a.idleProbed && len(a.ranges) == 0 && len(a.keys) == 0 && len(a.toCommit) == 0 &&
+	return a.idleProbed && len(a.ranges) == 0 && len(a.keys) == 0 && a.keyGate == "" && len(a.toCommit) == 0 &&
 		a.stallSince.IsZero() && a.cfg.Leftovers.Len() == 0
 }
 
@@ -463,8 +485,8 @@ func (a *Actor) Claim(ctx context.Context) ([]Job, error) {
 // here, and a quiet claimer holds nothing (quiet.go).
 func (a *Actor) claimWith(ctx context.Context, sweep, reclaim bool) (jobs []Job, reclaimed bool, err error) {
 	jobs, reclaimed, err = a.claimOnce(ctx, sweep, reclaim)
-	if err == nil && len(jobs) == 0 && len(a.ranges) == 0 && a.nkept > 0 && a.cfg.Liveness.Valid() {
-		err = a.releaseKept(ctx, true)
+	if err == nil && len(jobs) == 0 && len(a.ranges) == 0 && (a.nkept > 0 || a.keyGate != "") && a.cfg.Liveness.Valid() {
+		err = errors.Join(a.releaseKept(ctx, true), a.giveUpGate(ctx, false))
 	}
 	return jobs, reclaimed, err
 }
@@ -641,19 +663,34 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 	}
 	var want []store.KeyClaim
 	var wanted []string
+	exclusive := false
 	for _, key := range keyOrder {
 		// A key this instance holds (or is acquiring) is shared below, or
 		// parked as busy when either side is ordered (an ordered key's
 		// order is decided by the database, never by a queue in one
-		// process). The others are acquired.
+		// process). An exclusive key is held at once under the key gate.
+		// The others are acquired.
 		if a.keys[key] == nil {
 			k := byKey[key]
+			if a.keyGate != "" && !k.ordered {
+				a.keys[key] = &keyState{token: r.Token, ranges: map[int64]bool{}, since: a.cfg.Clock.Now(), gated: true}
+				continue
+			}
 			want = append(want, store.KeyClaim{Key: key, Ordered: k.ordered, Position: r.Messages[k.idx[0]].Position})
 			wanted = append(wanted, key)
+			exclusive = exclusive || !k.ordered
 		}
 	}
+	isWanted := func(key string) bool { return slices.Contains(wanted, key) }
+	if len(wanted) > 8 {
+		set := make(map[string]bool, len(wanted))
+		for _, key := range wanted {
+			set[key] = true
+		}
+		isWanted = func(key string) bool { return set[key] }
+	}
 	for _, key := range keyOrder {
-		jobs = append(jobs, a.admit(in, key, byKey[key], a.keys[key] == nil)...)
+		jobs = append(jobs, a.admit(in, key, byKey[key], isWanted(key))...)
 	}
 	if len(want) == 0 {
 		return a.admitted(ctx, in, jobs)
@@ -664,13 +701,97 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 	// (decision 0050); the step callers run it at once unless they
 	// deferred it.
 	a.leasing(a.cfg.Holdings)
-	a.acqs = append(a.acqs, &acquiring{token: r.Token, keys: wanted,
-		req: store.AcquireKeys{RangeID: r.ID, Want: want, Token: r.Token, Owner: a.cfg.InstanceID, TTL: a.cfg.Lease, Now: a.cfg.DBNow()}})
+	req := store.AcquireKeys{RangeID: r.ID, Want: want, Token: r.Token, Owner: a.cfg.InstanceID, TTL: a.cfg.Lease, Now: a.cfg.DBNow()}
+	if exclusive && a.askGate() {
+		req.Gate, req.WorkerConfigID, a.gateAsked = store.NewID(), a.cfg.WorkerConfigID, true
+	}
+	a.acqs = append(a.acqs, &acquiring{token: r.Token, keys: wanted, req: req})
 	if a.deferAcquire {
 		return jobs, nil
 	}
 	more, err := a.Acquire(ctx)
 	return append(jobs, more...), err
+}
+
+// KeyGateRetry is how long, in KeyHolds, the range claimer waits after
+// its key gate was refused or given up before it asks again (decision
+// 0051): a group with other sessions refuses it, and a fleet's instances
+// would otherwise ask at every claim.
+const KeyGateRetry = MaxKeyKeep
+
+// askGate: a claim that must acquire exclusive keys asks for the group's
+// key gate too. Only while the claimer keeps keys (the gate is keeping
+// every key), knows its worker row, does not hold or ask for the gate
+// already, and was not refused or gave it up within KeyGateRetry.
+func (a *Actor) askGate() bool {
+	if a.cfg.WorkerConfigID == 0 || a.keyGate != "" || a.gateAsked || a.cfg.Broken.skipKeyLeases() {
+		return false
+	}
+	now := a.cfg.Clock.Now()
+	return a.keeping(now) && (a.gateRefused.IsZero() || now.Sub(a.gateRefused) >= KeyGateRetry*a.cfg.keyHold())
+}
+
+// giveUpGate gives the key gate up (decision 0051): the exclusive keys
+// still held under it get a lease row each, by the token of the range
+// that brought them, in the statement that frees it. Until it succeeds
+// the gate stays held and the keys gated (a later flush tries again).
+//
+// wanted: given up because others want the keys (checkKeyGate), so it is
+// not asked for again for KeyGateRetry; a drained claimer or a hand-back
+// gives it up without that wait.
+func (a *Actor) giveUpGate(ctx context.Context, wanted bool) error {
+	if a.keyGate == "" {
+		return nil
+	}
+	var keys []store.KeyLease
+	for key, ks := range a.keys {
+		if ks.gated {
+			keys = append(keys, store.KeyLease{Key: key, Token: ks.token})
+		}
+	}
+	a.leasing(a.cfg.Holdings) // the keys' rows
+	_, missing, err := a.db.ReleaseKeyGate(ctx, store.KeyGateRelease{Token: a.keyGate, Owner: a.cfg.InstanceID, Keys: keys,
+		TTL: a.cfg.Lease, Now: a.cfg.DBNow()})
+	if err != nil {
+		return err
+	}
+	// Freed now, or by an earlier attempt whose reply was lost (its rows
+	// were written then), or lost with the incarnation (which starts
+	// nothing more): either way the keys are rows or nothing from here.
+	for _, ks := range a.keys {
+		ks.gated = false
+	}
+	a.keyGate = ""
+	if wanted {
+		a.gateRefused = a.cfg.Clock.Now()
+		a.cfg.Stats.KeyGatesGivenUp.Add(1)
+	}
+	if missing > 0 {
+		return fmt.Errorf("give up the key gate: %d held keys are leased by another live holder", missing)
+	}
+	return nil
+}
+
+// checkKeyGate gives the key gate up when another live instance of the
+// group's range claimers runs or a keyed message waits in the exception
+// table (store.KeyGateWanted), looked at once a KeyHold while it is held.
+func (a *Actor) checkKeyGate(ctx context.Context) error {
+	if a.keyGate == "" {
+		return nil
+	}
+	now := a.cfg.Clock.Now()
+	if !a.gateChecked.IsZero() && now.Sub(a.gateChecked) < a.cfg.keyHold() {
+		return nil
+	}
+	wanted, err := a.db.KeyGateWanted(ctx, a.cfg.InstanceID, a.cfg.WorkerConfigID, a.cfg.DBNow())
+	if err != nil {
+		return err
+	}
+	a.gateChecked = now
+	if !wanted {
+		return nil
+	}
+	return a.giveUpGate(ctx, true)
 }
 
 // maxAcquires bounds the key acquisitions the serve loop runs at once,
@@ -767,6 +888,26 @@ func (a *Actor) acquired(ctx context.Context, res Acquired) ([]Job, error) {
 	var jobs []Job
 	var gone []store.KeyLease
 	touched := map[int64]bool{}
+	gated := false
+	if p.req.Gate != "" {
+		a.gateAsked = false
+		switch {
+		case res.Held[store.KeyGateKey] && i >= 0:
+			a.keyGate, a.gateChecked, gated = p.req.Gate, a.cfg.Clock.Now(), true
+			a.cfg.Stats.KeyGates.Add(1)
+		case res.Err == nil && !res.Held[store.KeyGateKey]:
+			a.gateRefused = a.cfg.Clock.Now()
+		}
+	}
+	var errs []error
+	if res.Held[store.KeyGateKey] && i < 0 {
+		// Granted to an acquisition dropped meanwhile (a hand-back): freed
+		// at once. One granted by an attempt whose reply was lost is the
+		// instance's without its knowing: Reconcile frees it.
+		if _, _, err := a.db.ReleaseKeyGate(ctx, store.KeyGateRelease{Token: p.req.Gate, Owner: a.cfg.InstanceID, Now: a.cfg.DBNow()}); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, key := range p.keys {
 		ks := a.keys[key]
 		if i < 0 || ks == nil || !ks.pending || ks.token != p.token {
@@ -776,6 +917,7 @@ func (a *Actor) acquired(ctx context.Context, res Acquired) ([]Job, error) {
 			continue
 		}
 		ks.pending = false
+		ks.gated = gated && !ks.ordered
 		switch {
 		case res.Err != nil:
 			gone = append(gone, store.KeyLease{Key: key, Token: p.token})
@@ -789,7 +931,6 @@ func (a *Actor) acquired(ctx context.Context, res Acquired) ([]Job, error) {
 			jobs = append(jobs, a.start(ks.queue[0]))
 		}
 	}
-	var errs []error
 	if len(gone) > 0 {
 		if _, err := a.db.ReleaseKeys(ctx, gone); err != nil {
 			errs = append(errs, err) // Reconcile lets them go
@@ -1196,6 +1337,10 @@ func (a *Actor) leaveKeys(in *inflight, settling bool) []store.KeyLease {
 			}
 		}
 		ks.queue = kept
+		if len(ks.ranges) == 0 && ks.gated { // no row: nothing to keep or release
+			delete(a.keys, key)
+			continue
+		}
 		if len(ks.ranges) == 0 {
 			if keep && !ks.ordered && !ks.pending && !in.excKeys[key] && a.nkept < MaxKeptKeys &&
 				now.Sub(ks.since) < MaxKeyKeep*a.cfg.keyHold() {
@@ -1305,7 +1450,12 @@ func (a *Actor) Reconcile(ctx context.Context) error {
 	}
 	keys := make([]store.KeyLease, 0, len(a.keys))
 	for k, ks := range a.keys {
-		keys = append(keys, store.KeyLease{Key: k, Token: ks.token})
+		if !ks.gated {
+			keys = append(keys, store.KeyLease{Key: k, Token: ks.token})
+		}
+	}
+	if a.keyGate != "" {
+		keys = append(keys, store.KeyLease{Key: store.KeyGateKey, Token: a.keyGate})
 	}
 	ranges, leases, err := a.db.ForgetUnknownRanges(ctx, store.ForgetRanges{Owner: a.cfg.InstanceID, Ranges: known, Keys: keys, Now: a.cfg.DBNow()})
 	if err != nil {
@@ -1325,6 +1475,9 @@ func (a *Actor) Flush(ctx context.Context) error {
 		return err
 	}
 	if err := a.RecordProgress(ctx); err != nil {
+		return err
+	}
+	if err := a.checkKeyGate(ctx); err != nil {
 		return err
 	}
 	return a.releaseKept(ctx, false)
@@ -1445,7 +1598,7 @@ func (a *Actor) HandBack(ctx context.Context) error {
 	// The acquisitions still pending have not run (the serve loop applies
 	// a running one before it hands back): their ranges go back with the
 	// rest, and the pending keys with them.
-	a.acqs = nil
+	a.acqs, a.gateAsked = nil, false
 	var errs []error
 	if err := a.Flush(ctx); err != nil { // retried commits, then the prefixes
 		errs = append(errs, err)
@@ -1471,6 +1624,9 @@ func (a *Actor) HandBack(ctx context.Context) error {
 		a.forget(id)
 	}
 	if err := a.releaseKept(ctx, true); err != nil {
+		errs = append(errs, err)
+	}
+	if err := a.giveUpGate(ctx, false); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -1524,7 +1680,9 @@ func (a *Actor) begin(ctx context.Context) error {
 // settled: nothing of this instance's is left in the database that the
 // actor does not know of (a begin, a reconcile); with nothing in memory
 // either, the heartbeat renews no leases.
-func (a *Actor) settled() { a.cleared(a.cfg.Holdings, len(a.ranges) > 0 || len(a.keys) > 0) }
+func (a *Actor) settled() {
+	a.cleared(a.cfg.Holdings, len(a.ranges) > 0 || len(a.keys) > 0 || a.keyGate != "")
+}
 
 // claim is the loop's claim: a sweep (expired leases, the gate probe) only
 // when one is due and no takeover is held back (Common.takeoversHeld), and

@@ -190,7 +190,7 @@ func (g Group) ForgetUnknownRanges(ctx context.Context, f ForgetRanges) (ranges,
 		known = []int64{}
 	}
 	names, tokens := keyArrays(f.Keys)
-	err = g.db().QueryRow(ctx, g.sql(forgetRangesSQL), g.GroupID, f.Owner, known, f.Now, names, tokens).Scan(&ranges, &leases)
+	err = g.db().QueryRow(ctx, g.sql(forgetRangesSQL), g.GroupID, f.Owner, known, f.Now, names, tokens, keyGateFree).Scan(&ranges, &leases)
 	if err != nil {
 		return 0, 0, fmt.Errorf("forget unknown ranges: %w", err)
 	}
@@ -278,7 +278,12 @@ WITH rl AS (
                       WHERE h.key = l.message_key AND h.token = l.token)
     ORDER BY l.message_key FOR UPDATE
 ), k AS (
-    DELETE FROM {s}.{t}_key_lease l WHERE l.group_id = $1 AND l.message_key IN (SELECT message_key FROM kl)
+    DELETE FROM {s}.{t}_key_lease l
+    WHERE l.group_id = $1 AND l.message_key <> '' AND l.message_key IN (SELECT message_key FROM kl)
+    RETURNING 1
+), gf AS ( -- a key gate is freed, not deleted (KeyGateKey)
+    UPDATE {s}.{t}_key_lease l SET token = $7::uuid, owner = $7::uuid, expires_at = '-infinity'
+    WHERE l.group_id = $1 AND l.message_key = '' AND l.message_key IN (SELECT message_key FROM kl)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM k)`)
+SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM k) + (SELECT count(*) FROM gf)`)

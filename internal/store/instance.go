@@ -144,7 +144,7 @@ func (st *Store) ExpireOwnedRanges(ctx context.Context, owner string, streamID i
 	if _, err := st.pool.Exec(ctx, r.sql(renewRangesSQL), owner, now, -time.Millisecond); err != nil {
 		return fmt.Errorf("expire owned ranges: %w", err)
 	}
-	if _, err := st.pool.Exec(ctx, r.sql(releaseOwnedKeysSQL), owner); err != nil {
+	if _, err := st.pool.Exec(ctx, r.sql(releaseOwnedKeysSQL), owner, keyGateFree); err != nil {
 		return fmt.Errorf("release owned keys: %w", err)
 	}
 	return nil
@@ -206,9 +206,14 @@ FROM xl
 WHERE x.group_id = xl.group_id AND x.message_xid = xl.message_xid AND x.message_id = xl.message_id
   AND x.owner = $1::uuid AND x.status IN ('running', 'queued')`)
 
+// A key gate the owner held is freed, not deleted (KeyGateKey).
 var releaseOwnedKeysSQL = perStream(`-- store.ExpireOwnedRanges
 WITH kl AS (
     SELECT group_id, message_key FROM {s}.{t}_key_lease WHERE owner = $1::uuid
     ORDER BY group_id, message_key FOR UPDATE
+), gf AS (
+    UPDATE {s}.{t}_key_lease l SET token = $2::uuid, owner = $2::uuid, expires_at = '-infinity'
+    FROM kl WHERE kl.message_key = '' AND l.group_id = kl.group_id AND l.message_key = ''
 )
-DELETE FROM {s}.{t}_key_lease l USING kl WHERE l.group_id = kl.group_id AND l.message_key = kl.message_key`)
+DELETE FROM {s}.{t}_key_lease l USING kl
+WHERE kl.message_key <> '' AND l.group_id = kl.group_id AND l.message_key = kl.message_key`)

@@ -182,7 +182,7 @@ var seekCountSQL = perStream(`-- store.Seek
 SELECT (SELECT count(*) FROM {s}.{t}_range WHERE group_id = $1),
        (SELECT count(*) FROM {s}.{t}_exception WHERE group_id = $1 AND status <> 'dead' AND (message_xid, message_id) > ($2, $3)),
        (SELECT count(*) FROM {s}.{t}_exception WHERE group_id = $1 AND status = 'dead' AND (message_xid, message_id) > ($2, $3)),
-       (SELECT count(*) FROM {s}.{t}_key_lease WHERE group_id = $1)`)
+       (SELECT count(*) FROM {s}.{t}_key_lease WHERE group_id = $1 AND message_key <> '')`)
 
 // The cursor row is locked already; the rest follows the lock order: ranges
 // by id, exception rows by key, key leases by key, each step reading the
@@ -207,7 +207,7 @@ WITH cur AS (
     RETURNING x.status
 ), kl AS (
     SELECT k.message_key FROM {s}.{t}_key_lease k
-    WHERE k.group_id = $1 AND (SELECT count(*) FROM xd) >= 0
+    WHERE k.group_id = $1 AND k.message_key <> '' AND (SELECT count(*) FROM xd) >= 0
     ORDER BY k.message_key FOR UPDATE OF k
 ), kd AS (
     DELETE FROM {s}.{t}_key_lease k USING kl WHERE k.group_id = $1 AND k.message_key = kl.message_key RETURNING 1
