@@ -85,3 +85,36 @@ func TestAFailedKeyAcquisitionParksItsMessagesAndLosesNone(t *testing.T) {
 	require.Zero(t, col.duplicates(), "each message delivered once")
 	require.Positive(t, counter.snapshot()["store.ClaimExceptions"], "the keyed messages came back as exception rows")
 }
+
+// A range claimed while the first range's acquisition is asking for the key
+// gate (decision 0051) needs no statement of its own once the gate is
+// granted: its exclusive keys are held under the gate when its turn comes.
+func TestARangeClaimedWhileTheKeyGateIsAskedForRunsUnderIt(t *testing.T) {
+	ctx := context.Background()
+	client, counter := countingClient(t, "", 0)
+	s := Stream[order](client, "orders")
+	require.NoError(t, s.Register(ctx, nil))
+	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Start: StartBeginning})
+	require.NoError(t, err)
+	var items []BatchItem[order]
+	for _, k := range []string{"a", "b", "c", "d"} {
+		items = append(items, BatchItem[order]{Msg: order{OrderID: k}, Key: k})
+	}
+	_, err = s.ProduceBatch(ctx, items, &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}})
+	require.NoError(t, err)
+
+	waiting, release := counter.hold("store.AcquireKeys")
+	t.Cleanup(release)
+	col := newCollector(4)
+	consume(t, c, func(_ context.Context, o *order) error {
+		col.add(o.OrderID)
+		return nil
+	}, &ConsumeOptions{BatchLimit: 2, QueueSize: 4, ClaimPollRate: 5 * time.Millisecond})
+	within(t, waiting, "the first range's acquisition, asking for the gate")
+	within(t, counter.when("store.ClaimRange: the range's messages", 2), "the second range, claimed meanwhile")
+	release()
+	within(t, col.done, "every message")
+	require.Zero(t, col.duplicates())
+	require.Positive(t, c.Stats().KeyGates, "the gate granted")
+	require.Equal(t, 1, counter.batchesOf("store.AcquireKeys"), "the second range's keys taken under the gate, with no statement")
+}

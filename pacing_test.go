@@ -35,6 +35,9 @@ type callerCounter struct {
 	// holds: a caller's statements wait at their start until the channel
 	// closes (hold).
 	holds, holding map[string]chan struct{}
+	// batches counts the batches sent, by their first statement's caller
+	// (not in counts: a batch's statements are not counted one by one).
+	batches map[string]int
 }
 
 // hold makes caller name's statements wait before they are sent (and
@@ -195,11 +198,22 @@ func (c *callerCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.
 	c.waitHeld(ctx, name)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.batches == nil {
+		c.batches = map[string]int{}
+	}
+	c.batches[name]++
 	return c.failLocked(ctx, name)
 }
 
 func (c *callerCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 func (c *callerCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// batchesOf returns how many batches caller name's statements began.
+func (c *callerCounter) batchesOf(name string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.batches[name]
+}
 
 // itemsOf returns the slice lengths counted for caller name so far.
 func (c *callerCounter) itemsOf(name string) int {

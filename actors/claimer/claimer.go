@@ -302,8 +302,8 @@ type inflight struct {
 type keyState struct {
 	token   string
 	ordered bool           // acquired for ordered messages: never shared
-	queue   []ref          // messages of the key, in claim order; [0] runs
-	ranges  map[int64]bool // ranges using the lease
+	queue   []ref   // messages of the key, in claim order; [0] runs
+	ranges  []int64 // ranges using the lease, each once (a few: those in flight)
 	// idleAt is when the last range using the lease settled, if the
 	// claimer kept it (zero: in use).
 	idleAt time.Time
@@ -664,6 +664,7 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 	var want []store.KeyClaim
 	var wanted []string
 	exclusive := false
+	now := a.cfg.Clock.Now()
 	for _, key := range keyOrder {
 		// A key this instance holds (or is acquiring) is shared below, or
 		// parked as busy when either side is ordered (an ordered key's
@@ -673,7 +674,7 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 		if a.keys[key] == nil {
 			k := byKey[key]
 			if a.keyGate != "" && !k.ordered {
-				a.keys[key] = &keyState{token: r.Token, ranges: map[int64]bool{}, since: a.cfg.Clock.Now(), gated: true}
+				a.keys[key] = &keyState{token: r.Token, since: now, gated: true}
 				continue
 			}
 			want = append(want, store.KeyClaim{Key: key, Ordered: k.ordered, Position: r.Messages[k.idx[0]].Position})
@@ -815,6 +816,10 @@ type acquiring struct {
 	keys    []string // the wanted keys, in order of first appearance
 	req     store.AcquireKeys
 	started bool // the serve loop runs it
+	// gate: the key gate under which its exclusive keys were taken out of
+	// the statement when it started (underGate); they are held if the
+	// claimer still holds that gate when the result is applied.
+	gate string
 }
 
 // Acquired is a key acquisition's result (store.Group.AcquireKeys).
@@ -839,8 +844,32 @@ func (a *Actor) Acquire(ctx context.Context) ([]Job, error) {
 	if len(a.acqs) == 0 {
 		return nil, nil
 	}
-	held, blocked, err := a.db.AcquireKeys(ctx, a.acqs[0].req)
-	return a.acquired(ctx, Acquired{Held: held, Blocked: blocked, Err: err})
+	p := a.acqs[0]
+	if a.underGate(p) {
+		return a.acquired(ctx, Acquired{of: p})
+	}
+	held, blocked, err := a.db.AcquireKeys(ctx, p.req)
+	return a.acquired(ctx, Acquired{Held: held, Blocked: blocked, Err: err, of: p})
+}
+
+// underGate takes out of an acquisition that starts now the exclusive
+// keys the claimer holds under its key gate (decision 0051): a range
+// claimed while the gate was being asked for wants them. It reports
+// whether nothing is left for the statement.
+func (a *Actor) underGate(p *acquiring) bool {
+	if a.keyGate == "" || p.req.Gate != "" {
+		return false
+	}
+	var rest []store.KeyClaim
+	for _, k := range p.req.Want {
+		if k.Ordered {
+			rest = append(rest, k)
+		}
+	}
+	if len(rest) < len(p.req.Want) {
+		p.gate, p.req.Want = a.keyGate, rest
+	}
+	return len(rest) == 0
 }
 
 // acquisition returns the oldest pending acquisition's store call that
@@ -852,6 +881,9 @@ func (a *Actor) acquisition() func(context.Context) Acquired {
 			continue
 		}
 		p.started = true
+		if a.underGate(p) {
+			return func(context.Context) Acquired { return Acquired{of: p} }
+		}
 		db, req := a.cfg.Store.Group(a.cfg.StreamID, a.cfg.GroupID), p.req
 		return func(ctx context.Context) Acquired {
 			held, blocked, err := db.AcquireKeys(ctx, req)
@@ -917,8 +949,14 @@ func (a *Actor) acquired(ctx context.Context, res Acquired) ([]Job, error) {
 			continue
 		}
 		ks.pending = false
-		ks.gated = gated && !ks.ordered
+		ks.gated = (gated || p.gate != "" && p.gate == a.keyGate) && !ks.ordered
 		switch {
+		case p.gate != "" && !ks.ordered: // taken out of the statement for the gate (underGate)
+			if !ks.gated { // given up meanwhile, before the key had a row
+				a.dropKey(key, ks, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance", touched)
+			} else if len(ks.queue) > 0 {
+				jobs = append(jobs, a.start(ks.queue[0]))
+			}
 		case res.Err != nil:
 			gone = append(gone, store.KeyLease{Key: key, Token: p.token})
 			a.dropKey(key, ks, a.cfg.KeyBusyDelay, "waiting: its key could not be leased", touched)
@@ -959,7 +997,7 @@ func (a *Actor) dropKey(key string, ks *keyState, after time.Duration, why strin
 			touched[q.rangeID] = true
 		}
 	}
-	for id := range ks.ranges {
+	for _, id := range ks.ranges {
 		if in := a.ranges[id]; in != nil {
 			in.keys = slices.DeleteFunc(in.keys, func(k string) bool { return k == key })
 		}
@@ -985,7 +1023,7 @@ func (a *Actor) admit(in *inflight, key string, k *keyed, wanted bool) []Job {
 	ks := a.keys[key]
 	switch {
 	case wanted:
-		ks = &keyState{token: r.Token, ordered: k.ordered, ranges: map[int64]bool{}, since: a.cfg.Clock.Now(), pending: true}
+		ks = &keyState{token: r.Token, ordered: k.ordered, since: a.cfg.Clock.Now(), pending: true}
 		a.keys[key] = ks
 	case !ks.ordered && !k.ordered: // shared: queued behind this instance's earlier messages
 		if !ks.idleAt.IsZero() { // kept: in use again
@@ -1008,7 +1046,9 @@ func (a *Actor) admit(in *inflight, key string, k *keyed, wanted bool) []Job {
 		}
 		return nil
 	}
-	ks.ranges[r.ID] = true
+	if !slices.Contains(ks.ranges, r.ID) {
+		ks.ranges = append(ks.ranges, r.ID)
+	}
 	in.keys = append(in.keys, key)
 	idle := len(ks.queue) == 0 && !ks.pending
 	for _, i := range k.idx {
@@ -1329,7 +1369,7 @@ func (a *Actor) leaveKeys(in *inflight, settling bool) []store.KeyLease {
 		if ks == nil {
 			continue
 		}
-		delete(ks.ranges, in.r.ID)
+		ks.ranges = slices.DeleteFunc(ks.ranges, func(id int64) bool { return id == in.r.ID })
 		kept := ks.queue[:0]
 		for _, q := range ks.queue {
 			if q.rangeID != in.r.ID {
