@@ -301,7 +301,7 @@ type inflight struct {
 // the last range that uses it.
 type keyState struct {
 	token   string
-	ordered bool           // acquired for ordered messages: never shared
+	ordered bool    // acquired for ordered messages: never shared
 	queue   []ref   // messages of the key, in claim order; [0] runs
 	ranges  []int64 // ranges using the lease, each once (a few: those in flight)
 	// idleAt is when the last range using the lease settled, if the
