@@ -30,6 +30,9 @@ type keysVariant struct {
 	// no key.
 	keys  int
 	floor float64 // of the ratio to the baseline; 0 = none
+	// parallel: the keyed messages are Parallel instead (a reference: what
+	// carrying a key and an options document costs, without exclusivity).
+	parallel bool
 }
 
 // keysVariants; the first is the baseline of the others.
@@ -39,6 +42,7 @@ var keysVariants = []keysVariant{
 	{key: "keys_fail_10pct", tag: "fail 10%", short: "10% failing once", name: "parallel, 10% fail their first attempt", failMod: 10, floor: 0.50},
 	{key: "keys_exclusive_100", tag: "excl 100 keys", short: "exclusive, 100 keys", name: "exclusive, 100 distinct keys", keys: 100, floor: 0.60},
 	{key: "keys_exclusive_10000", tag: "excl 10000 keys", short: "exclusive, 10,000 keys", name: "exclusive, 10,000 distinct keys", keys: 10000, floor: 0.85},
+	{key: "keys_parallel_keyed", tag: "parallel keyed", short: "parallel, keyed (reference)", name: "parallel, 10,000 distinct keys (reference: a key's cost without exclusivity)", keys: 10000, parallel: true},
 }
 
 // keysGroupConfig is every variant's group: retries after a failure come 1ms
@@ -90,7 +94,7 @@ func (b *bench) keys(ctx context.Context, newStream func(string) (*sqlstreams.St
 			if err != nil {
 				return err
 			}
-			if _, err := produceKeyed(ctx, s, n, v.keys, fmt.Sprintf("keys %s backlog", v.tag)); err != nil {
+			if _, err := produceKeyed(ctx, s, n, v.keys, v.parallel, fmt.Sprintf("keys %s backlog", v.tag)); err != nil {
 				return err
 			}
 			b.checkpoint(ctx)
@@ -113,12 +117,16 @@ func describeOptions(o sqlstreams.ConsumeOptions) string {
 
 // produceKeyed writes n messages numbered 0..n-1 (the number is the
 // message's OrderID) with ProduceBatch calls of produceBatchLen items from
-// produceWorkers goroutines. With keys > 0 every message is Exclusive, keyed
-// "k<number % keys>".
-func produceKeyed(ctx context.Context, s *sqlstreams.StreamHandle[Order], n, keys int, label string) (float64, error) {
+// produceWorkers goroutines. With keys > 0 every message is Exclusive (or
+// Parallel, with unordered), keyed "k<number % keys>".
+func produceKeyed(ctx context.Context, s *sqlstreams.StreamHandle[Order], n, keys int, unordered bool, label string) (float64, error) {
 	var opts *sqlstreams.BatchOptions
 	if keys > 0 {
-		opts = &sqlstreams.BatchOptions{Message: &sqlstreams.MessageOptions{Concurrency: sqlstreams.Exclusive}}
+		c := sqlstreams.Exclusive
+		if unordered {
+			c = sqlstreams.Parallel
+		}
+		opts = &sqlstreams.BatchOptions{Message: &sqlstreams.MessageOptions{Concurrency: c}}
 	}
 	return parallel(ctx, n, produceBatchLen, label, func(ctx context.Context, first, k int) error {
 		items := make([]sqlstreams.BatchItem[Order], k)

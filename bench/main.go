@@ -70,7 +70,7 @@ func main() {
 	flag.IntVar(&c.rate, "rate", 0, "latency and selective workloads: messages produced per second (latency default: 10%, 50% and 90% of the run's max single produce; selective default: 500)")
 	flag.DurationVar(&c.latencyFor, "latency-for", 10*time.Second, "latency workload: how long to produce")
 	flag.IntVar(&c.keysN, "keysn", 20000, "failures/keys workloads: messages per stream")
-	flag.StringVar(&c.keysVariants, "keys-variants", "", "failures/keys: comma-separated subset of fail_1pct,fail_10pct,exclusive_100,exclusive_10000 (default all; the parallel baseline always runs)")
+	flag.StringVar(&c.keysVariants, "keys-variants", "", "failures/keys: comma-separated subset of fail_1pct,fail_10pct,exclusive_100,exclusive_10000,parallel_keyed (default all; the parallel baseline always runs)")
 	flag.StringVar(&c.growth, "growth", "1000000,10000000", "growth workload: comma-separated retained-row counts")
 	flag.StringVar(&c.only, "only", "", "comma-separated subset of workloads: raw,produce,burndown,latency,fanout,selective,keys,growth,river,watermill,pgq,nats,rabbitmq (default all), and capacity and scale (only when named)")
 	flag.IntVar(&c.riverWorkers, "river-workers", 2000, "river: MaxWorkers of the peer's queue")
@@ -95,7 +95,7 @@ func main() {
 	flag.Parse()
 	for _, k := range strings.Split(c.keysVariants, ",") {
 		if k = strings.TrimSpace(k); k != "" && !slices.ContainsFunc(keysVariants[1:], func(v keysVariant) bool { return v.key == "keys_"+k }) {
-			fmt.Fprintf(os.Stderr, "bench: -keys-variants: %q is not one of fail_1pct, fail_10pct, exclusive_100, exclusive_10000\n", k)
+			fmt.Fprintf(os.Stderr, "bench: -keys-variants: %q is not one of fail_1pct, fail_10pct, exclusive_100, exclusive_10000, parallel_keyed\n", k)
 			os.Exit(2)
 		}
 	}
