@@ -9,11 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// keyedThenParallel registers the stream "orders" and its group "g"
-// (StartBeginning) on a counting client, and produces one range's worth
-// (BatchLimit 2) of exclusive messages, keys "a" and "b", then n parallel
-// ones.
-func keyedThenParallel(t *testing.T, n int) (*callerCounter, *Consumer[order]) {
+// countedGroup registers the stream "orders" and its group "g"
+// (StartBeginning) on a counting client.
+func countedGroup(t *testing.T) (*Client, *callerCounter, *StreamHandle[order], *Consumer[order]) {
 	t.Helper()
 	ctx := context.Background()
 	client, counter := countingClient(t, "", 0)
@@ -21,6 +19,15 @@ func keyedThenParallel(t *testing.T, n int) (*callerCounter, *Consumer[order]) {
 	require.NoError(t, s.Register(ctx, nil))
 	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Start: StartBeginning})
 	require.NoError(t, err)
+	return client, counter, s, c
+}
+
+// keyedThenParallel is countedGroup with one range's worth (BatchLimit 2)
+// of exclusive messages produced, keys "a" and "b", then n parallel ones.
+func keyedThenParallel(t *testing.T, n int) (*callerCounter, *Consumer[order]) {
+	t.Helper()
+	ctx := context.Background()
+	_, counter, s, c := countedGroup(t)
 	items := []BatchItem[order]{
 		{Msg: order{OrderID: "k-a"}, Key: "a", Message: &MessageOptions{Concurrency: Exclusive}},
 		{Msg: order{OrderID: "k-b"}, Key: "b", Message: &MessageOptions{Concurrency: Exclusive}},
@@ -28,7 +35,7 @@ func keyedThenParallel(t *testing.T, n int) (*callerCounter, *Consumer[order]) {
 	for i := range n {
 		items = append(items, BatchItem[order]{Msg: order{OrderID: fmt.Sprintf("p-%d", i)}})
 	}
-	_, err = s.ProduceBatch(ctx, items, nil)
+	_, err := s.ProduceBatch(ctx, items, nil)
 	require.NoError(t, err)
 	return counter, c
 }
@@ -91,16 +98,12 @@ func TestAFailedKeyAcquisitionParksItsMessagesAndLosesNone(t *testing.T) {
 // granted: its exclusive keys are held under the gate when its turn comes.
 func TestARangeClaimedWhileTheKeyGateIsAskedForRunsUnderIt(t *testing.T) {
 	ctx := context.Background()
-	client, counter := countingClient(t, "", 0)
-	s := Stream[order](client, "orders")
-	require.NoError(t, s.Register(ctx, nil))
-	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Start: StartBeginning})
-	require.NoError(t, err)
+	_, counter, s, c := countedGroup(t)
 	var items []BatchItem[order]
 	for _, k := range []string{"a", "b", "c", "d"} {
 		items = append(items, BatchItem[order]{Msg: order{OrderID: k}, Key: k})
 	}
-	_, err = s.ProduceBatch(ctx, items, &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}})
+	_, err := s.ProduceBatch(ctx, items, &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}})
 	require.NoError(t, err)
 
 	waiting, release := counter.hold("store.AcquireKeys")

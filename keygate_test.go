@@ -68,6 +68,59 @@ func (d *deliveries) count(id string) int {
 	return d.seen[id]
 }
 
+// keyRunner is a handler that records what it handled (deliveries), holds
+// "a-1" until release closes (started closes when it begins), and counts
+// the calls that began while another message of the same key (the id's
+// first letter) ran.
+type keyRunner struct {
+	*deliveries
+	started, release chan struct{}
+	mu               sync.Mutex
+	running          map[string]int
+	overlaps         int
+}
+
+func newKeyRunner(want int) *keyRunner {
+	return &keyRunner{deliveries: newDeliveries(want), started: make(chan struct{}), release: make(chan struct{}), running: map[string]int{}}
+}
+
+func (r *keyRunner) handle(ctx context.Context, o *order) error {
+	key := o.OrderID[:1]
+	r.mu.Lock()
+	r.running[key]++
+	if r.running[key] > 1 {
+		r.overlaps++
+	}
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.running[key]--
+		r.mu.Unlock()
+	}()
+	if o.OrderID == "a-1" {
+		close(r.started)
+		select {
+		case <-r.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	r.add(o.OrderID)
+	return nil
+}
+
+// finish releases "a-1" and checks that every message was handled once and
+// no two of a key ran at once.
+func (r *keyRunner) finish(t *testing.T) {
+	t.Helper()
+	close(r.release)
+	within(t, r.done, "every message")
+	require.Zero(t, r.duplicates())
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	require.Zero(t, r.overlaps, "no two messages of a key ran at once")
+}
+
 // The group's key gate (decision 0051) and the key leases of other live
 // holders exclude each other: the gate is refused while another holder
 // has a key, no key is granted to another while the gate is held, and
@@ -221,21 +274,9 @@ func TestASoleSessionRunsItsExclusiveKeysUnderTheKeyGate(t *testing.T) {
 		{Msg: order{OrderID: "a-1"}, Key: "a"}, {Msg: order{OrderID: "a-2"}, Key: "a"}, {Msg: order{OrderID: "b-1"}, Key: "b"},
 	}, &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}})
 	require.NoError(t, err)
-	started, release := make(chan struct{}), make(chan struct{})
-	col := newDeliveries(3)
-	consume(t, c, func(ctx context.Context, o *order) error {
-		if o.OrderID == "a-1" {
-			close(started)
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		col.add(o.OrderID)
-		return nil
-	}, &ConsumeOptions{BatchLimit: 10, ClaimPollRate: 5 * time.Millisecond})
-	within(t, started, "a-1 running")
+	col := newKeyRunner(3)
+	consume(t, c, col.handle, &ConsumeOptions{BatchLimit: 10, ClaimPollRate: 5 * time.Millisecond})
+	within(t, col.started, "a-1 running")
 	within(t, col.when("b-1"), "b-1, another key, beside it")
 	require.Zero(t, col.count("a-2"), "a-2 waits for a-1, its key's running message")
 	var keyRows int
@@ -246,9 +287,7 @@ FROM %s.stream_%d_key_lease WHERE group_id = $1`, e.client.Schema(), c.group.Str
 	require.Zero(t, keyRows, "no lease row per key under the gate")
 	require.NotEqual(t, "00000000-0000-0000-0000-000000000000", gateOwner, "the gate is held")
 	require.Positive(t, c.Stats().KeyGates)
-	close(release)
-	within(t, col.done, "every message")
-	require.Zero(t, col.duplicates())
+	col.finish(t)
 }
 
 // A second session of the group makes the first give its key gate up: the
@@ -256,51 +295,19 @@ FROM %s.stream_%d_key_lease WHERE group_id = $1`, e.client.Schema(), c.group.Str
 // that key's next message beside it, and takes the other keys.
 func TestASecondSessionMakesTheFirstGiveItsKeyGateUp(t *testing.T) {
 	ctx := context.Background()
-	client, counter := countingClient(t, "", 0)
-	s := Stream[order](client, "orders")
-	require.NoError(t, s.Register(ctx, nil))
-	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Start: StartBeginning})
-	require.NoError(t, err)
+	client, counter, s, c := countedGroup(t)
 	excl := &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}}
-	_, err = s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "a-1"}, Key: "a"}}, excl)
+	_, err := s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "a-1"}, Key: "a"}}, excl)
 	require.NoError(t, err)
 
-	started, release := make(chan struct{}), make(chan struct{})
-	col := newDeliveries(3)
-	var mu sync.Mutex
-	running := map[string]int{}
-	overlaps := 0
-	handler := func(ctx context.Context, o *order) error {
-		key := o.OrderID[:1]
-		mu.Lock()
-		running[key]++
-		if running[key] > 1 {
-			overlaps++
-		}
-		mu.Unlock()
-		defer func() {
-			mu.Lock()
-			running[key]--
-			mu.Unlock()
-		}()
-		if o.OrderID == "a-1" {
-			close(started)
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		col.add(o.OrderID)
-		return nil
-	}
+	col := newKeyRunner(3)
 	opts := &ConsumeOptions{BatchLimit: 10, ClaimPollRate: 5 * time.Millisecond}
-	consume(t, c, handler, opts)
-	within(t, started, "a-1 running in the first session")
+	consume(t, c, col.handle, opts)
+	within(t, col.started, "a-1 running in the first session")
 	require.Positive(t, c.Stats().KeyGates, "the first session, alone, took the gate")
 
 	gaveUp := counter.when("store.ReleaseKeyGate", 1)
-	consume(t, c, handler, opts)
+	consume(t, c, col.handle, opts)
 	within(t, gaveUp, "the first session giving its gate up to the second")
 	_, err = s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "a-2"}, Key: "a"}, {Msg: order{OrderID: "b-1"}, Key: "b"}}, excl)
 	require.NoError(t, err)
@@ -311,10 +318,5 @@ func TestASecondSessionMakesTheFirstGiveItsKeyGateUp(t *testing.T) {
 		client.Schema(), c.group.StreamID), c.group.ID).Scan(&owner), "a-1's key is a lease row now")
 	require.NotEqual(t, "00000000-0000-0000-0000-000000000000", owner)
 
-	close(release)
-	within(t, col.done, "every message")
-	require.Zero(t, col.duplicates())
-	mu.Lock()
-	defer mu.Unlock()
-	require.Zero(t, overlaps, "no two messages of a key ran at once")
+	col.finish(t)
 }
