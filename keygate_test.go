@@ -13,17 +13,27 @@ import (
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
-// keyGateInstances registers a live instance of the group's range claimer
-// worker (the one that asks for the gate) and one of its exception claimer
-// worker (an instance the gate does not wait for, holding leases of its
-// own), for an hour.
-func keyGateInstances(t *testing.T, e *env, c *Consumer[order]) (ranges, exceptions string) {
+// keyGateGroup is a group "g" of the stream "orders", its store handle and
+// range-claimer worker row (wc), with a live instance of that worker (the
+// one that asks for the gate) and one of its exception-claimer worker (an
+// instance the gate does not wait for, holding leases of its own), for an
+// hour.
+type keyGateGroup struct {
+	e            *env
+	c            *Consumer[order]
+	g            store.Group
+	wc           int64
+	ranges, excs string
+}
+
+func newKeyGateGroup(t *testing.T) keyGateGroup {
 	t.Helper()
 	ctx := context.Background()
-	ranges, exceptions = engine.NewID(), engine.NewID()
-	require.NoError(t, e.client.store.InsertInstance(ctx, ranges, c.group.Workers[store.WorkerMessageConsumer], "test", time.Hour, nil))
-	require.NoError(t, e.client.store.InsertInstance(ctx, exceptions, c.group.Workers[store.WorkerExceptionConsumer], "test", time.Hour, nil))
-	return ranges, exceptions
+	e, _, c := setup(t, nil, "g", 0)
+	k := keyGateGroup{e: e, c: c, g: c.db(), wc: c.group.Workers[store.WorkerMessageConsumer], ranges: engine.NewID(), excs: engine.NewID()}
+	require.NoError(t, e.client.store.InsertInstance(ctx, k.ranges, k.wc, "test", time.Hour, nil))
+	require.NoError(t, e.client.store.InsertInstance(ctx, k.excs, c.group.Workers[store.WorkerExceptionConsumer], "test", time.Hour, nil))
+	return k
 }
 
 // deliveries records the messages handled, by id, and signals each one's
@@ -126,11 +136,9 @@ func (r *keyRunner) finish(t *testing.T) {
 // has a key, no key is granted to another while the gate is held, and
 // giving the gate up writes the keys its holder still runs as rows.
 func TestTheKeyGateAndOtherHoldersKeysExcludeEachOther(t *testing.T) {
-	e, _, c := setup(t, nil, "g", 0)
+	k := newKeyGateGroup(t)
 	ctx := context.Background()
-	g := c.db()
-	wc := c.group.Workers[store.WorkerMessageConsumer]
-	a, b := keyGateInstances(t, e, c)
+	e, c, g, wc, a, b := k.e, k.c, k.g, k.wc, k.ranges, k.excs
 	excl := func(keys ...string) []store.KeyClaim {
 		out := make([]store.KeyClaim, len(keys))
 		for i, k := range keys {
@@ -208,11 +216,9 @@ func TestTheKeyGateAndOtherHoldersKeysExcludeEachOther(t *testing.T) {
 // the key, an exclusive one for the gate), so the later one's statement
 // sees the earlier one's commit.
 func TestAKeyGateRaceGrantsOneSide(t *testing.T) {
-	e, _, c := setup(t, nil, "g", 0)
+	k := newKeyGateGroup(t)
 	ctx := context.Background()
-	g := c.db()
-	wc := c.group.Workers[store.WorkerMessageConsumer]
-	a, b := keyGateInstances(t, e, c)
+	g, wc, a, b := k.g, k.wc, k.ranges, k.excs
 	type result struct {
 		held map[string]bool
 		err  error
