@@ -1497,6 +1497,13 @@ func (a *Actor) Reconcile(ctx context.Context) error {
 	if a.keyGate != "" {
 		keys = append(keys, store.KeyLease{Key: store.KeyGateKey, Token: a.keyGate})
 	}
+	for _, p := range a.acqs {
+		// A gate being asked for may be granted while this runs (the serve
+		// loop runs the acquisition beside it): known, as pending keys are.
+		if p.req.Gate != "" {
+			keys = append(keys, store.KeyLease{Key: store.KeyGateKey, Token: p.req.Gate})
+		}
+	}
 	ranges, leases, err := a.db.ForgetUnknownRanges(ctx, store.ForgetRanges{Owner: a.cfg.InstanceID, Ranges: known, Keys: keys, Now: a.cfg.DBNow()})
 	if err != nil {
 		return err
