@@ -31,6 +31,33 @@ import (
 // outlives the pool (pgxpool's Close waits for acquired connections) and no
 // goroutine is needed.
 
+// Generic plans (decision 0052). A lane sets plan_cache_mode to
+// force_generic_plan on a connection it keeps, and restores the
+// connection's own value before it gives it back. PostgreSQL plans a
+// prepared statement's first five executions for their parameters (custom
+// plans) before it considers the generic one, and each stream's statements
+// are texts of their own: over 1,000 streams a backend runs a stream's claim
+// a few times a burst, so nearly every claim, read and commit was planned
+// afresh (2.5 s of planning in a 4.3 s round, BENCHMARKS.md, session 26),
+// where one busy stream plans nothing after its fifth claim. The claim path's
+// statements are written to plan the same whatever their parameters (their
+// bounds reach the scans as InitPlan parameters, decision 0042), so the
+// generic plan is the one they settle on anyway; a lane only stops paying
+// for the five custom plans on the way. The setting never reaches the
+// application: a connection whose value could not be restored is closed,
+// not given back.
+
+// laneGenericSQL switches a kept connection to generic plans and returns the
+// value it had, read first (the CTE is materialized before the projection).
+const laneGenericSQL = `-- store.lane: the claim path's statements plan generically (decision 0052)
+WITH was AS MATERIALIZED (SELECT pg_catalog.current_setting('plan_cache_mode') AS v)
+SELECT was.v, pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', false) FROM was`
+
+// laneRestoreSQL puts a connection's plan_cache_mode back before the lane
+// gives it back.
+const laneRestoreSQL = `-- store.lane: the connection's own plan_cache_mode, before the pool has it back
+SELECT pg_catalog.set_config('plan_cache_mode', $1, false)`
+
 // maxLaneUses is how many statements a lane runs on one connection before it
 // gives it back anyway, so that the pool's MaxConnLifetime (checked on
 // release) still ends it.
@@ -51,6 +78,13 @@ type lane struct {
 	waiting atomic.Int32
 	conn    *pgxpool.Conn // kept between statements (done's rule); guarded by turn
 	uses    int           // statements on conn; guarded by turn
+	// ctx is the turn's statement's context: done's setting and restoring
+	// of plan_cache_mode run under it (bounded as the statement was).
+	// Guarded by turn.
+	ctx context.Context
+	// was is conn's own plan_cache_mode while the lane has set generic
+	// plans on it ("" when it has not). Guarded by turn.
+	was string
 }
 
 // SetLanes makes the claimers' statements run in n lanes (n <= 0: none,
@@ -123,6 +157,7 @@ func (st *Store) Session() (end func()) {
 		for _, l := range ls.lanes {
 			select {
 			case l.turn <- struct{}{}:
+				l.ctx = nil // no statement to bound a restore: giveBack closes instead
 				l.giveBack()
 				<-l.turn
 			default: // in a statement: its done gives the connection back
@@ -156,8 +191,9 @@ func (l *lane) acquire(ctx context.Context) (*pgxpool.Conn, func(), error) {
 			<-l.turn
 			return nil, nil, err
 		}
-		l.conn, l.uses = c, 0
+		l.conn, l.uses, l.was = c, 0, ""
 	}
+	l.ctx = ctx
 	return l.conn, l.done, nil
 }
 
@@ -167,10 +203,26 @@ func (l *lane) acquire(ctx context.Context) (*pgxpool.Conn, func(), error) {
 // (which closes a broken one).
 func (l *lane) done() {
 	l.uses++
-	if !l.keep() {
+	switch {
+	case !l.keep():
 		l.giveBack()
+	case l.was == "":
+		l.setGeneric()
 	}
+	l.ctx = nil
 	<-l.turn
+}
+
+// setGeneric switches the kept connection to generic plans, remembering its
+// own value. A connection that fails to switch is discarded: whether the
+// server applied the setting is not known.
+func (l *lane) setGeneric() {
+	var was, set string
+	if err := l.conn.QueryRow(l.ctx, laneGenericSQL).Scan(&was, &set); err != nil || was == "" {
+		l.discard()
+		return
+	}
+	l.was = was
 }
 
 // keep is done's rule, the pool's statistics (a lock and a copy) read last.
@@ -184,12 +236,41 @@ func (l *lane) keep() bool {
 }
 
 // giveBack returns the lane's connection to the pool; the caller holds the
-// turn.
+// turn. A connection the lane set generic plans on gets its own value back
+// first, under the turn's context; without one (the last session ended), or
+// when the restore fails, it is discarded instead: the setting never reaches
+// an application query.
 func (l *lane) giveBack() {
-	if l.conn != nil {
-		l.conn.Release()
-		l.conn = nil
+	if l.conn == nil {
+		return
 	}
+	if l.was != "" {
+		pc := l.conn.Conn().PgConn()
+		restored := false
+		if l.ctx != nil && !pc.IsClosed() && !pc.IsBusy() && pc.TxStatus() == 'I' {
+			var v string
+			restored = l.conn.QueryRow(l.ctx, laneRestoreSQL, l.was).Scan(&v) == nil && v == l.was
+		}
+		if !restored {
+			l.discard()
+			return
+		}
+		l.was = ""
+	}
+	l.conn.Release()
+	l.conn = nil
+}
+
+// discard takes the lane's connection out of the pool and closes it without
+// waiting on the network (its context is done before it starts): the pool
+// forgets it at once and opens another when it needs one. The caller holds
+// the turn.
+func (l *lane) discard() {
+	c := l.conn.Hijack()
+	l.conn, l.was = nil, ""
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = c.Close(ctx) //nolint:errcheck // closing is the point
 }
 
 func (l *lane) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {

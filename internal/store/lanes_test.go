@@ -3,9 +3,12 @@ package store
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 
+	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -208,4 +211,153 @@ func TestClaimersTakeTheLanesInTurn(t *testing.T) {
 	}
 	require.Same(t, st.laneOf("x"), st.laneOf("x"), "an instance's renewals keep to one lane")
 	require.NotNil(t, st.laneOf("x"))
+}
+
+// appPlanMode is the plan_cache_mode the generic-plan tests' application
+// sets on each of its connections (not the server's default, which a RESET
+// would restore): what the lane must give back.
+const appPlanMode = "force_custom_plan"
+
+// genericLaneSetup is laneSetup on a pool of the test's own whose
+// connections start with appPlanMode, a session running (end ends it) and
+// the pool holding connections idle besides the lane's.
+func genericLaneSetup(t *testing.T) (g Group, pool *pgxpool.Pool, end func()) {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = 4
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, "SET plan_cache_mode = "+appPlanMode)
+		return err
+	}
+	pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	st, streamID, groupID := planSetupOn(t, pool)
+	st.SetLanes(1)
+	end = sync.OnceFunc(st.Session())
+	t.Cleanup(end)
+	c1, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	c2, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	c1.Release()
+	c2.Release()
+	return st.Group(streamID, groupID).InLane(false), pool, end
+}
+
+// planMode is plan_cache_mode on the connection q gives.
+func planMode(t *testing.T, q Querier) string {
+	t.Helper()
+	var mode string
+	require.NoError(t, q.QueryRow(context.Background(), "SELECT current_setting('plan_cache_mode')").Scan(&mode))
+	return mode
+}
+
+// takeIdle acquires connections until the pool has none idle and cannot
+// open more; release gives them back.
+func takeIdle(t *testing.T, pool *pgxpool.Pool) (release func()) {
+	t.Helper()
+	var taken []*pgxpool.Conn
+	for pool.Stat().IdleConns() > 0 || pool.Stat().TotalConns() < pool.Config().MaxConns {
+		c, err := pool.Acquire(context.Background())
+		require.NoError(t, err)
+		taken = append(taken, c)
+	}
+	return func() {
+		for _, c := range taken {
+			c.Release()
+		}
+	}
+}
+
+// appModes checks every connection of the pool for the application's own
+// plan_cache_mode and returns their backends.
+func appModes(t *testing.T, pool *pgxpool.Pool) map[uint32]bool {
+	t.Helper()
+	ctx := context.Background()
+	pids := map[uint32]bool{}
+	var held []*pgxpool.Conn
+	defer func() {
+		for _, c := range held {
+			c.Release()
+		}
+	}()
+	for range pool.Stat().IdleConns() {
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		held = append(held, c)
+		var mode string
+		var pid uint32
+		require.NoError(t, c.QueryRow(ctx, "SELECT current_setting('plan_cache_mode'), pg_backend_pid()").Scan(&mode, &pid))
+		require.Equal(t, appPlanMode, mode, "backend %d", pid)
+		pids[pid] = true
+	}
+	return pids
+}
+
+// A lane plans its statements generically on a connection it keeps
+// (decision 0052): a stream's statement is not planned afresh for each of its
+// first five executions on a backend.
+func TestALaneRunsItsStatementsWithGenericPlans(t *testing.T) {
+	ctx := context.Background()
+	g, _, _ := genericLaneSetup(t)
+	require.Equal(t, appPlanMode, planMode(t, g.db()), "the first statement runs as the connection came")
+	require.Equal(t, "force_generic_plan", planMode(t, g.db()), "then the lane has switched it")
+	for range 3 {
+		_, err := g.LeasesExpired(ctx, nil)
+		require.NoError(t, err)
+	}
+	var generic, custom int64
+	require.NoError(t, g.db().QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_catalog.pg_prepared_statements
+WHERE statement LIKE '-- store.LeasesExpired%'`).Scan(&generic, &custom))
+	require.Equal(t, [2]int64{3, 0}, [2]int64{generic, custom}, "every execution ran the generic plan")
+}
+
+// The application's connections never carry the lane's setting: a lane that
+// gives a connection back restores the connection's own value first (not the
+// server's default a RESET would give).
+func TestALaneGivesItsConnectionBackWithItsOwnPlanMode(t *testing.T) {
+	g, pool, _ := genericLaneSetup(t)
+	l := g.lane
+	backendPID(t, g.db())
+	require.Equal(t, "force_generic_plan", planMode(t, g.db()))
+	pid := backendPID(t, g.db())
+
+	release := takeIdle(t, pool) // the pool runs short: the next statement gives the connection back
+	backendPID(t, g.db())
+	require.Nil(t, l.conn, "given back")
+	release()
+	require.True(t, appModes(t, pool)[pid], "the lane's connection is back, restored, not closed")
+}
+
+// A connection whose restore cannot run is closed, so that the pool discards
+// it: when the statement's context ended before the lane gave the connection
+// back, and when the last session ends (no statement bounds a restore then).
+func TestALaneClosesAConnectionItCannotRestore(t *testing.T) {
+	g, pool, end := genericLaneSetup(t)
+	l := g.lane
+	require.Equal(t, appPlanMode, planMode(t, g.db()))
+	require.NotEmpty(t, l.was, "switched")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	c, done, err := l.acquire(ctx)
+	require.NoError(t, err)
+	pc := c.Conn().PgConn()
+	release := takeIdle(t, pool)
+	cancel()
+	done()
+	require.Nil(t, l.conn)
+	require.True(t, pc.IsClosed(), "its statement's context ended: closed, not given back switched")
+	release()
+	appModes(t, pool)
+
+	require.Equal(t, appPlanMode, planMode(t, g.db()))
+	require.NotEmpty(t, l.was, "switched again")
+	pc = l.conn.Conn().PgConn()
+	end()
+	require.Nil(t, l.conn)
+	require.True(t, pc.IsClosed(), "the last session ended: closed")
+	appModes(t, pool)
 }

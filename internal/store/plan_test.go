@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/c1702965/sqlstreams/internal/pgtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -16,8 +18,14 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // planSetup migrates a fresh schema with one stream and one group.
 func planSetup(t *testing.T) (*Store, int64, int64) {
 	t.Helper()
+	return planSetupOn(t, pgtest.Pool(t))
+}
+
+// planSetupOn is planSetup on the test's own pool.
+func planSetupOn(t *testing.T, pool *pgxpool.Pool) (*Store, int64, int64) {
+	t.Helper()
 	ctx := context.Background()
-	st, err := New(pgtest.Pool(t), pgtest.Schema(t))
+	st, err := New(pool, pgtest.Schema(t))
 	require.NoError(t, err)
 	_, err = st.Migrate(ctx)
 	require.NoError(t, err)
@@ -41,6 +49,78 @@ func explain(t *testing.T, st *Store, name, sql string, args ...any) string {
 	}
 	require.NoError(t, rows.Err())
 	return strings.Join(plan, "\n")
+}
+
+// explainGeneric returns a statement's generic plan as text: the plan a
+// lane's connection runs (decision 0052), and any connection's after five
+// executions when PostgreSQL finds it no costlier. PostgreSQL 15 has no
+// EXPLAIN (GENERIC_PLAN): the statement is prepared and its EXECUTE
+// explained under force_generic_plan, its arguments as literals.
+func explainGeneric(t *testing.T, st *Store, name, sql string, args ...any) string {
+	t.Helper()
+	ctx := context.Background()
+	c, err := st.Pool().Acquire(ctx)
+	require.NoError(t, err)
+	defer c.Release()
+	_, err = c.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
+	require.NoError(t, err)
+	defer c.Exec(ctx, "RESET plan_cache_mode") //nolint:errcheck // the pool's connection, back as it came
+	_, err = c.Conn().Prepare(ctx, "generic_probe", sql)
+	require.NoError(t, err, name)
+	defer c.Conn().Deallocate(ctx, "generic_probe") //nolint:errcheck // as above
+	lits := make([]string, len(args))
+	for i, a := range args {
+		lits[i] = literal(t, a)
+	}
+	rows, err := c.Query(ctx, "EXPLAIN (COSTS OFF) EXECUTE generic_probe("+strings.Join(lits, ", ")+")")
+	require.NoError(t, err, name)
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err, name)
+	return strings.Join(plan, "\n")
+}
+
+// bothPlans is a statement's custom plan (for these arguments) and its
+// generic plan, by name suffix.
+func bothPlans(t *testing.T, st *Store, name, sql string, args ...any) map[string]string {
+	t.Helper()
+	return map[string]string{
+		name:               explain(t, st, name, sql, args...),
+		name + ", generic": explainGeneric(t, st, name+", generic", sql, args...),
+	}
+}
+
+// literal is a test argument as an SQL literal (the few types the plan tests
+// pass).
+func literal(t *testing.T, a any) string {
+	t.Helper()
+	switch v := a.(type) {
+	case nil:
+		return "NULL"
+	case int:
+		return fmt.Sprint(v)
+	case int64:
+		return fmt.Sprint(v)
+	case bool:
+		return fmt.Sprint(v)
+	case string:
+		return "'" + strings.ReplaceAll(v, "'", "''") + "'"
+	case time.Duration:
+		return fmt.Sprintf("'%d microseconds'", v.Microseconds())
+	case []string:
+		q := make([]string, len(v))
+		for i, x := range v {
+			q[i] = literal(t, x)
+		}
+		return "ARRAY[" + strings.Join(q, ", ") + "]::text[]"
+	case []int64:
+		q := make([]string, len(v))
+		for i, x := range v {
+			q[i] = fmt.Sprint(x)
+		}
+		return "ARRAY[" + strings.Join(q, ", ") + "]::bigint[]"
+	}
+	t.Fatalf("literal: no rendering for %T", a)
+	return ""
 }
 
 // The claim path must reach the log through its (xid, id) index with the
@@ -87,21 +167,35 @@ SELECT now(), 1, '{"a":1}' FROM generate_series(1, 100000)`)
 			"gate":           {tb.sql(gateProbeSQL), []any{groupID, nil}},
 		} {
 			reclaim := name == "reclaim"
-			name = name + ", " + stats
-			text := explain(t, st, name, q.sql, q.args...)
-			logTable := tablePrefix(streamID) + "_log"
-			require.NotContains(t, text, "Seq Scan on "+logTable, "%s plan:\n%s", name, text)
-			require.NotContains(t, text, "Join Filter: (ROW(", "%s plan:\n%s", name, text)
-			require.Regexp(t, `Index Cond: \(+ROW\((\w+\.)?xid, (\w+\.)?id\) > ROW\(\$`, text, "%s plan:\n%s", name, text)
-			if strings.HasPrefix(name, "claim") {
-				// The messages stream out of the index in order: no sort of
-				// payload rows.
-				require.NotContains(t, text, "Sort Key: b.xid", "%s plan:\n%s", name, text)
-			}
-			if !reclaim { // a reclaim reads one range's few rows, by both bounds
-				require.NotContains(t, text, "Bitmap Heap Scan on "+logTable, "%s plan:\n%s", name, text)
+			for _, generic := range []bool{false, true} {
+				name := name + ", " + stats
+				text := ""
+				if generic {
+					name += ", generic"
+					text = explainGeneric(t, st, name, q.sql, q.args...)
+				} else {
+					text = explain(t, st, name, q.sql, q.args...)
+				}
+				checkClaimPlan(t, name, text, tablePrefix(streamID)+"_log", reclaim)
 			}
 		}
+	}
+}
+
+// checkClaimPlan is the claim path's plan shape: the log through its index,
+// from the bounds, in order.
+func checkClaimPlan(t *testing.T, name, text, logTable string, reclaim bool) {
+	t.Helper()
+	require.NotContains(t, text, "Seq Scan on "+logTable, "%s plan:\n%s", name, text)
+	require.NotContains(t, text, "Join Filter: (ROW(", "%s plan:\n%s", name, text)
+	require.Regexp(t, `Index Cond: \(+ROW\((\w+\.)?xid, (\w+\.)?id\) > ROW\(\$`, text, "%s plan:\n%s", name, text)
+	if strings.HasPrefix(name, "claim") {
+		// The messages stream out of the index in order: no sort of
+		// payload rows.
+		require.NotContains(t, text, "Sort Key: b.xid", "%s plan:\n%s", name, text)
+	}
+	if !reclaim { // a reclaim reads one range's few rows, by both bounds
+		require.NotContains(t, text, "Bitmap Heap Scan on "+logTable, "%s plan:\n%s", name, text)
 	}
 }
 
@@ -136,8 +230,9 @@ func TestOrderedKeyChecksUseTheLogIndexWithStaleStatistics(t *testing.T) {
 		"blockOrdered":    {tb.sql(blockOrderedSQL), []any{groupID, []string{"k", "kx"}, []int64{1, 1}, []int64{5, 6}, int64(0), owner}},
 		"claimExceptions": {tb.sql(claimExceptionsSQL), []any{groupID, nil, 4, owner, time.Minute, 20, false, 100}},
 	} {
-		text := explain(t, st, name, q.sql, q.args...)
-		require.NotContains(t, text, "Seq Scan on "+tablePrefix(streamID)+"_log", "%s plan:\n%s", name, text)
+		for name, text := range bothPlans(t, st, name, q.sql, q.args...) {
+			require.NotContains(t, text, "Seq Scan on "+tablePrefix(streamID)+"_log", "%s plan:\n%s", name, text)
+		}
 	}
 }
 
@@ -170,18 +265,20 @@ FROM `+tp+`_log WHERE id % 10 = 0`, groupID)
 		}
 		for _, prefetch := range []int{0, 1000} {
 			name := fmt.Sprintf("claimExceptions, prefetch %d, %s", prefetch, stats)
-			text := explain(t, st, name, tb.sql(claimExceptionsSQL), groupID, nil, 8, owner, time.Minute, 20, false, prefetch)
-			table := tablePrefix(streamID) + "_exception"
-			require.NotContains(t, text, "Seq Scan on "+table, "%s plan:\n%s", name, text)
-			require.NotContains(t, text, "Bitmap Heap Scan on "+table, "%s plan:\n%s", name, text)
-			require.NotContains(t, text, "Seq Scan on "+tablePrefix(streamID)+"_log", "%s plan:\n%s", name, text)
+			for name, text := range bothPlans(t, st, name, tb.sql(claimExceptionsSQL), groupID, nil, 8, owner, time.Minute, 20, false, prefetch) {
+				table := tablePrefix(streamID) + "_exception"
+				require.NotContains(t, text, "Seq Scan on "+table, "%s plan:\n%s", name, text)
+				require.NotContains(t, text, "Bitmap Heap Scan on "+table, "%s plan:\n%s", name, text)
+				require.NotContains(t, text, "Seq Scan on "+tablePrefix(streamID)+"_log", "%s plan:\n%s", name, text)
+			}
 		}
 		if stats == "analyzed" {
 			continue // every row is due: a scan stops at the first one
 		}
 		name := "exceptionsDue, " + stats
-		text := explain(t, st, name, tb.sql(exceptionsDueSQL), groupID, nil, false)
-		require.NotContains(t, text, "Seq Scan on "+tablePrefix(streamID)+"_exception", "%s plan:\n%s", name, text)
-		require.NotContains(t, text, "Bitmap Heap Scan on "+tablePrefix(streamID)+"_exception", "%s plan:\n%s", name, text)
+		for name, text := range bothPlans(t, st, name, tb.sql(exceptionsDueSQL), groupID, nil, false) {
+			require.NotContains(t, text, "Seq Scan on "+tablePrefix(streamID)+"_exception", "%s plan:\n%s", name, text)
+			require.NotContains(t, text, "Bitmap Heap Scan on "+tablePrefix(streamID)+"_exception", "%s plan:\n%s", name, text)
+		}
 	}
 }
