@@ -25,6 +25,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -261,9 +264,14 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 		}
 	}()
 	var clients []*sqlstreams.Client
+	// The consumers' pools count their prepares too: over many streams a
+	// connection's statement cache (pgx's, 512 texts by default) may not
+	// hold what its claimers run in turn (printed for the running round).
+	cprepares := &prepareCounter{}
 	for range b.c.scaleProcesses {
 		cfg := b.pool.Config()
 		cfg.MaxConns = 16
+		cfg.ConnConfig.Tracer = cprepares
 		p, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
 			return 0, 0, 0, err
@@ -339,7 +347,15 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	stop()
 	var againAfter time.Duration
 	if failed == nil {
+		fresh0, again0 := cprepares.fresh.Load(), cprepares.again.Load()
+		cprepares.freshByCaller()
 		againAfter, failed = b.spreadAgain(ctx, handles, items, calls, &handled, again, label)
+		fmt.Printf("  %-34s the running round's consumer prepares: %d new to their connection, %d already prepared; new, by caller:\n", "",
+			cprepares.fresh.Load()-fresh0, cprepares.again.Load()-again0)
+		printFresh(cprepares.freshByCaller())
+		if b.c.statements {
+			b.backendMemory(ctx, "after the running round")
+		}
 	}
 	cancel()
 	wg.Wait()
@@ -402,16 +418,47 @@ func (b *bench) spreadAgain(ctx context.Context, handles []*sqlstreams.StreamHan
 // prepared yet (a round trip, and the time in it) and those it had.
 type prepareCounter struct {
 	fresh, again, ns atomic.Int64
+	mu               sync.Mutex
+	byCaller         map[string]int64 // fresh prepares by the statement's first line (its caller)
 }
 
-type prepareStarted struct{}
+type prepareStarted struct{ sql string }
+
+// freshByCaller returns the fresh prepares by caller and starts counting
+// afresh.
+func (p *prepareCounter) freshByCaller() map[string]int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.byCaller
+	p.byCaller = nil
+	return m
+}
+
+// printFresh prints the callers with the most fresh prepares.
+func printFresh(m map[string]int64) {
+	type kv struct {
+		k string
+		v int64
+	}
+	var all []kv
+	for k, v := range m {
+		all = append(all, kv{k, v})
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].v > all[j].v })
+	for i, e := range all {
+		if i == 8 {
+			break
+		}
+		fmt.Printf("  %-34s %7d  %s\n", "", e.v, e.k)
+	}
+}
 
 func (p *prepareCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	return ctx
 }
 func (p *prepareCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (p *prepareCounter) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
-	return context.WithValue(ctx, prepareStarted{}, wall.Now())
+func (p *prepareCounter) TracePrepareStart(ctx context.Context, _ *pgx.Conn, d pgx.TracePrepareStartData) context.Context {
+	return context.WithValue(context.WithValue(ctx, prepareStarted{}, wall.Now()), prepareStarted{sql: "sql"}, d.SQL)
 }
 func (p *prepareCounter) TracePrepareEnd(ctx context.Context, _ *pgx.Conn, d pgx.TracePrepareEndData) {
 	if d.AlreadyPrepared {
@@ -419,7 +466,58 @@ func (p *prepareCounter) TracePrepareEnd(ctx context.Context, _ *pgx.Conn, d pgx
 		return
 	}
 	p.fresh.Add(1)
+	if sql, ok := ctx.Value(prepareStarted{sql: "sql"}).(string); ok {
+		caller, _, _ := strings.Cut(sql, "\n")
+		p.mu.Lock()
+		if p.byCaller == nil {
+			p.byCaller = map[string]int64{}
+		}
+		p.byCaller[caller]++
+		p.mu.Unlock()
+	}
 	if t, ok := ctx.Value(prepareStarted{}).(time.Time); ok {
 		p.ns.Add(int64(wall.Since(t)))
 	}
+}
+
+// backendMemory prints the private memory of the database's client backends
+// (RssAnon in /proc: the caches, prepared statements and plans each builds
+// for itself), largest first, when the server runs on this machine: what the
+// consumers' connections hold after the running round.
+func (b *bench) backendMemory(ctx context.Context, label string) {
+	rows, err := b.pool.Query(ctx, `SELECT pid FROM pg_catalog.pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()`)
+	if err != nil {
+		return
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return
+	}
+	var kbs []int64
+	var total int64
+	for _, pid := range pids {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			return // not this machine's
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			if v, ok := strings.CutPrefix(line, "RssAnon:"); ok {
+				var kb int64
+				fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), &kb)
+				kbs = append(kbs, kb)
+				total += kb
+			}
+		}
+	}
+	if len(kbs) == 0 {
+		return
+	}
+	sort.Slice(kbs, func(i, j int) bool { return kbs[i] > kbs[j] })
+	top := kbs[:min(6, len(kbs))]
+	fmt.Printf("  %-34s %s: %d client backends, private memory %.1f MB in all; the largest (MB):", "", label, len(kbs), float64(total)/1024)
+	for _, kb := range top {
+		fmt.Printf(" %.1f", float64(kb)/1024)
+	}
+	fmt.Println()
 }
