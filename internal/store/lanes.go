@@ -82,9 +82,15 @@ type lane struct {
 	// of plan_cache_mode run under it (bounded as the statement was).
 	// Guarded by turn.
 	ctx context.Context
-	// was is conn's own plan_cache_mode while the lane has set generic
-	// plans on it ("" when it has not). Guarded by turn.
+	// was is conn's own plan_cache_mode, read when the lane first set
+	// generic plans on it ("" before). Guarded by turn.
 	was string
+	// generic: conn runs generic plans now (the lane set them and has not
+	// put was back). Guarded by turn.
+	generic bool
+	// want: the turn's statement asked for generic plans (done switches a
+	// kept connection to them). Guarded by turn.
+	want bool
 }
 
 // SetLanes makes the claimers' statements run in n lanes (n <= 0: none,
@@ -117,6 +123,7 @@ func (g Group) InLane(exceptions bool) Group {
 		return g
 	}
 	g.lane = ls.lanes[n-1-int(ls.next[1].Add(1)-1)%n]
+	g.custom = true // decision 0052: the exception claim's generic plan is not its custom one
 	return g
 }
 
@@ -135,7 +142,7 @@ func (st *Store) laneOf(key string) *lane {
 // pool.
 func (st *Store) onLane(key string) Querier {
 	if l := st.laneOf(key); l != nil {
-		return l
+		return laneQ{l: l, generic: true}
 	}
 	return st.pool
 }
@@ -171,12 +178,21 @@ func (g Group) db() Querier {
 	if g.lane == nil {
 		return g.st.pool
 	}
-	return g.lane
+	return laneQ{l: g.lane, generic: !g.custom}
+}
+
+// laneQ runs statements in a lane, with its generic plans or without them.
+type laneQ struct {
+	l       *lane
+	generic bool
 }
 
 // acquire waits for the lane's turn and returns its connection, acquiring
-// one from the pool if it holds none; done ends the turn.
-func (l *lane) acquire(ctx context.Context) (*pgxpool.Conn, func(), error) {
+// one from the pool if it holds none; done ends the turn. A statement that
+// must not run with generic plans (generic false) finds the connection's
+// own plan_cache_mode put back first, or a connection the lane has not
+// switched.
+func (l *lane) acquire(ctx context.Context, generic bool) (*pgxpool.Conn, func(), error) {
 	l.waiting.Add(1)
 	select {
 	case l.turn <- struct{}{}:
@@ -185,15 +201,20 @@ func (l *lane) acquire(ctx context.Context) (*pgxpool.Conn, func(), error) {
 		l.waiting.Add(-1)
 		return nil, nil, ctx.Err()
 	}
+	l.ctx = ctx
+	if l.conn != nil && l.generic && !generic && !l.restore() {
+		l.discard()
+	}
 	if l.conn == nil {
 		c, err := l.pool.Acquire(ctx)
 		if err != nil {
+			l.ctx = nil
 			<-l.turn
 			return nil, nil, err
 		}
-		l.conn, l.uses, l.was = c, 0, ""
+		l.conn, l.uses, l.was, l.generic = c, 0, "", false
 	}
-	l.ctx = ctx
+	l.want = generic
 	return l.conn, l.done, nil
 }
 
@@ -206,7 +227,7 @@ func (l *lane) done() {
 	switch {
 	case !l.keep():
 		l.giveBack()
-	case l.was == "":
+	case l.want && !l.generic:
 		l.setGeneric()
 	}
 	l.ctx = nil
@@ -214,15 +235,34 @@ func (l *lane) done() {
 }
 
 // setGeneric switches the kept connection to generic plans, remembering its
-// own value. A connection that fails to switch is discarded: whether the
-// server applied the setting is not known.
+// own value the first time. A connection that fails to switch is discarded:
+// whether the server applied the setting is not known.
 func (l *lane) setGeneric() {
 	var was, set string
 	if err := l.conn.QueryRow(l.ctx, laneGenericSQL).Scan(&was, &set); err != nil || was == "" {
 		l.discard()
 		return
 	}
-	l.was = was
+	if l.was == "" {
+		l.was = was
+	}
+	l.generic = true
+}
+
+// restore puts the connection's own plan_cache_mode back under the turn's
+// context, reporting whether it did; false leaves the connection to be
+// discarded. The caller holds the turn.
+func (l *lane) restore() bool {
+	pc := l.conn.Conn().PgConn()
+	if l.ctx == nil || pc.IsClosed() || pc.IsBusy() || pc.TxStatus() != 'I' {
+		return false
+	}
+	var v string
+	if l.conn.QueryRow(l.ctx, laneRestoreSQL, l.was).Scan(&v) != nil || v != l.was {
+		return false
+	}
+	l.generic = false
+	return true
 }
 
 // keep is done's rule, the pool's statistics (a lock and a copy) read last.
@@ -244,18 +284,9 @@ func (l *lane) giveBack() {
 	if l.conn == nil {
 		return
 	}
-	if l.was != "" {
-		pc := l.conn.Conn().PgConn()
-		restored := false
-		if l.ctx != nil && !pc.IsClosed() && !pc.IsBusy() && pc.TxStatus() == 'I' {
-			var v string
-			restored = l.conn.QueryRow(l.ctx, laneRestoreSQL, l.was).Scan(&v) == nil && v == l.was
-		}
-		if !restored {
-			l.discard()
-			return
-		}
-		l.was = ""
+	if l.generic && !l.restore() {
+		l.discard()
+		return
 	}
 	l.conn.Release()
 	l.conn = nil
@@ -267,14 +298,14 @@ func (l *lane) giveBack() {
 // the turn.
 func (l *lane) discard() {
 	c := l.conn.Hijack()
-	l.conn, l.was = nil, ""
+	l.conn, l.was, l.generic = nil, "", false
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_ = c.Close(ctx) //nolint:errcheck // closing is the point
 }
 
-func (l *lane) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	c, done, err := l.acquire(ctx)
+func (q laneQ) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	c, done, err := q.l.acquire(ctx, q.generic)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -282,8 +313,8 @@ func (l *lane) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comman
 	return c.Exec(ctx, sql, args...)
 }
 
-func (l *lane) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	c, done, err := l.acquire(ctx)
+func (q laneQ) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	c, done, err := q.l.acquire(ctx, q.generic)
 	if err != nil {
 		return nil, err
 	}
@@ -295,13 +326,13 @@ func (l *lane) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, er
 	return &laneRows{Rows: rows, done: done}, nil
 }
 
-func (l *lane) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	rows, err := l.Query(ctx, sql, args...)
+func (q laneQ) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	rows, err := q.Query(ctx, sql, args...)
 	return laneRow{rows: rows, err: err}
 }
 
-func (l *lane) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	c, done, err := l.acquire(ctx)
+func (q laneQ) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	c, done, err := q.l.acquire(ctx, q.generic)
 	if err != nil {
 		return failedBatch{err: err}
 	}

@@ -80,7 +80,7 @@ func TestALaneGivesItsConnectionBackWhenThePoolRunsShort(t *testing.T) {
 			c.Release()
 		}
 	}()
-	c, done, err := l.acquire(ctx)
+	c, done, err := l.acquire(ctx, true)
 	require.NoError(t, err)
 	for int(st.pool.Stat().TotalConns()) < int(st.pool.Config().MaxConns) || st.pool.Stat().IdleConns() > 0 {
 		o, err := st.pool.Acquire(ctx)
@@ -91,7 +91,7 @@ func TestALaneGivesItsConnectionBackWhenThePoolRunsShort(t *testing.T) {
 	done()
 	require.Same(t, c, l.conn, "kept for the lane's own waiting statement")
 	l.waiting.Add(-1)
-	_, done, err = l.acquire(ctx)
+	_, done, err = l.acquire(ctx, true)
 	require.NoError(t, err)
 	done()
 	require.Nil(t, l.conn, "the pool has nothing idle and nothing of the lane waits: given back")
@@ -103,7 +103,7 @@ func TestALaneGivesABrokenConnectionBack(t *testing.T) {
 	ctx := context.Background()
 	st, g := laneSetup(t, 1)
 	l := g.lane
-	c, done, err := l.acquire(ctx)
+	c, done, err := l.acquire(ctx, true)
 	require.NoError(t, err)
 	require.NoError(t, c.Conn().Close(ctx))
 	defer st.Session()()
@@ -174,7 +174,7 @@ func TestAStatementWaitingForItsLaneHonoursItsContext(t *testing.T) {
 	ctx := context.Background()
 	_, g := laneSetup(t, 1)
 	l := g.lane
-	_, done, err := l.acquire(ctx) // the turn is taken
+	_, done, err := l.acquire(ctx, true) // the turn is taken
 	require.NoError(t, err)
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
@@ -315,6 +315,24 @@ WHERE statement LIKE '-- store.LeasesExpired%'`).Scan(&generic, &custom))
 	require.Equal(t, [2]int64{3, 0}, [2]int64{generic, custom}, "every execution ran the generic plan")
 }
 
+// The exception claimer's statements run with the connection's own
+// plan_cache_mode even in a lane that switched to generic plans: the
+// exception claim's generic plan is not its custom one (decision 0052).
+func TestAnExceptionClaimersStatementsRunWithoutGenericPlans(t *testing.T) {
+	g, _, _ := genericLaneSetup(t)
+	ex := g.st.Group(g.StreamID, g.GroupID).InLane(true)
+	require.Same(t, g.lane, ex.lane, "one lane: the two claimers share it")
+	planMode(t, g.db())
+	require.Equal(t, "force_generic_plan", planMode(t, g.db()))
+	pid := backendPID(t, g.db())
+	require.Equal(t, appPlanMode, planMode(t, ex.db()), "put back for the exception claimer's statement")
+	require.Equal(t, appPlanMode, planMode(t, ex.db()))
+	require.Equal(t, pid, backendPID(t, ex.db()), "on the same connection")
+	planMode(t, g.db())
+	require.Equal(t, "force_generic_plan", planMode(t, g.db()), "and switched again for the range claimer's")
+	require.Equal(t, appPlanMode, planMode(t, ex.db()))
+}
+
 // The application's connections never carry the lane's setting: a lane that
 // gives a connection back restores the connection's own value first (not the
 // server's default a RESET would give).
@@ -342,7 +360,7 @@ func TestALaneClosesAConnectionItCannotRestore(t *testing.T) {
 	require.NotEmpty(t, l.was, "switched")
 
 	ctx, cancel := context.WithCancel(context.Background())
-	c, done, err := l.acquire(ctx)
+	c, done, err := l.acquire(ctx, true)
 	require.NoError(t, err)
 	pc := c.Conn().PgConn()
 	release := takeIdle(t, pool)

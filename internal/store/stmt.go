@@ -62,6 +62,10 @@ type Group struct {
 	StreamID int64
 	GroupID  int64
 	lane     *lane // InLane's; nil: the pool
+	// custom: the group's statements run with the connection's own
+	// plan_cache_mode, not the lane's generic plans (the exception
+	// claimer's: decision 0052).
+	custom bool
 }
 
 // Group returns the handle of group groupID of stream streamID.
