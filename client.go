@@ -97,9 +97,10 @@ type ClientConfig struct {
 	// Default (0): GOMAXPROCS, at least 4, at most half the pool's MaxConns
 	// (none for a pool of one): a process's few busy sessions of one stream
 	// each have a lane, and its many sessions of many streams share few.
-	// A lane plans its statements generically (plan_cache_mode
-	// force_generic_plan on the connection it keeps, the connection's own
-	// value put back before the pool has it again; decision 0052), so that
+	// A lane plans the range claimers' statements and the lease renewals
+	// generically (plan_cache_mode force_generic_plan on the connection it
+	// keeps, the connection's own value put back before the pool has it
+	// again or an exception claimer's statement runs; decision 0052), so that
 	// a stream's claim is not planned afresh for each of its first five
 	// executions on a backend. Behind a pooler in transaction mode, use
 	// NoEngineLanes: a session-level setting could reach another client.

@@ -43,7 +43,11 @@ import (
 // statements are written to plan the same whatever their parameters (their
 // bounds reach the scans as InitPlan parameters, decision 0042), so the
 // generic plan is the one they settle on anyway; a lane only stops paying
-// for the five custom plans on the way. The setting never reaches the
+// for the five custom plans on the way. Only the range claimers' statements
+// and the lease renewals ask for it: the exception claim is one statement
+// whose parameters decide which of its parts run, and its generic plan was
+// the slower (a lane puts the connection's own value back before an
+// exception claimer's statement). The setting never reaches the
 // application: a connection whose value could not be restored is closed,
 // not given back.
 
