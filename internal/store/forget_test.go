@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -40,14 +39,10 @@ func (f *firstLines) count(line string) int {
 // backend) runs only when the look finds a lease the claimer does not know.
 func TestAReconcileThatFindsNothingToLetGoOnlyLooks(t *testing.T) {
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
-	require.NoError(t, err)
 	lines := &firstLines{n: map[string]int{}}
-	cfg.ConnConfig.Tracer = lines
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := ownPool(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = lines })
 	st, streamID, groupID := planSetupOn(t, pool)
+	var err error
 	g := st.Group(streamID, groupID)
 	const owner = "00000000-0000-4000-8000-000000000001"
 	_, err = st.Produce(ctx, nil, StreamRef{ID: streamID}, []NewMessage{{Version: 1, Payload: []byte(`{"a":1}`)}}, nil)

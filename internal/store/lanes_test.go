@@ -6,7 +6,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -224,16 +223,13 @@ const appPlanMode = "force_custom_plan"
 func genericLaneSetup(t *testing.T) (g Group, pool *pgxpool.Pool, end func()) {
 	t.Helper()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
-	require.NoError(t, err)
-	cfg.MaxConns = 4
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		_, err := c.Exec(ctx, "SET plan_cache_mode = "+appPlanMode)
-		return err
-	}
-	pool, err = pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool = ownPool(t, func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 4
+		cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+			_, err := c.Exec(ctx, "SET plan_cache_mode = "+appPlanMode)
+			return err
+		}
+	})
 	st, streamID, groupID := planSetupOn(t, pool)
 	st.SetLanes(1)
 	end = sync.OnceFunc(st.Session())

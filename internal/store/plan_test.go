@@ -21,6 +21,19 @@ func planSetup(t *testing.T) (*Store, int64, int64) {
 	return planSetupOn(t, pgtest.Pool(t))
 }
 
+// ownPool is a pool of the test's own on pgtest.URL(), configure changing
+// its config first (a tracer, AfterConnect), closed when the test ends.
+func ownPool(t *testing.T, configure func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	configure(cfg)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // planSetupOn is planSetup on the test's own pool.
 func planSetupOn(t *testing.T, pool *pgxpool.Pool) (*Store, int64, int64) {
 	t.Helper()
