@@ -71,7 +71,11 @@ type WorkerConfig struct {
 	Suspend bool
 	// Interval is how often the worker does a round of work. Default 1m;
 	// 10m for prune (its rounds cost a statement per stream and table, and
-	// what it drops lives for hours), 1s for the scheduler.
+	// what it drops lives for hours), 1s for the scheduler. It is the
+	// fleet's cadence, not each holder's: a worker's rounds begin at most
+	// once an interval across every process holding it, and a process that
+	// takes a slot over waits for the rest of the interval since the
+	// fleet's last round (decision 0053).
 	Interval time.Duration
 	// Batch bounds the rows one statement touches. Default 5000.
 	Batch int

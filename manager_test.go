@@ -267,6 +267,58 @@ func TestManagerRunsEachWorkerOnItsTargetCount(t *testing.T) {
 	require.Zero(t, holders(rest), "suspended")
 }
 
+// A worker's interval is the fleet's cadence: a process that takes a slot
+// over, after a graceful stop (a rolling deploy) or a crash, starts its
+// first round when the fleet's last one is an interval old, not at once.
+// Over thousands of streams a prune round is seconds of server CPU, and
+// every restart of the holder had run one.
+func TestATakenOverWorkerWaitsOutTheFleetsInterval(t *testing.T) {
+	st, _ := newStepper(t, nil, func(*order, int) error { return nil })
+	ctx := context.Background()
+	m := st.e.client.Manager()
+	require.NoError(t, m.Declare(ctx, WorkerPrune, WorkerConfig{Interval: 10 * time.Minute}))
+	const ttl = 30 * time.Second
+	// run steps a at every heartbeat (TTL/3) for d of mock time.
+	run := func(a *manager.Actor, d time.Duration) {
+		t.Helper()
+		for end := st.mock.Now().Add(d); st.mock.Now().Before(end); {
+			st.mock.Add(ttl / 3)
+			require.NoError(t, a.Step(ctx))
+		}
+	}
+	first := m.actor(ttl, nil)
+	require.NoError(t, first.Step(ctx))
+	require.True(t, first.Holds(WorkerPrune))
+	require.Equal(t, 1, first.Rounds(WorkerPrune), "the fleet's first round runs at once")
+	run(first, time.Minute)
+
+	// A rolling deploy: the holder gives its slot back, a new process takes it.
+	require.NoError(t, first.Release(ctx))
+	second := m.actor(ttl, nil)
+	require.NoError(t, second.Step(ctx))
+	require.True(t, second.Holds(WorkerPrune))
+	require.Zero(t, second.Rounds(WorkerPrune), "a round ran a minute ago: the new holder waits")
+	run(second, 8*time.Minute+50*time.Second)
+	require.Zero(t, second.Rounds(WorkerPrune), "9m50s after the fleet's round")
+	run(second, 10*time.Second)
+	require.Equal(t, 1, second.Rounds(WorkerPrune), "ten minutes after the fleet's round")
+	run(second, 5*time.Minute)
+	require.Equal(t, 1, second.Rounds(WorkerPrune))
+
+	// A crash: the holder stops heartbeating; the next process takes its
+	// slot over a TTL later and waits for the rest of the interval.
+	third := m.actor(ttl, nil)
+	require.NoError(t, third.Step(ctx))
+	require.False(t, third.Holds(WorkerPrune), "the slot is held")
+	run(third, ttl)
+	require.True(t, third.Holds(WorkerPrune), "taken over once the holder's row lapsed")
+	require.Zero(t, third.Rounds(WorkerPrune), "5m30s after the fleet's round")
+	run(third, 4*time.Minute)
+	require.Zero(t, third.Rounds(WorkerPrune), "9m30s after it")
+	run(third, 30*time.Second)
+	require.Equal(t, 1, third.Rounds(WorkerPrune), "ten minutes after it")
+}
+
 // A worker's knobs change by redeclaring its worker_config row; the running
 // worker follows at its next heartbeat.
 func TestWorkerKnobsFollowRedeclaration(t *testing.T) {

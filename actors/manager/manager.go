@@ -178,6 +178,21 @@ func (a *Actor) step(ctx context.Context, w Worker) error {
 	if s.ran && now.Sub(s.lastRound) < knobs.Interval {
 		return nil
 	}
+	// A worker whose interval is longer than a step asks the fleet whether
+	// its round is due (store.BeginRound): the interval is the fleet's
+	// cadence, so a holder new to the slot does not repeat the round its
+	// predecessor did a moment ago. A shorter interval makes every step a
+	// round; there is nothing to pace.
+	if knobs.Interval > a.Interval() {
+		due, since, err := a.cfg.Store.BeginRound(ctx, row.ID, knobs.Interval, a.cfg.DBNow())
+		if err != nil {
+			return err
+		}
+		if !due {
+			s.ran, s.lastRound = true, now.Add(-since)
+			return nil
+		}
+	}
 	s.ran, s.lastRound = true, now
 	a.rounds[name]++
 	return w.Round(ctx, knobs)

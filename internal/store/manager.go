@@ -132,6 +132,32 @@ RETURNING w.metadata,
 	return true, doc, ahead, nil
 }
 
+// BeginRound claims a fleet worker's next round for its caller: when the
+// fleet's last round of the worker (any holder's, worker_config's
+// last_round_at) began at least interval ago, or never, it records now and
+// returns true. Otherwise it returns false and how long ago that round
+// began, so the caller waits out the rest without asking again. The worker
+// row's lock serializes holders, so a worker runs one round an interval
+// however many processes hold or take over its slots: a restart or a
+// rolling deploy does not start a round its predecessor has just done
+// (at 3,000 streams a prune round is seconds of server CPU).
+func (st *Store) BeginRound(ctx context.Context, workerConfigID int64, interval time.Duration, now Now) (ok bool, since time.Duration, err error) {
+	var secs float64
+	err = st.pool.QueryRow(ctx, st.sql(`-- store.BeginRound
+WITH claimed AS (
+    UPDATE %[1]s.worker_config c SET last_round_at = coalesce($3, now())
+    WHERE c.id = $1 AND (c.last_round_at IS NULL OR c.last_round_at <= coalesce($3, now()) - $2::interval)
+    RETURNING c.id
+)
+SELECT EXISTS (SELECT 1 FROM claimed),
+       greatest(coalesce(extract(epoch FROM coalesce($3, now()) - w.last_round_at), 0), 0)::float8
+FROM %[1]s.worker_config w WHERE w.id = $1`), workerConfigID, interval, now).Scan(&ok, &secs)
+	if err != nil {
+		return false, 0, fmt.Errorf("begin round of fleet worker %d: %w", workerConfigID, err)
+	}
+	return ok, time.Duration(secs * float64(time.Second)), nil
+}
+
 // StreamConfigRow is a stream's id and declared config.
 type StreamConfigRow struct {
 	ID     int64
