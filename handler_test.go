@@ -2,6 +2,7 @@ package sqlstreams
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -101,6 +102,68 @@ func TestTimeoutCancelsTheHandlerContext(t *testing.T) {
 	require.Contains(t, xs[0].LastError, "handler timed out after 30ms")
 	require.EqualValues(t, 1, c.Stats().TimedOut)
 	require.Zero(t, c.Stats().Abandoned, "a handler that honours its context is not abandoned")
+}
+
+// A worker watches each message's deadline on a timer it reuses: a
+// message that timed out leaves nothing behind that would time the next
+// one out, and a handler that never looks at its context still gets one
+// that reports the deadline once it has passed.
+func TestAWorkersNextMessageIsNotTimedOutByTheLastOne(t *testing.T) {
+	e, s, c := setup(t, nil, "g", 0)
+	col := newCollector(10)
+	var errAfter error
+	timedOut := make(chan struct{})
+	sess := consume(t, c, func(ctx context.Context, o *order) error {
+		if o.OrderID == "slow" {
+			<-ctx.Done()
+			errAfter = ctx.Err()
+			close(timedOut)
+			return ctx.Err()
+		}
+		if _, ok := ctx.Deadline(); !ok {
+			return errors.New("no deadline")
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		col.add(o.OrderID)
+		return nil
+	}, &ConsumeOptions{BatchLimit: 20, MessageConcurrency: 1, ClaimPollRate: 5 * time.Millisecond})
+	_, err := s.Produce(context.Background(), order{OrderID: "slow"}, &ProduceOptions{Message: &MessageOptions{
+		Timeout: 30 * time.Millisecond, Retry: &RetryPolicy{MaxRetries: NoRetries}}})
+	require.NoError(t, err)
+	within(t, timedOut, "the slow handler's deadline")
+	require.ErrorIs(t, errAfter, context.DeadlineExceeded)
+	e.produceN(s, "m", 10) // the same single worker runs them, on the same timer
+	within(t, col.done, "the messages after the timed-out one")
+	require.NoError(t, sess.stop(t))
+	require.EqualValues(t, 1, c.Stats().TimedOut, "only the slow message timed out")
+	xs, err := c.db().ExceptionStates(context.Background())
+	require.NoError(t, err)
+	require.Len(t, xs, 1)
+}
+
+// A handler's context, and a context derived from it, end when the
+// session's stop runs out of its shutdown budget, long before the
+// message's deadline.
+func TestAStoppingSessionEndsTheHandlersContext(t *testing.T) {
+	_, s, c := setup(t, nil, "g", 0)
+	started := make(chan struct{})
+	ended := make(chan error, 1)
+	sess := consume(t, c, func(ctx context.Context, o *order) error {
+		derived, cancel := context.WithCancel(ctx)
+		defer cancel()
+		close(started)
+		<-derived.Done()
+		ended <- ctx.Err()
+		return ctx.Err()
+	}, &ConsumeOptions{ClaimPollRate: 5 * time.Millisecond, ShutdownTimeout: 100 * time.Millisecond})
+	_, err := s.Produce(context.Background(), order{OrderID: "long"}, &ProduceOptions{Message: &MessageOptions{Timeout: time.Hour}})
+	require.NoError(t, err)
+	within(t, started, "the handler")
+	require.NoError(t, sess.stop(t))
+	require.ErrorIs(t, within(t, ended, "the handler's context to end"), context.Canceled)
+	require.Zero(t, c.Stats().TimedOut)
 }
 
 func TestKeyedConcurrencyNeedsAKey(t *testing.T) {

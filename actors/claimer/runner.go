@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/handlerctx"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
@@ -103,6 +104,46 @@ func (r *runner) Run(ctx context.Context, j Job) Outcome { return r.run(ctx, j, 
 type executor struct {
 	calls chan execCall
 	done  chan error // capacity 1: an abandoned call's result is never read
+	// timer watches each call's deadline; one per executor, reset for
+	// every call (a timer per message cost more than the handler's
+	// bookkeeping around it). Only the pool worker that owns the executor
+	// touches it.
+	timer *clock.Timer
+}
+
+// expiredAlready is the deadline channel of a call whose deadline had
+// passed before it started.
+var expiredAlready = func() chan time.Time {
+	c := make(chan time.Time)
+	close(c)
+	return c
+}()
+
+// arm sets the executor's timer to the call's deadline and returns the
+// channel that says it passed.
+func (ex *executor) arm(clk clock.Clock, now time.Time, hctx *handlerctx.Ctx) <-chan time.Time {
+	deadline, _ := hctx.Deadline()
+	wait := deadline.Sub(now)
+	if wait <= 0 {
+		return expiredAlready
+	}
+	if ex.timer == nil {
+		ex.timer = clk.Timer(wait)
+	} else {
+		ex.timer.Reset(wait)
+	}
+	return ex.timer.C
+}
+
+// disarm stops the timer and drops a tick it may have sent meanwhile, so
+// that the next call's wait does not see it.
+func (ex *executor) disarm() {
+	if ex.timer != nil && !ex.timer.Stop() {
+		select {
+		case <-ex.timer.C:
+		default:
+		}
+	}
 }
 
 type execCall struct {
@@ -146,8 +187,6 @@ func (r *runner) runJob(ctx context.Context, j Job, slot **executor) Outcome {
 		return Outcome{Ref: j.Ref, Err: errNotLive, Canceled: true}
 	}
 	d := j.Delivery
-	hctx, cancel := r.clock.WithTimeout(ctx, d.Timeout)
-	defer cancel()
 	var ex *executor
 	if slot == nil {
 		ex = r.newExecutor()
@@ -159,6 +198,11 @@ func (r *runner) runJob(ctx context.Context, j Job, slot **executor) Outcome {
 		ex = *slot
 	}
 	started := r.clock.Now()
+	// The handler's context builds its timer only if the handler asks for
+	// Done; the deadline is watched here, on the executor's own timer.
+	hctx := handlerctx.New(ctx, r.clock, started, d.Timeout)
+	defer hctx.End()
+	expired := ex.arm(r.clock, started, hctx)
 	ex.calls <- execCall{ctx: hctx, d: &d}
 	timed := func(o Outcome) Outcome {
 		o.Started, o.Duration = started, r.clock.Since(started)
@@ -166,8 +210,12 @@ func (r *runner) runJob(ctx context.Context, j Job, slot **executor) Outcome {
 	}
 	select {
 	case err := <-ex.done:
+		ex.disarm()
 		return timed(r.outcome(ctx, hctx, j, err))
-	case <-hctx.Done():
+	case <-expired:
+		hctx.Expire()
+	case <-ctx.Done():
+		ex.disarm()
 	}
 	if ctx.Err() != nil {
 		// The pool is stopping: the outcome would settle nothing, and a stop
