@@ -94,33 +94,34 @@ func TestTheParentsCancellationEndsIt(t *testing.T) {
 	}
 }
 
-// End is the CancelFunc: Canceled, Done closed if built or when built.
-func TestEndCancels(t *testing.T) {
-	m := newMock()
-	c := New(context.Background(), m, m.Now(), time.Hour)
-	done := c.Done()
-	c.End()
-	closed(t, done, "after End")
-	require.ErrorIs(t, c.Err(), context.Canceled)
-	m.Add(2 * time.Hour)
-	require.ErrorIs(t, c.Err(), context.Canceled, "a deadline after End changes nothing")
+// End is the CancelFunc (Canceled), Expire the runner's own timer
+// (DeadlineExceeded before the clock says so): Done closes, whether built
+// before or after, and neither a later deadline nor the other call changes
+// the error.
+func TestEndAndExpire(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		end, then func(*Ctx)
+		want      error
+	}{
+		{"End", (*Ctx).End, (*Ctx).Expire, context.Canceled},
+		{"Expire", (*Ctx).Expire, (*Ctx).End, context.DeadlineExceeded},
+	} {
+		m := newMock()
+		c := New(context.Background(), m, m.Now(), time.Hour)
+		done := c.Done()
+		tc.end(c)
+		closed(t, done, tc.name)
+		require.ErrorIs(t, c.Err(), tc.want, tc.name)
+		m.Add(2 * time.Hour)
+		tc.then(c)
+		require.ErrorIs(t, c.Err(), tc.want, "%s: a deadline or a second call afterwards changes nothing", tc.name)
 
-	c = New(context.Background(), m, m.Now(), time.Hour)
-	c.End()
-	require.ErrorIs(t, c.Err(), context.Canceled)
-	closed(t, c.Done(), "Done built after End")
-}
-
-// Expire is the runner's own timer: DeadlineExceeded before the clock says so.
-func TestExpireEndsItWithTheDeadline(t *testing.T) {
-	m := newMock()
-	c := New(context.Background(), m, m.Now(), time.Hour)
-	done := c.Done()
-	c.Expire()
-	closed(t, done, "after Expire")
-	require.ErrorIs(t, c.Err(), context.DeadlineExceeded)
-	c.End()
-	require.ErrorIs(t, c.Err(), context.DeadlineExceeded)
+		c = New(context.Background(), m, m.Now(), time.Hour)
+		tc.end(c)
+		require.ErrorIs(t, c.Err(), tc.want, tc.name)
+		closed(t, c.Done(), tc.name+": Done built afterwards")
+	}
 }
 
 // A sooner deadline of the parent's is the context's.
