@@ -166,6 +166,41 @@ func TestAStoppingSessionEndsTheHandlersContext(t *testing.T) {
 	require.Zero(t, c.Stats().TimedOut)
 }
 
+// A worker runs its handler on its own goroutine (decision 0055): a stop
+// whose handler ignores its context, far from its deadline, still returns
+// within its budget, leaves the handler behind (logged), and loses nothing:
+// the message goes to the next session.
+func TestAStopDoesNotWaitForAHandlerThatIgnoresItsContext(t *testing.T) {
+	e, s, c := setup(t, nil, "g", 0)
+	release := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	started := make(chan struct{}, 1)
+	sess := consume(t, c, func(ctx context.Context, o *order) error {
+		started <- struct{}{}
+		<-release // ignores ctx
+		return nil
+	}, &ConsumeOptions{MessageConcurrency: 1, ClaimPollRate: 5 * time.Millisecond, ShutdownTimeout: 100 * time.Millisecond})
+	_, err := s.Produce(context.Background(), order{OrderID: "stuck"}, &ProduceOptions{Message: &MessageOptions{Timeout: time.Hour}})
+	require.NoError(t, err)
+	within(t, started, "the handler")
+	require.NoError(t, sess.stop(t))
+	require.Contains(t, e.logs.messages(0), "handlers still running after shutdown: they ignore their context and are left behind")
+	require.Zero(t, c.Stats().Abandoned, "a stop gives up on handlers without counting them abandoned")
+
+	once.Do(func() { close(release) })
+	again := make(chan string, 1)
+	sess = consume(t, c, func(ctx context.Context, o *order) error {
+		select {
+		case again <- o.OrderID:
+		default:
+		}
+		return nil
+	}, fast())
+	require.Equal(t, "stuck", within(t, again, "the message, in the next session"))
+	require.NoError(t, sess.stop(t))
+}
+
 func TestKeyedConcurrencyNeedsAKey(t *testing.T) {
 	e := newEnv(t, nil)
 	s := e.stream("orders")
