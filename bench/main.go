@@ -57,6 +57,7 @@ type config struct {
 	scaleProcesses         int
 	scaleN                 int
 	scaleIdle              time.Duration
+	sharedBuffers          string
 }
 
 func main() {
@@ -90,6 +91,7 @@ func main() {
 	flag.IntVar(&c.scaleProcesses, "scale-processes", 4, "scale: clients with their own pools (processes) the sessions are spread over")
 	flag.IntVar(&c.scaleN, "scale-n", 200000, "scale: messages produced and burnt down, over all the streams and on one")
 	flag.DurationVar(&c.scaleIdle, "scale-idle", time.Minute, "scale: how long the idle window lasts")
+	flag.StringVar(&c.sharedBuffers, "shared-buffers", "256MB", "private cluster only: its shared_buffers (a diagnostic: the recorded runs use the default)")
 	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
 	flag.BoolVar(&c.allowShared, "allow-port-5432", false, "allow a -url on port 5432 (refused by default: that is usually a shared server)")
 	flag.Parse()
@@ -153,7 +155,7 @@ func run(ctx context.Context, c config) (err error) {
 	}
 	if serverURL == "" {
 		fmt.Println("starting a private durable PostgreSQL (pass -url or set SQLSTREAMS_DATABASE_URL to use your own)...")
-		cl, err := startCluster(ctx, c.statements)
+		cl, err := startCluster(ctx, c.statements, c.sharedBuffers)
 		if err != nil {
 			return err
 		}

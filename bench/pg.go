@@ -55,7 +55,10 @@ func pgMajor(binDir string) int {
 	return n
 }
 
-func startCluster(ctx context.Context, statements bool) (*cluster, error) {
+func startCluster(ctx context.Context, statements bool, sharedBuffers string) (*cluster, error) {
+	if !validMemory(sharedBuffers) {
+		return nil, fmt.Errorf("-shared-buffers %q: want a whole number with a unit, such as 256MB or 2GB", sharedBuffers)
+	}
 	bin, err := pgBinDir()
 	if err != nil {
 		return nil, err
@@ -89,7 +92,7 @@ func startCluster(ctx context.Context, statements bool) (*cluster, error) {
 		"listen_addresses = '127.0.0.1'",
 		"unix_socket_directories = '" + c.dir + "'",
 		"max_connections = 200",
-		"shared_buffers = '256MB'",
+		"shared_buffers = '" + sharedBuffers + "'",
 		"fsync = on",
 		"synchronous_commit = on",
 		"full_page_writes = on",
@@ -153,6 +156,18 @@ func (c *cluster) run(ctx context.Context, tool string, args ...string) ([]byte,
 	cmd.WaitDelay = 10 * time.Second // should the postmaster ever hold our pipe
 	err := cmd.Run()
 	return buf.Bytes(), err
+}
+
+// validMemory reports whether s is a PostgreSQL memory setting this harness
+// writes into postgresql.conf as is: digits, then kB, MB, GB or TB.
+func validMemory(s string) bool {
+	for _, unit := range []string{"kB", "MB", "GB", "TB"} {
+		if n, ok := strings.CutSuffix(s, unit); ok {
+			v, err := strconv.Atoi(n)
+			return err == nil && v > 0 && strconv.Itoa(v) == n
+		}
+	}
+	return false
 }
 
 func freePort() (int, error) {

@@ -141,12 +141,13 @@ func (b *bench) scale(ctx context.Context) error {
 			prod, burn, cold  *throughputResult
 		}{{S, 1, prodMany, burnMany, coldMany}, {1, P, prodOne, burnOne, coldOne}} {
 			label := fmt.Sprintf("scale %d stream(s) run %d/%d", v.streams, r, b.c.runs)
-			p, c, d, err := b.spread(ctx, fmt.Sprintf("sp%d_%d_", v.streams, r), v.streams, v.sessions, label)
+			p, c, d, cpu, err := b.spread(ctx, fmt.Sprintf("sp%d_%d_", v.streams, r), v.streams, v.sessions, label)
 			if err != nil {
 				return fmt.Errorf("%s: %w", label, err)
 			}
 			v.prod.add(label, p)
 			v.cold.add(label, c)
+			v.burn.addCPU(cpu.before, cpu.after, cpu.ok, (b.c.scaleN+produceBatchLen-1)/produceBatchLen*produceBatchLen) // the running round's messages
 			v.burn.add(label, d)
 		}
 	}
@@ -203,8 +204,9 @@ WHERE n.nspname = 'sqlstreams_bench' OR (c.relkind = 't' AND n.nspname = 'pg_toa
 // backlog (their Register and start are timed with it), and running, by the
 // same sessions once the backlog's first round is done: the same volume is
 // produced again in one transaction, untimed, and the burn-down is timed from
-// its commit (decision 0041). It returns the three rates.
-func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int, label string) (produce, cold, running float64, err error) {
+// its commit (decision 0041). It returns the three rates, and the CPU the
+// server and this process (every client) used in the running round.
+func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int, label string) (produce, cold, running float64, cpu cpuWindow, err error) {
 	n := b.c.scaleN
 	// The producer's own pool counts its prepares: a stream's insert is
 	// prepared once per connection, and over many streams most produce
@@ -214,21 +216,21 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	pcfg.ConnConfig.Tracer = prepares
 	ppool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, cpu, err
 	}
 	defer ppool.Close()
 	producer, err := sqlstreams.NewClient(ctx, ppool, &sqlstreams.ClientConfig{Schema: "sqlstreams_bench", Logger: b.logger})
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, cpu, err
 	}
 	handles := make([]*sqlstreams.StreamHandle[Order], streams)
 	for i := range handles {
 		handles[i] = sqlstreams.Stream[Order](producer, fmt.Sprintf("bench.%s.s%d", prefix, i))
 		if err := handles[i].Register(ctx, nil); err != nil {
-			return 0, 0, 0, err
+			return 0, 0, 0, cpu, err
 		}
 		if _, err := handles[i].Consumer(fmt.Sprintf("%sg%d", prefix, i)).Register(ctx, nil); err != nil {
-			return 0, 0, 0, err
+			return 0, 0, 0, cpu, err
 		}
 	}
 	items := make([]sqlstreams.BatchItem[Order], produceBatchLen)
@@ -239,21 +241,21 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	b.checkpoint(ctx)
 	fresh0, again0, took0 := prepares.fresh.Load(), prepares.again.Load(), prepares.ns.Load()
 	if err := b.windowStart(ctx); err != nil { // what the produce itself runs
-		return 0, 0, 0, err
+		return 0, 0, 0, cpu, err
 	}
 	start := wall.Now()
 	if err := eachCall(calls, func(c int) error {
 		_, err := handles[c%streams].ProduceBatch(ctx, items, nil)
 		return err
 	}); err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, cpu, err
 	}
 	total := calls * produceBatchLen
 	produce = report1(label+" produce", "msgs", total, wall.Since(start))
 	fmt.Printf("  %-34s prepares: %d new to their connection (%.2f s in them, all workers), %d already prepared\n", "",
 		prepares.fresh.Load()-fresh0, float64(prepares.ns.Load()-took0)/1e9, prepares.again.Load()-again0)
 	if err := b.windowEnd(ctx, label+", the produce's statements"); err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, cpu, err
 	}
 
 	// The consumers: one client (pool) per process.
@@ -274,12 +276,12 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 		cfg.ConnConfig.Tracer = cprepares
 		p, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
-			return 0, 0, 0, err
+			return 0, 0, 0, cpu, err
 		}
 		pools = append(pools, p)
 		c, err := sqlstreams.NewClient(ctx, p, &sqlstreams.ClientConfig{Schema: "sqlstreams_bench", Logger: b.logger})
 		if err != nil {
-			return 0, 0, 0, err
+			return 0, 0, 0, cpu, err
 		}
 		clients = append(clients, c)
 	}
@@ -332,7 +334,7 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 		cancel()
 		wg.Wait()
 		stop()
-		return 0, 0, 0, err
+		return 0, 0, 0, cpu, err
 	}
 	startedAfter := wall.Since(start) // every Register returned and every Consume was called
 	var failed error
@@ -349,7 +351,7 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	if failed == nil {
 		fresh0, again0 := cprepares.fresh.Load(), cprepares.again.Load()
 		cprepares.freshByCaller()
-		againAfter, failed = b.spreadAgain(ctx, handles, items, calls, &handled, again, label)
+		againAfter, cpu, failed = b.spreadAgain(ctx, handles, items, calls, &handled, again, label)
 		fmt.Printf("  %-34s the running round's consumer prepares: %d new to their connection, %d already prepared; new, by caller:\n", "",
 			cprepares.fresh.Load()-fresh0, cprepares.again.Load()-again0)
 		printFresh(cprepares.freshByCaller())
@@ -366,7 +368,7 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 		}
 	}
 	if failed != nil {
-		return 0, 0, 0, failed
+		return 0, 0, 0, cpu, failed
 	}
 	cold = report1(label+" burn-down, cold", "msgs", total, elapsed)
 	select {
@@ -376,7 +378,7 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 		fmt.Printf("  %-34s %d of the %d session(s) had a message\n", "", up.Load(), streams*sessions)
 	}
 	running = report1(label+" burn-down, running", "msgs", total, againAfter)
-	return produce, cold, running, nil
+	return produce, cold, running, cpu, nil
 }
 
 // spreadAgain is spread's second round: with every session running (and,
@@ -384,34 +386,46 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 // transaction, untimed, and times from its commit until the sessions have
 // handled them (again closes). A transaction makes the whole backlog
 // visible at once, as a backlog that built up while the sessions ran is.
-func (b *bench) spreadAgain(ctx context.Context, handles []*sqlstreams.StreamHandle[Order], items []sqlstreams.BatchItem[Order], calls int, handled *atomic.Int64, again <-chan struct{}, label string) (time.Duration, error) {
+// The CPU readings bracket the same window.
+func (b *bench) spreadAgain(ctx context.Context, handles []*sqlstreams.StreamHandle[Order], items []sqlstreams.BatchItem[Order], calls int, handled *atomic.Int64, again <-chan struct{}, label string) (time.Duration, cpuWindow, error) {
+	var cpu cpuWindow
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
-		return 0, err
+		return 0, cpu, err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after the commit
 	for c := range calls {
 		if _, err := handles[c%len(handles)].ProduceBatch(ctx, items, &sqlstreams.BatchOptions{Tx: tx}); err != nil {
-			return 0, err
+			return 0, cpu, err
 		}
 	}
 	total := int64(calls * len(items))
 	if err := b.windowStart(ctx); err != nil { // what the running round itself runs
-		return 0, err
+		return 0, cpu, err
 	}
+	cpu.before, cpu.ok = b.cpuNow(ctx)
 	start := wall.Now()
 	if err := tx.Commit(ctx); err != nil {
-		return 0, err
+		return 0, cpu, err
 	}
 	select {
 	case <-again:
 		took := wall.Since(start)
-		return took, b.windowEnd(ctx, label+", the running round's statements")
+		var ok bool
+		cpu.after, ok = b.cpuNow(ctx)
+		cpu.ok = cpu.ok && ok
+		return took, cpu, b.windowEnd(ctx, label+", the running round's statements")
 	case <-wall.After(burnTimeout):
-		return 0, fmt.Errorf("%s, running sessions: timed out after %s with %d of %d handled", label, burnTimeout, handled.Load()-total, total)
+		return 0, cpu, fmt.Errorf("%s, running sessions: timed out after %s with %d of %d handled", label, burnTimeout, handled.Load()-total, total)
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return 0, cpu, ctx.Err()
 	}
+}
+
+// cpuWindow is a window's CPU readings (cpuNow at its start and end).
+type cpuWindow struct {
+	before, after cpuTimes
+	ok            bool // the server's CPU was readable at both ends
 }
 
 // prepareCounter counts a pool's prepares: those a connection had not
