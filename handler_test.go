@@ -166,10 +166,10 @@ func TestAStoppingSessionEndsTheHandlersContext(t *testing.T) {
 	require.Zero(t, c.Stats().TimedOut)
 }
 
-// A worker runs its handler on its own goroutine (decision 0055): a stop
-// whose handler ignores its context, far from its deadline, still returns
+// A stop whose handler ignores its context, far from its deadline, returns
 // within its budget, leaves the handler behind (logged), and loses nothing:
-// the message goes to the next session.
+// the message goes to the next session. (Decision 0055 tried running
+// handlers on the workers' goroutines, where this needed a watchdog.)
 func TestAStopDoesNotWaitForAHandlerThatIgnoresItsContext(t *testing.T) {
 	e, s, c := setup(t, nil, "g", 0)
 	release := make(chan struct{})

@@ -56,10 +56,9 @@ type Outcome struct {
 // instance's incarnation was lost.
 var errNotLive = errors.New("not started: the instance's incarnation was lost")
 
-// runner executes jobs: each attempt on a pool worker's goroutine under the
-// message's timeout, panics turned into failures, and a handler that ignores
-// its context past the grace period abandoned (counted) so the pool goes on
-// (pool, decision 0055).
+// runner executes jobs: each attempt on a handler goroutine (an executor)
+// under the message's timeout, panics turned into failures, and a handler that ignores its
+// context past the grace period abandoned (counted) so the worker goes on.
 type runner struct {
 	handler Handler
 	clock   clock.Clock
@@ -92,15 +91,165 @@ func (r *runner) tracker() *sync.WaitGroup {
 	return r.handlers
 }
 
-// Run executes one job synchronously on a goroutine of its own (a pool of
-// one worker, for this job alone). It is the step tests and the simulator
-// drive directly.
-func (r *runner) Run(ctx context.Context, j Job) Outcome {
-	p := r.startPool(ctx, 1, 1)
-	p.jobs <- j
-	o := <-p.out
-	p.stop()
+// Run executes one job synchronously on a goroutine of its own. It is the
+// step tests drive directly; pool workers reuse an executor instead.
+func (r *runner) Run(ctx context.Context, j Job) Outcome { return r.run(ctx, j, nil) }
+
+// executor is a long-lived handler goroutine that a pool worker hands its
+// attempts to. Reusing it keeps the stack a handler grew (JSON decoding grows
+// a fresh stack on every attempt, a large share of a consumer's CPU) and
+// saves a goroutine start per attempt. An executor
+// whose handler overran its grace is dropped: its calls channel is closed, so
+// it exits once the handler finally returns.
+type executor struct {
+	calls chan execCall
+	done  chan error // capacity 1: an abandoned call's result is never read
+	// timer watches each call's deadline; one per executor, reset for
+	// every call (a timer per message cost more than the handler's
+	// bookkeeping around it). Only the pool worker that owns the executor
+	// touches it.
+	timer *clock.Timer
+}
+
+// expiredAlready is the deadline channel of a call whose deadline had
+// passed before it started.
+var expiredAlready = func() chan time.Time {
+	c := make(chan time.Time)
+	close(c)
+	return c
+}()
+
+// arm sets the executor's timer to the call's deadline and returns the
+// channel that says it passed.
+func (ex *executor) arm(clk clock.Clock, now time.Time, hctx *handlerctx.Ctx) <-chan time.Time {
+	deadline, _ := hctx.Deadline()
+	wait := deadline.Sub(now)
+	if wait <= 0 {
+		return expiredAlready
+	}
+	if ex.timer == nil {
+		ex.timer = clk.Timer(wait)
+	} else {
+		ex.timer.Reset(wait)
+	}
+	return ex.timer.C
+}
+
+// disarm stops the timer and drops a tick it may have sent meanwhile, so
+// that the next call's wait does not see it.
+func (ex *executor) disarm() {
+	if ex.timer != nil && !ex.timer.Stop() {
+		select {
+		case <-ex.timer.C:
+		default:
+		}
+	}
+}
+
+type execCall struct {
+	ctx context.Context
+	d   *Delivery
+}
+
+func (r *runner) newExecutor() *executor {
+	ex := &executor{calls: make(chan execCall), done: make(chan error, 1)}
+	wg := r.tracker()
+	wg.Add(1)
+	r.live.Add(1)
+	go func() {
+		defer wg.Done()
+		defer r.live.Add(-1)
+		for c := range ex.calls {
+			ex.done <- r.call(c.ctx, c.d)
+		}
+	}()
+	return ex
+}
+
+// run executes one job on *slot's executor (creating it when nil, and
+// dropping it when its handler is abandoned), or on a one-shot executor
+// when slot is nil.
+func (r *runner) run(ctx context.Context, j Job, slot **executor) Outcome {
+	o := r.runJob(ctx, j, slot)
+	if j.Delivery.Msg != nil {
+		o.msgID = j.Delivery.Msg.ID
+	}
 	return o
+}
+
+func (r *runner) runJob(ctx context.Context, j Job, slot **executor) Outcome {
+	if ctx.Err() != nil {
+		return Outcome{Ref: j.Ref, Err: ctx.Err(), Canceled: true}
+	}
+	if r.gate != nil && !r.gate(ctx) {
+		// Not provably live: the job settles nothing (the range is handed
+		// back or reclaimed with its incarnation).
+		return Outcome{Ref: j.Ref, Err: errNotLive, Canceled: true}
+	}
+	d := j.Delivery
+	var ex *executor
+	if slot == nil {
+		ex = r.newExecutor()
+		defer close(ex.calls) // one-shot: it exits after this call
+	} else {
+		if *slot == nil {
+			*slot = r.newExecutor()
+		}
+		ex = *slot
+	}
+	started := r.clock.Now()
+	// The handler's context builds its timer only if the handler asks for
+	// Done; the deadline is watched here, on the executor's own timer.
+	hctx := handlerctx.New(ctx, r.clock, started, d.Timeout)
+	defer hctx.End()
+	expired := ex.arm(r.clock, started, hctx)
+	ex.calls <- execCall{ctx: hctx, d: &d}
+	timed := func(o Outcome) Outcome {
+		o.Started, o.Duration = started, r.clock.Since(started)
+		return o
+	}
+	select {
+	case err := <-ex.done:
+		ex.disarm()
+		return timed(r.outcome(ctx, hctx, j, err))
+	case <-expired:
+		hctx.Expire()
+	case <-ctx.Done():
+		ex.disarm()
+	}
+	if ctx.Err() != nil {
+		// The pool is stopping: the outcome would settle nothing, and a stop
+		// must not wait TimeoutGrace per handler. The handler is left to
+		// return on its own; the pool's close waits for it within the
+		// session's shutdown deadline.
+		select {
+		case err := <-ex.done:
+			return timed(r.outcome(ctx, hctx, j, err))
+		default:
+		}
+		if slot != nil {
+			close(ex.calls)
+			*slot = nil
+		}
+		return Outcome{Ref: j.Ref, Err: ctx.Err(), Canceled: true}
+	}
+	grace := r.clock.Timer(r.grace)
+	defer grace.Stop()
+	select {
+	case err := <-ex.done:
+		return timed(r.outcome(ctx, hctx, j, err))
+	case <-grace.C:
+		if slot != nil { // the handler still runs on it: never hand it another
+			close(ex.calls)
+			*slot = nil
+		}
+		if ctx.Err() != nil {
+			return Outcome{Ref: j.Ref, Err: ctx.Err(), Canceled: true}
+		}
+		r.stats.Abandoned.Add(1)
+		return timed(Outcome{Ref: j.Ref, Err: fmt.Errorf("%w after %s; the handler ignored its context for %s more and was abandoned",
+			policy.ErrTimeout, d.Timeout, r.grace)})
+	}
 }
 
 func (r *runner) outcome(ctx, hctx context.Context, j Job, err error) Outcome {
@@ -126,222 +275,37 @@ func (r *runner) call(ctx context.Context, d *Delivery) (err error) {
 }
 
 // pool runs n workers over jobs until it is closed, sending outcomes on out.
-//
-// A worker runs each job's handler on its own goroutine (decision 0055): the
-// hand-off to a second goroutine and back cost two channel operations and
-// two goroutine switches a message. A handler that overruns its Timeout
-// and then TimeoutGrace keeps the worker's goroutine: the worker's watchdog
-// (a timer it rearms for every job) gives up on it, sends its timeout
-// outcome and starts another worker in its place, and the abandoned
-// goroutine exits when the handler finally returns. When the pool's context
-// ends, every running handler is given up on at once (its outcome is
-// Canceled) and replaced, so the pool's stop never waits for a handler and
-// a job sent later still gets an outcome.
 type pool struct {
-	r         *runner
-	ctx       context.Context
 	jobs      chan Job
 	out       chan Outcome
-	wg        sync.WaitGroup // workers not given up on
+	wg        sync.WaitGroup
 	closeJobs sync.Once
 	// skip is set by quiesce: jobs not yet started are dropped unrun (their
 	// messages were never delivered; a reclaimer delivers them).
 	skip atomic.Bool
-
-	mu      sync.Mutex
-	workers []*worker // every worker started, given-up ones included until they exit; guarded by mu
-	// unwatch stops the pool's watch on its context; watching is done when
-	// that watch has run or will not.
-	unwatch  func() bool
-	watching sync.WaitGroup
-}
-
-// worker is one of a pool's workers.
-type worker struct {
-	p     *pool
-	watch *clock.Timer // gives up on the running handler at giveUpAt; only the worker's goroutine arms it
-
-	mu        sync.Mutex
-	running   bool // a handler runs on the worker's goroutine
-	abandoned bool // given up on: the goroutine exits when the handler returns
-	job       Job
-	started   time.Time
-	hctx      *handlerctx.Ctx
-	giveUpAt  time.Time // the running job's deadline plus the grace
 }
 
 func (r *runner) startPool(ctx context.Context, n, capacity int) *pool {
-	p := &pool{r: r, ctx: ctx, jobs: make(chan Job, capacity), out: make(chan Outcome, capacity)}
+	p := &pool{jobs: make(chan Job, capacity), out: make(chan Outcome, capacity)}
 	for range n {
-		p.spawn()
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			var ex *executor
+			defer func() {
+				if ex != nil {
+					close(ex.calls)
+				}
+			}()
+			for j := range p.jobs {
+				if p.skip.Load() {
+					continue
+				}
+				p.out <- r.run(ctx, j, &ex)
+			}
+		}()
 	}
-	p.watching.Add(1)
-	p.unwatch = context.AfterFunc(ctx, func() {
-		defer p.watching.Done()
-		p.giveUpAll()
-	})
 	return p
-}
-
-// spawn starts a worker. Its goroutine counts as a handler goroutine too
-// (waitHandlers), until it exits.
-func (p *pool) spawn() {
-	r := p.r
-	w := &worker{p: p}
-	p.mu.Lock()
-	p.workers = append(p.workers, w)
-	p.mu.Unlock()
-	p.wg.Add(1)
-	handlers := r.tracker()
-	handlers.Add(1)
-	r.live.Add(1)
-	go func() {
-		defer handlers.Done()
-		defer r.live.Add(-1)
-		defer p.forget(w)
-		for j := range p.jobs {
-			if p.skip.Load() {
-				continue
-			}
-			o, kept := w.run(j)
-			if !kept { // given up on: its outcome was sent and its place taken
-				return
-			}
-			p.out <- o
-		}
-		if w.watch != nil {
-			w.watch.Stop()
-		}
-		p.wg.Done()
-	}()
-}
-
-// forget drops an exited worker from the pool's list.
-func (p *pool) forget(w *worker) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for i, x := range p.workers {
-		if x == w {
-			p.workers = append(p.workers[:i], p.workers[i+1:]...)
-			return
-		}
-	}
-}
-
-// run runs one job's handler on the worker's goroutine. kept is false when
-// the pool gave up on the handler while it ran: its outcome was sent then,
-// and the worker must exit.
-func (w *worker) run(j Job) (o Outcome, kept bool) {
-	r, ctx := w.p.r, w.p.ctx
-	if j.Delivery.Msg != nil {
-		defer func() { o.msgID = j.Delivery.Msg.ID }()
-	}
-	if ctx.Err() != nil {
-		return Outcome{Ref: j.Ref, Err: ctx.Err(), Canceled: true}, true
-	}
-	if r.gate != nil && !r.gate(ctx) {
-		// Not provably live: the job settles nothing (the range is handed
-		// back or reclaimed with its incarnation).
-		return Outcome{Ref: j.Ref, Err: errNotLive, Canceled: true}, true
-	}
-	d := j.Delivery
-	started := r.clock.Now()
-	// The handler's context builds its timer only if the handler asks for
-	// Done; the watchdog fires only if the handler outlives its grace.
-	hctx := handlerctx.New(ctx, r.clock, started, d.Timeout)
-	deadline, _ := hctx.Deadline()
-	w.mu.Lock()
-	w.running, w.job, w.started, w.hctx, w.giveUpAt = true, j, started, hctx, deadline.Add(r.grace)
-	w.mu.Unlock()
-	if ctx.Err() != nil { // ended as the job began: giveUpAll may have seen it running, or not
-		if w.end() {
-			return Outcome{}, false
-		}
-		return Outcome{Ref: j.Ref, Err: ctx.Err(), Canceled: true}, true
-	}
-	if wait := deadline.Add(r.grace).Sub(started); w.watch == nil {
-		w.watch = r.clock.AfterFunc(wait, w.giveUp)
-	} else {
-		w.watch.Reset(wait)
-	}
-	err := r.call(hctx, &d)
-	hctx.End()
-	if w.end() {
-		return Outcome{}, false
-	}
-	w.watch.Stop() // a fire that comes anyway finds nothing running (giveUp)
-	o = r.outcome(ctx, hctx, j, err)
-	o.Started, o.Duration = started, r.clock.Since(started)
-	return o, true
-}
-
-// end marks the worker's handler returned and reports whether the pool gave
-// up on it meanwhile.
-func (w *worker) end() (abandoned bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.running = false
-	w.job, w.hctx = Job{}, nil
-	return w.abandoned
-}
-
-// giveUp is the watchdog: the running handler has overrun its deadline and
-// the grace after it. It is abandoned (counted), its timeout outcome sent,
-// and a new worker takes this one's place. A fire meant for an earlier job
-// finds the running job's time not up, or nothing running, and does
-// nothing.
-func (w *worker) giveUp() {
-	p := w.p
-	r := p.r
-	w.mu.Lock()
-	if !w.running || w.abandoned || r.clock.Now().Before(w.giveUpAt) {
-		w.mu.Unlock()
-		return
-	}
-	w.abandoned = true
-	j, started, hctx := w.job, w.started, w.hctx
-	w.mu.Unlock()
-	hctx.Expire()
-	var o Outcome
-	if err := p.ctx.Err(); err != nil {
-		o = Outcome{Ref: j.Ref, Err: err, Canceled: true}
-	} else {
-		r.stats.Abandoned.Add(1)
-		o = Outcome{Ref: j.Ref, Started: started, Duration: r.clock.Since(started),
-			Err: fmt.Errorf("%w after %s; the handler ignored its context for %s more and was abandoned",
-				policy.ErrTimeout, j.Delivery.Timeout, r.grace)}
-	}
-	p.replace(w, j, o)
-}
-
-// giveUpAll abandons every running handler when the pool's context ends:
-// each job's outcome is Canceled, as its handler's would be.
-func (p *pool) giveUpAll() {
-	p.mu.Lock()
-	workers := append([]*worker(nil), p.workers...)
-	p.mu.Unlock()
-	for _, w := range workers {
-		w.mu.Lock()
-		if !w.running || w.abandoned {
-			w.mu.Unlock()
-			continue
-		}
-		w.abandoned = true
-		j := w.job
-		w.mu.Unlock()
-		p.replace(w, j, Outcome{Ref: j.Ref, Err: p.ctx.Err(), Canceled: true})
-	}
-}
-
-// replace starts a worker in the place of w, given up on while running j,
-// and sends j's outcome o.
-func (p *pool) replace(w *worker, j Job, o Outcome) {
-	if j.Delivery.Msg != nil {
-		o.msgID = j.Delivery.Msg.ID
-	}
-	p.spawn()
-	p.out <- o
-	p.wg.Done() // w's: its goroutine exits without it
 }
 
 // stop closes the pool and waits for its workers (not for abandoned
@@ -349,10 +313,6 @@ func (p *pool) replace(w *worker, j Job, o Outcome) {
 func (p *pool) stop() {
 	p.closeJobs.Do(func() { close(p.jobs) })
 	p.wg.Wait()
-	if p.unwatch() {
-		p.watching.Done() // the watch will not run
-	}
-	p.watching.Wait()
 }
 
 // quiesce lets the handlers already running finish, starts nothing more, and
