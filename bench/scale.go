@@ -147,7 +147,7 @@ func (b *bench) scale(ctx context.Context) error {
 			}
 			v.prod.add(label, p)
 			v.cold.add(label, c)
-			v.burn.addCPU(cpu.before, cpu.after, cpu.ok, (b.c.scaleN+produceBatchLen-1)/produceBatchLen*produceBatchLen) // the running round's messages
+			v.burn.addCPU(cpu.before, cpu.after, cpu.ok, cpu.units)
 			v.burn.add(label, d)
 		}
 	}
@@ -388,7 +388,7 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 // visible at once, as a backlog that built up while the sessions ran is.
 // The CPU readings bracket the same window.
 func (b *bench) spreadAgain(ctx context.Context, handles []*sqlstreams.StreamHandle[Order], items []sqlstreams.BatchItem[Order], calls int, handled *atomic.Int64, again <-chan struct{}, label string) (time.Duration, cpuWindow, error) {
-	var cpu cpuWindow
+	cpu := cpuWindow{units: calls * len(items)}
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
 		return 0, cpu, err
@@ -399,7 +399,7 @@ func (b *bench) spreadAgain(ctx context.Context, handles []*sqlstreams.StreamHan
 			return 0, cpu, err
 		}
 	}
-	total := int64(calls * len(items))
+	total := int64(cpu.units)
 	if err := b.windowStart(ctx); err != nil { // what the running round itself runs
 		return 0, cpu, err
 	}
@@ -426,6 +426,7 @@ func (b *bench) spreadAgain(ctx context.Context, handles []*sqlstreams.StreamHan
 type cpuWindow struct {
 	before, after cpuTimes
 	ok            bool // the server's CPU was readable at both ends
+	units         int  // the messages the window handled
 }
 
 // prepareCounter counts a pool's prepares: those a connection had not
