@@ -23,6 +23,7 @@ import (
 	"os/signal"
 	"runtime/pprof"
 	"slices"
+	"sort"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -58,6 +59,7 @@ type config struct {
 	scaleN                 int
 	scaleIdle              time.Duration
 	sharedBuffers          string
+	perfServer             string
 }
 
 func main() {
@@ -92,6 +94,7 @@ func main() {
 	flag.IntVar(&c.scaleN, "scale-n", 200000, "scale: messages produced and burnt down, over all the streams and on one")
 	flag.DurationVar(&c.scaleIdle, "scale-idle", time.Minute, "scale: how long the idle window lasts")
 	flag.StringVar(&c.sharedBuffers, "shared-buffers", "256MB", "private cluster only: its shared_buffers (a diagnostic: the recorded runs use the default)")
+	flag.StringVar(&c.perfServer, "perf-server", "", "scale: record the whole machine with Linux perf (perf record -a -g) during each running round, to this path prefix (a diagnostic: where the server's CPU goes; needs perf and the server on this machine)")
 	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
 	flag.BoolVar(&c.allowShared, "allow-port-5432", false, "allow a -url on port 5432 (refused by default: that is usually a shared server)")
 	flag.Parse()
@@ -284,6 +287,9 @@ type bench struct {
 	rep    *report
 	logger *slog.Logger
 	lapAt  time.Time // when the last section ended (lap)
+	// io is the block counters by kind of relation at windowStart
+	// (-statements), for windowEnd's difference.
+	io map[string]ioCount
 }
 
 // lap records the wall time since the last lap as the named section's, so a
@@ -414,7 +420,11 @@ func (b *bench) windowStart(ctx context.Context) error {
 	if !b.c.statements {
 		return nil
 	}
-	_, err := b.pool.Exec(ctx, "SELECT pg_stat_statements_reset()")
+	if _, err := b.pool.Exec(ctx, "SELECT pg_stat_statements_reset()"); err != nil {
+		return err
+	}
+	var err error
+	b.io, err = b.ioByKind(ctx)
 	return err
 }
 
@@ -424,36 +434,40 @@ func (b *bench) windowEnd(ctx context.Context, title string) error {
 		return nil
 	}
 	fmt.Printf("  %s:", title)
-	return b.topStatements(ctx)
+	if err := b.topStatements(ctx); err != nil {
+		return err
+	}
+	return b.printIO(ctx)
 }
 
 func (b *bench) topStatements(ctx context.Context) error {
 	// Grouped by that first line: a statement of a stream's own tables has a
 	// text per stream.
 	rows, err := b.pool.Query(ctx, `SELECT split_part(ltrim(query), E'\n', 1), sum(calls)::bigint, sum(total_exec_time), sum(total_plan_time),
-       sum(plans)::bigint, sum(rows)::bigint
+       sum(plans)::bigint, sum(rows)::bigint, sum(shared_blks_read)::bigint, sum(shared_blks_written)::bigint
 FROM pg_stat_statements GROUP BY 1
 UNION ALL
-SELECT '(all statements)', sum(calls)::bigint, sum(total_exec_time), sum(total_plan_time), sum(plans)::bigint, sum(rows)::bigint
+SELECT '(all statements)', sum(calls)::bigint, sum(total_exec_time), sum(total_plan_time), sum(plans)::bigint, sum(rows)::bigint,
+       sum(shared_blks_read)::bigint, sum(shared_blks_written)::bigint
 FROM pg_stat_statements
 ORDER BY 3 DESC LIMIT 21`)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
-	fmt.Printf("\nstatements by server time (pg_stat_statements):\n  %10s %10s %10s %10s %10s %10s  %s\n",
-		"exec ms", "calls", "mean µs", "plan ms", "plans", "rows", "statement")
+	fmt.Printf("\nstatements by server time (pg_stat_statements; blocks read into and written out of shared buffers):\n  %10s %10s %10s %10s %10s %10s %8s %8s  %s\n",
+		"exec ms", "calls", "mean µs", "plan ms", "plans", "rows", "read", "written", "statement")
 	for rows.Next() {
 		var q string
-		var calls, plans, n int64
+		var calls, plans, n, read, written int64
 		var total, plan float64
-		if err := rows.Scan(&q, &calls, &total, &plan, &plans, &n); err != nil {
+		if err := rows.Scan(&q, &calls, &total, &plan, &plans, &n, &read, &written); err != nil {
 			return err
 		}
 		if len(q) > 70 {
 			q = q[:70]
 		}
-		fmt.Printf("  %10.0f %10d %10.1f %10.0f %10d %10d  %s\n", total, calls, total*1000/float64(max(calls, 1)), plan, plans, n, q)
+		fmt.Printf("  %10.0f %10d %10.1f %10.0f %10d %10d %8d %8d  %s\n", total, calls, total*1000/float64(max(calls, 1)), plan, plans, n, read, written, q)
 	}
 	return rows.Err()
 }
@@ -465,4 +479,62 @@ func (c config) peerCount() int {
 		return c.peerN
 	}
 	return c.n
+}
+
+// ioCount is a kind of relation's block counters (pg_statio_all_tables,
+// with its indexes and TOAST).
+type ioCount struct{ read, hit int64 }
+
+// ioByKind reads the block counters by kind of relation: a stream table's
+// name without its stream (stream_12_range: range; a log chunk: log_chunk),
+// the catalog, and everything else.
+func (b *bench) ioByKind(ctx context.Context) (map[string]ioCount, error) {
+	rows, err := b.pool.Query(ctx, `SELECT CASE
+         WHEN schemaname = 'pg_catalog' THEN 'catalog'
+         WHEN relname ~ '^stream_[0-9]+_log_[0-9]+$' THEN 'log_chunk'
+         WHEN relname ~ '^stream_[0-9]+_' THEN regexp_replace(relname, '^stream_[0-9]+_', '')
+         ELSE 'other' END,
+       sum(coalesce(heap_blks_read, 0) + coalesce(idx_blks_read, 0) + coalesce(toast_blks_read, 0) + coalesce(tidx_blks_read, 0))::bigint,
+       sum(coalesce(heap_blks_hit, 0) + coalesce(idx_blks_hit, 0) + coalesce(toast_blks_hit, 0) + coalesce(tidx_blks_hit, 0))::bigint
+FROM pg_catalog.pg_statio_all_tables GROUP BY 1`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	m := map[string]ioCount{}
+	for rows.Next() {
+		var k string
+		var c ioCount
+		if err := rows.Scan(&k, &c.read, &c.hit); err != nil {
+			return nil, err
+		}
+		m[k] = c
+	}
+	return m, rows.Err()
+}
+
+// printIO prints the block counters' growth since windowStart by kind of
+// relation, most read first.
+func (b *bench) printIO(ctx context.Context) error {
+	now, err := b.ioByKind(ctx)
+	if err != nil {
+		return err
+	}
+	type kv struct {
+		k string
+		c ioCount
+	}
+	var all []kv
+	for k, c := range now {
+		d := ioCount{c.read - b.io[k].read, c.hit - b.io[k].hit}
+		if d.read > 0 || d.hit > 0 {
+			all = append(all, kv{k, d})
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].c.read > all[j].c.read })
+	fmt.Printf("  blocks by kind of relation (pg_statio_all_tables, indexes and TOAST included): read / hit\n")
+	for _, e := range all {
+		fmt.Printf("  %10d %10d  %s\n", e.c.read, e.c.hit, e.k)
+	}
+	return nil
 }
