@@ -263,7 +263,7 @@ func (b *bench) capacityWindow(ctx context.Context, prefix string, sc capacitySc
 	}
 	start := wall.Now()
 	if sc.idle {
-		if err := b.windowStart(ctx); err != nil { // what the idle window itself runs
+		if err := b.windowStart(ctx, false); err != nil { // what the idle window itself runs
 			return run, err
 		}
 		wall.Sleep(window) // the measurement is the window itself: nothing is produced

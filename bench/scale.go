@@ -242,7 +242,7 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	calls := (n + produceBatchLen - 1) / produceBatchLen
 	b.checkpoint(ctx)
 	fresh0, again0, took0 := prepares.fresh.Load(), prepares.again.Load(), prepares.ns.Load()
-	if err := b.windowStart(ctx); err != nil { // what the produce itself runs
+	if err := b.windowStart(ctx, true); err != nil { // what the produce itself runs
 		return 0, 0, 0, cpu, err
 	}
 	start := wall.Now()
@@ -412,7 +412,7 @@ func (b *bench) spreadAgain(ctx context.Context, handles []*sqlstreams.StreamHan
 	// would set the visibility map the round's scans otherwise check).
 	// Without the privilege the step is skipped, as there.
 	_, _ = b.pool.Exec(ctx, "CHECKPOINT")
-	if err := b.windowStart(ctx); err != nil { // what the running round itself runs
+	if err := b.windowStart(ctx, true); err != nil { // what the running round itself runs
 		return 0, cpu, err
 	}
 	stopPerf, err := b.perfStart(label)
