@@ -379,15 +379,17 @@ LEFT JOIN LATERAL (SELECT binds.rx IS NULL
 ORDER BY m.xid, m.id`)
 
 // The probe's Pending looks for a committed row after the head between the
-// xids still in progress (the snapshot's xip at or above the head, and
-// everything from its xmax, where an open transaction's xid is when none
-// finished after it began): one
-// ordered index probe per gap (a lateral subquery with a limit, which the
-// planner cannot turn into a join that scans the log), so that the rows of an open transaction, which no
-// snapshot sees, are skipped rather than visited one heap tuple at a time
-// (behind an open 200,000-row produce a probe took a second and more,
+// xids still in progress: the snapshot's xip at or above the head, and
+// everything from its xmax (where an open transaction's xid is when none
+// finished after it began). It makes one ordered index probe per gap, in a
+// lateral subquery with a limit, which the planner cannot turn into a join
+// that scans the log. So an open transaction's rows, which no snapshot sees,
+// are skipped rather than visited one heap tuple at a time (behind an open
+// 200,000-row produce a probe took a second and more,
 // TestTheGateProbeSkipsAnOpenTransactionsRows). The log's xid is the
-// producing transaction's top-level id, as the xip's are.
+// producing transaction's top-level id, as the xip's are. Each gap's scalar
+// lower bound (the head's xid, or one past an open xid) lets the executor
+// skip the chunks below it; past an open xid it is the row bound's equal.
 var gateProbeSQL = perStream(`-- store.GateProbe
 WITH h AS MATERIALIZED (
     SELECT head_xid, head_id FROM {s}.{t}_cursor WHERE group_id = $1
@@ -400,15 +402,15 @@ WITH h AS MATERIALIZED (
     -- From the head to the first xid in progress, then from past each to
     -- the next, and from past the last to the snapshot's xmax (no xid at or
     -- above it is visible, and none is listed): (lo, lo_id) and hi exclusive.
-    SELECT (SELECT head_xid FROM h) AS lo, (SELECT head_id FROM h) AS lo_id,
+    SELECT (SELECT head_xid FROM h) AS lo, (SELECT head_id FROM h) AS lo_id, (SELECT head_xid FROM h) AS lo_min,
            coalesce(min(x), (SELECT x FROM top)) AS hi FROM open
     UNION ALL
-    SELECT x, 9223372036854775807, coalesce(lead(x) OVER (ORDER BY x), (SELECT x FROM top)) FROM open
+    SELECT x, 9223372036854775807, x + 1, coalesce(lead(x) OVER (ORDER BY x), (SELECT x FROM top)) FROM open
 )
 SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
        coalesce((SELECT true FROM gaps g,
                  LATERAL (SELECT 1 FROM {s}.{t}_log m
-                          WHERE (m.xid, m.id) > (g.lo, g.lo_id) AND m.xid < g.hi
+                          WHERE (m.xid, m.id) > (g.lo, g.lo_id) AND m.xid >= g.lo_min AND m.xid < g.hi
                           ORDER BY m.xid, m.id LIMIT 1) f
                  WHERE g.lo < g.hi
                  LIMIT 1), false),

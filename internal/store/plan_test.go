@@ -349,7 +349,17 @@ func TestTheGateProbeSkipsAnOpenTransactionsRows(t *testing.T) {
 	require.False(t, pending, "an open transaction's rows are not committed")
 	require.Less(t, behind, empty+50, "the probe read the open transaction's rows (empty log: %d blocks)", empty)
 
-	// A row committed after the open transaction's is found past them, as
+	// A second open transaction, after the first: both are skipped.
+	tx2, err := st.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer tx2.Rollback(ctx) //nolint:errcheck // as above
+	_, err = st.Produce(ctx, tx2, StreamRef{ID: streamID}, msgs(5000), nil)
+	require.NoError(t, err)
+	behind, pending = probeBlocks(t, st, streamID, groupID)
+	require.False(t, pending)
+	require.Less(t, behind, empty+50, "the probe read the open transactions' rows (empty log: %d blocks)", empty)
+
+	// A row committed after the open transactions' is found past them, as
 	// cheaply.
 	_, err = st.Produce(ctx, nil, StreamRef{ID: streamID}, msgs(1), nil)
 	require.NoError(t, err)
