@@ -393,11 +393,13 @@ ORDER BY m.xid, m.id`)
 var gateProbeSQL = perStream(`-- store.GateProbe
 WITH h AS MATERIALIZED (
     SELECT head_xid, head_id FROM {s}.{t}_cursor WHERE group_id = $1
+), snap AS MATERIALIZED (
+    SELECT pg_current_snapshot() AS s
 ), open AS MATERIALIZED (
-    SELECT x::text::bigint AS x FROM pg_snapshot_xip(pg_current_snapshot()) AS x
+    SELECT x::text::bigint AS x FROM pg_snapshot_xip((SELECT s FROM snap)) AS x
     WHERE x::text::bigint >= (SELECT head_xid FROM h)
-), top AS MATERIALIZED (
-    SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS x
+), top AS (
+    SELECT pg_snapshot_xmax(s)::text::bigint AS x FROM snap
 ), gaps AS (
     -- From the head to the first xid in progress, then from past each to
     -- the next, and from past the last to the snapshot's xmax (no xid at or
@@ -407,7 +409,7 @@ WITH h AS MATERIALIZED (
     UNION ALL
     SELECT x, 9223372036854775807, x + 1, coalesce(lead(x) OVER (ORDER BY x), (SELECT x FROM top)) FROM open
 )
-SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+SELECT (SELECT pg_snapshot_xmin(s)::text::bigint FROM snap),
        coalesce((SELECT true FROM gaps g,
                  LATERAL (SELECT 1 FROM {s}.{t}_log m
                           WHERE (m.xid, m.id) > (g.lo, g.lo_id) AND m.xid >= g.lo_min AND m.xid < g.hi
