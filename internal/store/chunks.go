@@ -109,6 +109,13 @@ SELECT coalesce((SELECT xid + 1 FROM {s}.{t}_log_default ORDER BY xid DESC, id D
 	return top, nil
 }
 
+// LogAnalyzeThreshold is the rows that must change in a log partition (the
+// default one and every chunk) before autovacuum analyzes it, on top of the
+// default 10% of its rows (stream migration 0006, decision 0056): each
+// analyze that changes its statistics makes every backend replan the
+// stream's claim path, whose plans do not depend on them.
+const LogAnalyzeThreshold = 10_000
+
 // AddChunk attaches an empty chunk for xids [lo, hi). The table is created
 // on its own and attached, which takes only a SHARE UPDATE EXCLUSIVE lock on
 // the log (produces and claims go on) and an ACCESS EXCLUSIVE one on the
@@ -122,7 +129,7 @@ func (st *Store) AddChunk(ctx context.Context, streamID, lo, hi int64, now Now) 
 	name := chunkTable(streamID, lo)
 	return st.chunkTx(ctx, "add log chunk", func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, st.chunkSQL(streamID, fmt.Sprintf(`-- store.AddChunk
-CREATE TABLE {s}.%[1]s (LIKE {s}.{t}_log INCLUDING DEFAULTS) WITH (fillfactor = 100)`, name))); err != nil {
+CREATE TABLE {s}.%[1]s (LIKE {s}.{t}_log INCLUDING DEFAULTS) WITH (fillfactor = 100, autovacuum_analyze_threshold = %[2]d)`, name, LogAnalyzeThreshold))); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, st.chunkSQL(streamID, fmt.Sprintf(`-- store.AddChunk

@@ -1,0 +1,12 @@
+-- A stream's log is analyzed by autovacuum only once 10,000 rows changed
+-- since the last analyze (plus the default 10% of its rows), not 50: every
+-- ANALYZE that changes a partition's statistics invalidates every backend's
+-- cached plans of the stream's claim path, and a small, growing stream was
+-- analyzed at 50, 105, 165 ... rows, each time replanning its claim, read
+-- and gate probe on every connection that runs them (0.7–1.7 ms a claim
+-- plan; over 1,000 new streams, 3.7 s of planning in a 6.7 s round,
+-- BENCHMARKS.md, session 31). Those plans do not depend on the log's
+-- statistics (plan_test.go checks them never analyzed and analyzed), so
+-- small streams lose nothing. Chunks get the same setting when the manager
+-- creates them (store.AddChunk). Decision 0056.
+ALTER TABLE {{schema}}.{{t}}_log_default SET (autovacuum_analyze_threshold = 10000);
