@@ -274,7 +274,14 @@ func (r *runner) call(ctx context.Context, d *Delivery) (err error) {
 	return r.handler(ctx, d)
 }
 
-// pool runs n workers over jobs until it is closed, sending outcomes on out.
+// pool runs up to n workers over jobs until it is closed, sending outcomes
+// on out. Workers start on demand, when a job is submitted and no idle
+// worker would take it: a session's pools hold goroutines only as far as
+// it has work (an exception claimer with no failures has none), since every
+// goroutine's stack is scanned at each garbage collection, and over 1,000
+// sessions the consumers spent a quarter of their CPU in the collector
+// (BENCHMARKS.md, session 31). A worker, once started, runs until the pool
+// is closed.
 type pool struct {
 	jobs      chan Job
 	out       chan Outcome
@@ -283,29 +290,55 @@ type pool struct {
 	// skip is set by quiesce: jobs not yet started are dropped unrun (their
 	// messages were never delivered; a reclaimer delivers them).
 	skip atomic.Bool
+
+	r   *runner
+	ctx context.Context
+	max int // workers at most
+	// started is owned by the submitting goroutine (serve's loop);
+	// queued (jobs submitted and not yet taken) and idle (workers waiting
+	// for one) decide whether a submission starts a worker.
+	started      int
+	queued, idle atomic.Int64
 }
 
 func (r *runner) startPool(ctx context.Context, n, capacity int) *pool {
-	p := &pool{jobs: make(chan Job, capacity), out: make(chan Outcome, capacity)}
-	for range n {
+	return &pool{jobs: make(chan Job, capacity), out: make(chan Outcome, capacity), r: r, ctx: ctx, max: n}
+}
+
+// submit queues j, starting a worker first when the jobs already queued
+// outnumber the idle workers and the pool is below its size. Only serve's
+// loop submits; it blocks while the queue is full, as a send on jobs did.
+func (p *pool) submit(j Job) {
+	if p.queued.Add(1) > p.idle.Load() && p.started < p.max {
+		p.started++
 		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			var ex *executor
-			defer func() {
-				if ex != nil {
-					close(ex.calls)
-				}
-			}()
-			for j := range p.jobs {
-				if p.skip.Load() {
-					continue
-				}
-				p.out <- r.run(ctx, j, &ex)
-			}
-		}()
+		go p.work()
 	}
-	return p
+	p.jobs <- j
+}
+
+// work is one worker: it takes jobs until the pool is closed.
+func (p *pool) work() {
+	defer p.wg.Done()
+	var ex *executor
+	defer func() {
+		if ex != nil {
+			close(ex.calls)
+		}
+	}()
+	for {
+		p.idle.Add(1)
+		j, ok := <-p.jobs
+		p.idle.Add(-1)
+		if !ok {
+			return
+		}
+		p.queued.Add(-1)
+		if p.skip.Load() {
+			continue
+		}
+		p.out <- p.r.run(p.ctx, j, &ex)
+	}
 }
 
 // stop closes the pool and waits for its workers (not for abandoned

@@ -104,7 +104,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 	}()
 	send := func(jobs []Job) {
 		for _, j := range jobs {
-			p.jobs <- j
+			p.submit(j)
 		}
 	}
 	poll := c.Clock.Ticker(c.PollRate)
