@@ -59,7 +59,9 @@ type config struct {
 	scaleN                 int
 	scaleIdle              time.Duration
 	sharedBuffers          string
+	stmtCache              int
 	perfServer             string
+	roundProfile           string
 }
 
 func main() {
@@ -93,7 +95,9 @@ func main() {
 	flag.IntVar(&c.scaleProcesses, "scale-processes", 4, "scale: clients with their own pools (processes) the sessions are spread over")
 	flag.IntVar(&c.scaleN, "scale-n", 200000, "scale: messages produced and burnt down, over all the streams and on one")
 	flag.DurationVar(&c.scaleIdle, "scale-idle", time.Minute, "scale: how long the idle window lasts")
+	flag.IntVar(&c.stmtCache, "stmt-cache", 0, "scale: the consumers' pools' pgx statement cache capacity (0: pgx's default, 512; a diagnostic)")
 	flag.StringVar(&c.sharedBuffers, "shared-buffers", "256MB", "private cluster only: its shared_buffers (a diagnostic: the recorded runs use the default)")
+	flag.StringVar(&c.roundProfile, "round-profile", "", "scale: write a Go CPU profile of each running round (every client) to this path prefix (a diagnostic; not with -cpuprofile)")
 	flag.StringVar(&c.perfServer, "perf-server", "", "scale: record the whole machine with Linux perf (perf record -a -g) during each running round, to this path prefix (a diagnostic: where the server's CPU goes; needs perf and the server on this machine)")
 	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
 	flag.BoolVar(&c.allowShared, "allow-port-5432", false, "allow a -url on port 5432 (refused by default: that is usually a shared server)")

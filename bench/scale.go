@@ -28,6 +28,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"sync"
@@ -275,6 +276,9 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	for range b.c.scaleProcesses {
 		cfg := b.pool.Config()
 		cfg.MaxConns = 16
+		if b.c.stmtCache > 0 {
+			cfg.ConnConfig.StatementCacheCapacity = b.c.stmtCache
+		}
 		cfg.ConnConfig.Tracer = cprepares
 		p, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
@@ -353,10 +357,12 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	if failed == nil {
 		fresh0, again0 := cprepares.fresh.Load(), cprepares.again.Load()
 		cprepares.freshByCaller()
+		printPoolStats("the consumers' pools after the cold round", pools)
 		againAfter, cpu, failed = b.spreadAgain(ctx, handles, items, calls, &handled, again, label)
 		fmt.Printf("  %-34s the running round's consumer prepares: %d new to their connection, %d already prepared; new, by caller:\n", "",
 			cprepares.fresh.Load()-fresh0, cprepares.again.Load()-again0)
 		printFresh(cprepares.freshByCaller())
+		printPoolStats("the consumers' pools after the running round", pools)
 		if b.c.statements {
 			b.backendMemory(ctx, "after the running round")
 		}
@@ -559,10 +565,30 @@ WHERE datname = current_database() AND backend_type = 'client backend' AND pid <
 // returns what stops it and waits for it (idempotent); without the flag both
 // do nothing.
 func (b *bench) perfStart(label string) (func(), error) {
+	name := strings.NewReplacer(" ", "_", "/", "of", "(", "", ")", "").Replace(label)
+	if b.c.roundProfile != "" {
+		out := fmt.Sprintf("%s-%s.pprof", b.c.roundProfile, name)
+		f, err := os.Create(out)
+		if err != nil {
+			return nil, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			_ = f.Close()
+			return nil, fmt.Errorf("round profile: %w", err)
+		}
+		var once sync.Once
+		return func() {
+			once.Do(func() {
+				pprof.StopCPUProfile()
+				_ = f.Close()
+				fmt.Printf("  %-34s Go CPU profile: %s\n", "", out)
+			})
+		}, nil
+	}
 	if b.c.perfServer == "" {
 		return func() {}, nil
 	}
-	out := fmt.Sprintf("%s-%s.data", b.c.perfServer, strings.NewReplacer(" ", "_", "/", "of", "(", "", ")", "").Replace(label))
+	out := fmt.Sprintf("%s-%s.data", b.c.perfServer, name)
 	cmd := exec.Command("perf", "record", "-a", "-g", "-F", "499", "-o", out)
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 	if err := cmd.Start(); err != nil {
@@ -576,4 +602,23 @@ func (b *bench) perfStart(label string) (func(), error) {
 			fmt.Printf("  %-34s perf: %s\n", "", out)
 		})
 	}, nil
+}
+
+// printPoolStats prints pools' connection counts, summed: how many
+// connections they opened (a connection new to a stream prepares its
+// statements afresh) and how often an acquire found none idle.
+func printPoolStats(when string, pools []*pgxpool.Pool) {
+	var total, opened, acquires, empty, canceled, lifetime, idle int64
+	for _, p := range pools {
+		st := p.Stat()
+		total += int64(st.TotalConns())
+		opened += st.NewConnsCount()
+		acquires += st.AcquireCount()
+		empty += st.EmptyAcquireCount()
+		canceled += st.CanceledAcquireCount()
+		lifetime += st.MaxLifetimeDestroyCount()
+		idle += st.MaxIdleDestroyCount()
+	}
+	fmt.Printf("  %-34s %s: %d connections, %d opened in all; %d acquires, %d found none idle, %d canceled; closed for lifetime %d, idle %d\n", "",
+		when, total, opened, acquires, empty, canceled, lifetime, idle)
 }
