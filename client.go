@@ -90,7 +90,8 @@ type ClientConfig struct {
 	// claim path (claims, commits, key leases, exception claims and
 	// settlements, lease renewals) uses at once: it runs in that many lanes,
 	// each running one statement at a time on a connection it keeps while a
-	// consumer session runs and the pool has others idle (decision 0048).
+	// consumer session runs and the pool has others idle or room to open
+	// one (decisions 0048, 0057).
 	// Every PostgreSQL backend warms its own caches for each stream's
 	// tables; over 1,000 streams, a claim path spread over a pool of 16
 	// connections a process ran at half the rate of one kept to 3 of them.

@@ -24,8 +24,8 @@ import (
 // and settlements, progress) and its heartbeat's lease renewals run in a
 // lane: one of a few slots per Store, each running one statement at a time
 // on a connection it keeps between statements while a consumer session runs
-// and the pool has another connection idle (or a statement of the lane
-// waits). A claimer keeps to one lane, so its stream keeps to the lane's
+// and the pool has another connection idle or room to open one (or a
+// statement of the lane waits). A claimer keeps to one lane, so its stream keeps to the lane's
 // backend; the lanes bound the claim path's share of the pool; and when the
 // last session ends every lane gives its connection back, so nothing
 // outlives the pool (pgxpool's Close waits for acquired connections) and no
@@ -223,7 +223,8 @@ func (l *lane) acquire(ctx context.Context, generic bool) (*pgxpool.Conn, func()
 }
 
 // done ends a turn. The connection stays with the lane while a session runs
-// and either the pool has another idle or a statement of the lane waits,
+// and either the pool has another idle or room for one, or a statement of
+// the lane waits,
 // and only if it is fit to run one; otherwise it goes back to the pool
 // (which closes a broken one).
 func (l *lane) done() {
@@ -270,13 +271,23 @@ func (l *lane) restore() bool {
 }
 
 // keep is done's rule, the pool's statistics (a lock and a copy) read last.
+// A connection the rest of the process may need goes back only when the
+// pool can give it nothing else: none idle and none more to open. Giving it
+// back whenever none was idle made lanes change connections under every
+// burst of other statements (a thousand sessions starting), and each
+// stream's claim path was prepared and planned afresh on the next one: 260
+// of 1,000 streams' claims in the round after (BENCHMARKS.md, session 32).
 func (l *lane) keep() bool {
 	pc := l.conn.Conn().PgConn()
 	switch {
 	case l.running.Load() == 0, l.uses >= maxLaneUses, pc.IsClosed(), pc.IsBusy(), pc.TxStatus() != 'I':
 		return false
 	}
-	return l.waiting.Load() > 0 || l.pool.Stat().IdleConns() > 0
+	if l.waiting.Load() > 0 {
+		return true
+	}
+	st := l.pool.Stat()
+	return st.IdleConns() > 0 || st.TotalConns() < st.MaxConns()
 }
 
 // giveBack returns the lane's connection to the pool; the caller holds the

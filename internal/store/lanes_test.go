@@ -96,6 +96,40 @@ func TestALaneGivesItsConnectionBackWhenThePoolRunsShort(t *testing.T) {
 	require.Nil(t, l.conn, "the pool has nothing idle and nothing of the lane waits: given back")
 }
 
+// A lane keeps its connection while none other is idle but the pool can
+// open another: whoever needs one gets a new one, and the lane's streams
+// keep to their backend (a lane that gave its connection back under every
+// burst had its streams' statements prepared and planned afresh on the next
+// connection it took).
+func TestALaneKeepsItsConnectionWhileThePoolCanOpenAnother(t *testing.T) {
+	ctx := context.Background()
+	pool := ownPool(t, func(cfg *pgxpool.Config) { cfg.MaxConns, cfg.MinConns = 4, 0 })
+	st, streamID, groupID := planSetupOn(t, pool)
+	st.SetLanes(1)
+	g := st.Group(streamID, groupID).InLane(false)
+	l := g.lane
+	defer st.Session()()
+	c, done, err := l.acquire(ctx, true)
+	require.NoError(t, err)
+	// Every other connection the pool holds is taken: none is idle.
+	var taken []*pgxpool.Conn
+	defer func() {
+		for _, o := range taken {
+			o.Release()
+		}
+	}()
+	for pool.Stat().IdleConns() > 0 {
+		o, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		taken = append(taken, o)
+	}
+	require.Less(t, pool.Stat().TotalConns(), pool.Stat().MaxConns(), "the pool has room for another")
+	done()
+	require.Same(t, c, l.conn, "kept: the pool can open another")
+	pid := backendPID(t, g.db())
+	require.Equal(t, pid, backendPID(t, g.db()), "the lane's statements keep to one backend")
+}
+
 // A connection that broke is given back (and closed by the pool), never kept
 // for the next statement.
 func TestALaneGivesABrokenConnectionBack(t *testing.T) {
