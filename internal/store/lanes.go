@@ -25,11 +25,11 @@ import (
 // lane: one of a few slots per Store, each running one statement at a time
 // on a connection it keeps between statements while a consumer session runs
 // and the pool has another connection idle or room to open one (or a
-// statement of the lane waits). A claimer keeps to one lane, so its stream keeps to the lane's
-// backend; the lanes bound the claim path's share of the pool; and when the
-// last session ends every lane gives its connection back, so nothing
-// outlives the pool (pgxpool's Close waits for acquired connections) and no
-// goroutine is needed.
+// statement of the lane waits). A claimer keeps to one lane, so its stream
+// keeps to the lane's backend; the lanes bound the claim path's share of
+// the pool; and when the last session ends every lane gives its connection
+// back, so nothing outlives the pool (pgxpool's Close waits for acquired
+// connections) and no goroutine is needed.
 
 // Generic plans (decision 0052). A lane sets plan_cache_mode to
 // force_generic_plan on a connection it keeps, and restores the
@@ -224,9 +224,8 @@ func (l *lane) acquire(ctx context.Context, generic bool) (*pgxpool.Conn, func()
 
 // done ends a turn. The connection stays with the lane while a session runs
 // and either the pool has another idle or room for one, or a statement of
-// the lane waits,
-// and only if it is fit to run one; otherwise it goes back to the pool
-// (which closes a broken one).
+// the lane waits, and only if it is fit to run one; otherwise it goes back
+// to the pool (which closes a broken one).
 func (l *lane) done() {
 	l.uses++
 	switch {
