@@ -318,6 +318,19 @@ type keyState struct {
 	// (decision 0051); token is then the range's that brought it, the
 	// token its row gets if the gate is given up while it is held.
 	gated bool
+	// queue1 and ranges1 are the first backing of queue and ranges: most
+	// keys have one message and one range in flight, so a key costs one
+	// allocation instead of three (newKeyState).
+	queue1  [1]ref
+	ranges1 [1]int64
+}
+
+// newKeyState is a key's state with its queue and ranges backed by the
+// state's own arrays.
+func newKeyState(ks keyState) *keyState {
+	p := &ks
+	p.queue, p.ranges = p.queue1[:0], p.ranges1[:0]
+	return p
 }
 
 // DefaultKeyHold is Common.KeyHold's default: a burn-down's ranges bring a
@@ -631,9 +644,13 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 	}
 	a.queued += n
 
-	// Keyed messages, by key in order of first appearance.
-	byKey := map[string]*keyed{}
+	// Keyed messages, by key in order of first appearance. The keyed
+	// entries share one array (keyBuf), sized for the messages left when
+	// the first keyed one is seen: it never grows, so pointers into it
+	// stay valid.
+	var byKey map[string]*keyed
 	var keyOrder []string
+	var keyBuf []keyed
 	for i := range r.Messages {
 		m := &r.Messages[i]
 		if !m.Matched && !a.cfg.Broken.deliverUnmatched() { // not routed to this group: settled without delivery
@@ -654,7 +671,13 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 		}
 		k := byKey[m.Key]
 		if k == nil {
-			k = &keyed{}
+			if keyBuf == nil {
+				keyBuf = make([]keyed, 0, n-i)
+				byKey = make(map[string]*keyed, min(n-i, 64))
+			}
+			keyBuf = append(keyBuf, keyed{})
+			k = &keyBuf[len(keyBuf)-1]
+			k.idx = k.one[:0]
 			byKey[m.Key] = k
 			keyOrder = append(keyOrder, m.Key)
 		}
@@ -674,7 +697,7 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 		if a.keys[key] == nil {
 			k := byKey[key]
 			if a.keyGate != "" && !k.ordered {
-				a.keys[key] = &keyState{token: r.Token, since: now, gated: true}
+				a.keys[key] = newKeyState(keyState{token: r.Token, since: now, gated: true})
 				continue
 			}
 			want = append(want, store.KeyClaim{Key: key, Ordered: k.ordered, Position: r.Messages[k.idx[0]].Position})
@@ -691,7 +714,7 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 		isWanted = func(key string) bool { return set[key] }
 	}
 	for _, key := range keyOrder {
-		jobs = append(jobs, a.admit(in, key, byKey[key], isWanted(key))...)
+		jobs = a.admit(jobs, in, key, byKey[key], isWanted(key))
 	}
 	if len(want) == 0 {
 		return a.admitted(ctx, in, jobs)
@@ -802,9 +825,11 @@ func (a *Actor) checkKeyGate(ctx context.Context) error {
 // measured no better on two cores (BENCHMARKS.md, session 24).
 const maxAcquires = 1
 
-// keyed is a range's messages of one key, and whether any is ordered.
+// keyed is a range's messages of one key, and whether any is ordered. one
+// is idx's first backing: with many keys, most have one message a range.
 type keyed struct {
 	idx     []int
+	one     [1]int
 	ordered bool
 }
 
@@ -1016,14 +1041,14 @@ func (a *Actor) admitted(ctx context.Context, in *inflight, jobs []Job) ([]Job, 
 // admit places a range's messages of one key: queued behind this
 // instance's lease of it, or behind a new pending lease (wanted: the
 // acquisition decides), or parked when the key is held for an ordered
-// message on one side (an ordered lease is never shared). It returns the
-// job that starts, if any.
-func (a *Actor) admit(in *inflight, key string, k *keyed, wanted bool) []Job {
+// message on one side (an ordered lease is never shared). It returns jobs
+// with the job that starts, if any, appended.
+func (a *Actor) admit(jobs []Job, in *inflight, key string, k *keyed, wanted bool) []Job {
 	r := &in.r
 	ks := a.keys[key]
 	switch {
 	case wanted:
-		ks = &keyState{token: r.Token, ordered: k.ordered, since: a.cfg.Clock.Now(), pending: true}
+		ks = newKeyState(keyState{token: r.Token, ordered: k.ordered, since: a.cfg.Clock.Now(), pending: true})
 		a.keys[key] = ks
 	case !ks.ordered && !k.ordered: // shared: queued behind this instance's earlier messages
 		if !ks.idleAt.IsZero() { // kept: in use again
@@ -1039,12 +1064,12 @@ func (a *Actor) admit(in *inflight, key string, k *keyed, wanted bool) []Job {
 		for _, i := range k.idx {
 			a.park(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
 		}
-		return nil
+		return jobs
 	default: // held (or being acquired) for an ordered message, or wanted by one
 		for _, i := range k.idx {
 			a.park(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
 		}
-		return nil
+		return jobs
 	}
 	if !slices.Contains(ks.ranges, r.ID) {
 		ks.ranges = append(ks.ranges, r.ID)
@@ -1055,9 +1080,9 @@ func (a *Actor) admit(in *inflight, key string, k *keyed, wanted bool) []Job {
 		ks.queue = append(ks.queue, ref{rangeID: r.ID, token: r.Token, index: i})
 	}
 	if idle {
-		return []Job{a.start(ks.queue[0])}
+		return append(jobs, a.start(ks.queue[0]))
 	}
-	return nil
+	return jobs
 }
 
 // start marks a queued message running and returns its job.
