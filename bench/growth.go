@@ -7,6 +7,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -117,4 +118,37 @@ type deadTuples struct {
 	Live           int64  `json:"live"`
 	Dead           int64  `json:"dead"`
 	LastAutovacuum string `json:"last_autovacuum"`
+}
+
+// autovacuums returns each table's autovacuum and autoanalyze counts, for
+// the keys runs' diagnostic line: which tables the server vacuumed or
+// analyzed on its own while a run was timed.
+func (b *bench) autovacuums(ctx context.Context) map[string]int64 {
+	out := map[string]int64{}
+	rows, err := b.pool.Query(ctx, `SELECT schemaname || '.' || relname, autovacuum_count + autoanalyze_count
+FROM pg_stat_all_tables WHERE autovacuum_count + autoanalyze_count > 0`)
+	if err != nil {
+		return out
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var t string
+		var n int64
+		if rows.Scan(&t, &n) == nil {
+			out[t] = n
+		}
+	}
+	return out
+}
+
+// autovacuumed names the tables whose counts grew from before to after.
+func autovacuumed(before, after map[string]int64) string {
+	var names []string
+	for t, n := range after {
+		if n > before[t] {
+			names = append(names, t)
+		}
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
 }

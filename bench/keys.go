@@ -63,11 +63,16 @@ type runStats struct {
 	Committed  int64   `json:"ranges_committed"`
 	Duplicates int64   `json:"duplicates"`   // successful handler calls for a message that had already succeeded
 	Overlaps   int64   `json:"key_overlaps"` // handler calls that started while another of the same key ran
+	// KeyGates and KeyGatesGivenUp: the consumer's key gate counters
+	// (decision 0051). Without a granted gate, every exclusive key is
+	// leased with a row of its own.
+	KeyGates        int64 `json:"key_gates"`
+	KeyGatesGivenUp int64 `json:"key_gates_given_up"`
 }
 
 func (s runStats) String() string {
-	return fmt.Sprintf("%.1fs; succeeded %d, failed %d, retried %d, deferred %d, dead %d, ranges committed %d, duplicates %d, key overlaps %d",
-		s.Seconds, s.Succeeded, s.Failed, s.Retried, s.Deferred, s.Dead, s.Committed, s.Duplicates, s.Overlaps)
+	return fmt.Sprintf("%.1fs; succeeded %d, failed %d, retried %d, deferred %d, dead %d, ranges committed %d, duplicates %d, key overlaps %d, key gates %d (given up %d)",
+		s.Seconds, s.Succeeded, s.Failed, s.Retried, s.Deferred, s.Dead, s.Committed, s.Duplicates, s.Overlaps, s.KeyGates, s.KeyGatesGivenUp)
 }
 
 var errPlanned = errors.New("bench: planned first-attempt failure")
@@ -99,11 +104,22 @@ func (b *bench) keys(ctx context.Context, newStream func(string) (*sqlstreams.St
 			}
 			b.checkpoint(ctx)
 			label := fmt.Sprintf("keys %s run %d/%d", v.tag, r, b.c.runs)
+			av0 := b.autovacuums(ctx)
+			c0, _ := b.cpuNow(ctx)
 			rate, st, err := keysBurn(ctx, s, fmt.Sprintf("keys-%s-run%d", strings.TrimPrefix(v.key, "keys_"), r), v, n, label)
 			if err != nil {
 				return err
 			}
+			c1, ok := b.cpuNow(ctx)
+			if av := autovacuumed(av0, b.autovacuums(ctx)); av != "" {
+				fmt.Printf("  %-34s autovacuumed or autoanalyzed during the run: %s\n", "", av)
+			}
 			results[i].add(label, rate)
+			results[i].addCPU(c0, c1, ok, n)
+			if ok {
+				fmt.Printf("  %-34s CPU a message: server %.1f µs, client %.1f µs\n", "",
+					float64(c1.server-c0.server)/float64(time.Microsecond)/float64(n), float64(c1.client-c0.client)/float64(time.Microsecond)/float64(n))
+			}
 			results[i].RunStats = append(results[i].RunStats, st)
 		}
 	}
@@ -216,7 +232,8 @@ func keysBurn(ctx context.Context, s *sqlstreams.StreamHandle[Order], group stri
 	}
 	c := cons.Stats()
 	st := runStats{Label: label, Seconds: elapsed.Seconds(), Succeeded: c.Succeeded, Failed: c.Failed, Retried: c.Retried,
-		Deferred: c.Deferred, Dead: c.Dead, Committed: c.Committed, Duplicates: dups.Load(), Overlaps: overlaps.Load()}
+		Deferred: c.Deferred, Dead: c.Dead, Committed: c.Committed, Duplicates: dups.Load(), Overlaps: overlaps.Load(),
+		KeyGates: c.KeyGates, KeyGatesGivenUp: c.KeyGatesGivenUp}
 	planned := 0
 	if v.failMod > 0 {
 		planned = (n + v.failMod - 1) / v.failMod
@@ -242,10 +259,10 @@ func (r *report) keysMarkdown() string {
 	for _, t := range r.Results {
 		for _, s := range t.RunStats {
 			if b.Len() == 0 {
-				b.WriteString("| failures/keys run | seconds | succeeded | failed | retried | deferred | ranges committed | duplicates | key overlaps |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+				b.WriteString("| failures/keys run | seconds | succeeded | failed | retried | deferred | ranges committed | duplicates | key overlaps | key gates (given up) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 			}
-			fmt.Fprintf(&b, "| %s | %.1f | %d | %d | %d | %d | %d | %d | %d |\n", s.Label, s.Seconds, s.Succeeded, s.Failed,
-				s.Retried, s.Deferred, s.Committed, s.Duplicates, s.Overlaps)
+			fmt.Fprintf(&b, "| %s | %.1f | %d | %d | %d | %d | %d | %d | %d | %d (%d) |\n", s.Label, s.Seconds, s.Succeeded, s.Failed,
+				s.Retried, s.Deferred, s.Committed, s.Duplicates, s.Overlaps, s.KeyGates, s.KeyGatesGivenUp)
 		}
 	}
 	if b.Len() > 0 {
