@@ -246,6 +246,8 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	if err := b.windowStart(ctx, true); err != nil { // what the produce itself runs
 		return 0, 0, 0, cpu, err
 	}
+	av0 := b.autovacuums(ctx)
+	pc0, _ := b.cpuNow(ctx)
 	start := wall.Now()
 	if err := eachCall(calls, func(c int) error {
 		_, err := handles[c%streams].ProduceBatch(ctx, items, nil)
@@ -255,6 +257,13 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	}
 	total := calls * produceBatchLen
 	produce = report1(label+" produce", "msgs", total, wall.Since(start))
+	if pc1, ok := b.cpuNow(ctx); ok {
+		fmt.Printf("  %-34s the produce's CPU a message: server %.1f µs, client %.1f µs\n", "",
+			float64(pc1.server-pc0.server)/float64(time.Microsecond)/float64(total), float64(pc1.client-pc0.client)/float64(time.Microsecond)/float64(total))
+	}
+	if av := autovacuumed(av0, b.autovacuums(ctx)); av != "" {
+		fmt.Printf("  %-34s autovacuumed or autoanalyzed during the produce: %d tables\n", "", strings.Count(av, ",")+1)
+	}
 	fmt.Printf("  %-34s prepares: %d new to their connection (%.2f s in them, all workers), %d already prepared\n", "",
 		prepares.fresh.Load()-fresh0, float64(prepares.ns.Load()-took0)/1e9, prepares.again.Load()-again0)
 	if err := b.windowEnd(ctx, label+", the produce's statements"); err != nil {
