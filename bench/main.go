@@ -313,10 +313,10 @@ func (b *bench) lap(name string) {
 // either step is skipped.
 //
 // It also collects this process's garbage and returns its free memory to
-// the OS, so no run pays for the one before it (usually the untimed
-// backlog's produce) either: that garbage was collected, and its pages
-// given back by the runtime's scavenger (6.6% of the process's CPU samples
-// in a keys profile, session 33), during the timed run that followed.
+// the OS, so no run collects the garbage of the one before it (usually the
+// untimed backlog's produce). The runtime's scavenger took 6.6% of the
+// CPU samples of a whole keys profile (session 33); this step alone made
+// no visible difference to the keys runs' rates.
 func (b *bench) checkpoint(ctx context.Context) {
 	_, _ = b.pool.Exec(ctx, "VACUUM")
 	b.analyzeOwed(ctx)
