@@ -90,6 +90,13 @@ func (b *bench) serverCPU(ctx context.Context) (cpu time.Duration, ok bool) {
 // cpuTimes is a reading of the server's and this process's CPU time.
 type cpuTimes struct{ server, client time.Duration }
 
+// perMessage is the server's and the client's CPU from t to after, in
+// microseconds for each of n messages, as the progress lines print it.
+func (t cpuTimes) perMessage(after cpuTimes, n int) string {
+	per := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(n) }
+	return fmt.Sprintf("server %.1f µs, client %.1f µs", per(after.server-t.server), per(after.client-t.client))
+}
+
 // cpuNow reads both; ok is false when the server's is not readable.
 func (b *bench) cpuNow(ctx context.Context) (cpuTimes, bool) {
 	server, ok := b.serverCPU(ctx)

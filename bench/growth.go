@@ -142,7 +142,7 @@ FROM pg_stat_all_tables WHERE autovacuum_count + autoanalyze_count > 0`)
 }
 
 // autovacuumed names the tables whose counts grew from before to after.
-func autovacuumed(before, after map[string]int64) string {
+func autovacuumed(before, after map[string]int64) []string {
 	var names []string
 	for t, n := range after {
 		if n > before[t] {
@@ -150,5 +150,5 @@ func autovacuumed(before, after map[string]int64) string {
 		}
 	}
 	sort.Strings(names)
-	return strings.Join(names, ", ")
+	return names
 }

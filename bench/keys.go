@@ -111,14 +111,13 @@ func (b *bench) keys(ctx context.Context, newStream func(string) (*sqlstreams.St
 				return err
 			}
 			c1, ok := b.cpuNow(ctx)
-			if av := autovacuumed(av0, b.autovacuums(ctx)); av != "" {
-				fmt.Printf("  %-34s autovacuumed or autoanalyzed during the run: %s\n", "", av)
+			if av := autovacuumed(av0, b.autovacuums(ctx)); len(av) > 0 {
+				fmt.Printf("  %-34s autovacuumed or autoanalyzed during the run: %s\n", "", strings.Join(av, ", "))
 			}
 			results[i].add(label, rate)
 			results[i].addCPU(c0, c1, ok, n)
 			if ok {
-				fmt.Printf("  %-34s CPU a message: server %.1f µs, client %.1f µs\n", "",
-					float64(c1.server-c0.server)/float64(time.Microsecond)/float64(n), float64(c1.client-c0.client)/float64(time.Microsecond)/float64(n))
+				fmt.Printf("  %-34s CPU a message: %s\n", "", c0.perMessage(c1, n))
 			}
 			results[i].RunStats = append(results[i].RunStats, st)
 		}

@@ -258,11 +258,10 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	total := calls * produceBatchLen
 	produce = report1(label+" produce", "msgs", total, wall.Since(start))
 	if pc1, ok := b.cpuNow(ctx); ok {
-		fmt.Printf("  %-34s the produce's CPU a message: server %.1f µs, client %.1f µs\n", "",
-			float64(pc1.server-pc0.server)/float64(time.Microsecond)/float64(total), float64(pc1.client-pc0.client)/float64(time.Microsecond)/float64(total))
+		fmt.Printf("  %-34s the produce's CPU a message: %s\n", "", pc0.perMessage(pc1, total))
 	}
-	if av := autovacuumed(av0, b.autovacuums(ctx)); av != "" {
-		fmt.Printf("  %-34s autovacuumed or autoanalyzed during the produce: %d tables\n", "", strings.Count(av, ",")+1)
+	if av := autovacuumed(av0, b.autovacuums(ctx)); len(av) > 0 {
+		fmt.Printf("  %-34s autovacuumed or autoanalyzed during the produce: %d tables\n", "", len(av))
 	}
 	fmt.Printf("  %-34s prepares: %d new to their connection (%.2f s in them, all workers), %d already prepared\n", "",
 		prepares.fresh.Load()-fresh0, float64(prepares.ns.Load()-took0)/1e9, prepares.again.Load()-again0)
