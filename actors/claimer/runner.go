@@ -326,8 +326,11 @@ func (p *pool) work() {
 			close(ex.calls)
 		}
 	}()
+	// A worker counts as idle from before it hands its outcome over, so
+	// the job serve submits on receiving it finds the worker idle and
+	// starts no other (TestThePoolStartsWorkersOnDemand).
+	p.idle.Add(1)
 	for {
-		p.idle.Add(1)
 		j, ok := <-p.jobs
 		p.idle.Add(-1)
 		if !ok {
@@ -335,9 +338,12 @@ func (p *pool) work() {
 		}
 		p.queued.Add(-1)
 		if p.skip.Load() {
+			p.idle.Add(1)
 			continue
 		}
-		p.out <- p.r.run(p.ctx, j, &ex)
+		o := p.r.run(p.ctx, j, &ex)
+		p.idle.Add(1)
+		p.out <- o
 	}
 }
 
