@@ -97,7 +97,7 @@ func main() {
 	flag.IntVar(&c.scaleN, "scale-n", 200000, "scale: messages produced and burnt down, over all the streams and on one")
 	flag.DurationVar(&c.scaleIdle, "scale-idle", time.Minute, "scale: how long the idle window lasts")
 	flag.IntVar(&c.stmtCache, "stmt-cache", 0, "scale: the consumers' pools' pgx statement cache capacity (0: pgx's default, 512; a diagnostic)")
-	flag.StringVar(&c.sharedBuffers, "shared-buffers", "256MB", "private cluster only: its shared_buffers (a diagnostic: the recorded runs use the default)")
+	flag.StringVar(&c.sharedBuffers, "shared-buffers", "256MB", "private cluster only: its shared_buffers (make bench-scale passes 1GB, decision 0058; the other recorded runs use the default)")
 	flag.StringVar(&c.roundProfile, "round-profile", "", "scale: write a Go CPU profile of each running round (every client) to this path prefix (a diagnostic; not with -cpuprofile)")
 	flag.StringVar(&c.perfServer, "perf-server", "", "scale: record the whole machine with Linux perf (perf record -a -g) during each running round, to this path prefix (a diagnostic: where the server's CPU goes; needs perf and the server on this machine)")
 	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
