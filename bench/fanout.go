@@ -90,11 +90,17 @@ func (b *bench) serverCPU(ctx context.Context) (cpu time.Duration, ok bool) {
 // cpuTimes is a reading of the server's and this process's CPU time.
 type cpuTimes struct{ server, client time.Duration }
 
-// perMessage is the server's and the client's CPU from t to after, in
-// microseconds for each of n messages, as the progress lines print it.
-func (t cpuTimes) perMessage(after cpuTimes, n int) string {
+// perUnit is the server's and the client's CPU from t to after, in
+// microseconds for each of n units.
+func (t cpuTimes) perUnit(after cpuTimes, n int) (server, client float64) {
 	per := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(n) }
-	return fmt.Sprintf("server %.1f µs, client %.1f µs", per(after.server-t.server), per(after.client-t.client))
+	return per(after.server - t.server), per(after.client - t.client)
+}
+
+// perMessage is perUnit as the progress lines print it.
+func (t cpuTimes) perMessage(after cpuTimes, n int) string {
+	server, client := t.perUnit(after, n)
+	return fmt.Sprintf("server %.1f µs, client %.1f µs", server, client)
 }
 
 // cpuNow reads both; ok is false when the server's is not readable.

@@ -143,11 +143,11 @@ func (t *throughputResult) addCPU(before, after cpuTimes, ok bool, units int) {
 	if units <= 0 {
 		return
 	}
-	per := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(units) }
+	server, client := before.perUnit(after, units)
 	if ok {
-		t.ServerCPU = append(t.ServerCPU, per(after.server-before.server))
+		t.ServerCPU = append(t.ServerCPU, server)
 	}
-	t.ClientCPU = append(t.ClientCPU, per(after.client-before.client))
+	t.ClientCPU = append(t.ClientCPU, client)
 }
 
 type latencyRun struct {
