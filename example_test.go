@@ -25,14 +25,16 @@ type PaymentRequestedV1 struct {
 
 func (PaymentRequestedV1) SchemaVersion() int { return 1 }
 
-// connect is what your program does once: a pool on your database (JIT
-// off: decision 0013) and a client on a schema. The examples each use a
-// schema of their own, emptied first so that they print the same every time.
+// connect is what your program does once: a pool on your database,
+// configured as sqlstreams recommends (ConfigurePool: JIT off, decision
+// 0013, and a larger read buffer, decision 0059), and a client on a schema.
+// The examples each use a schema of their own, emptied first so that they
+// print the same every time.
 func connect(schema string) *sqlstreams.Client {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(os.Getenv("SQLSTREAMS_DATABASE_URL"))
 	check(err)
-	cfg.ConnConfig.RuntimeParams["jit"] = "off"
+	sqlstreams.ConfigurePool(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	check(err)
 	_, err = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")

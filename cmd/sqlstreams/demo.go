@@ -74,11 +74,10 @@ func connect(ctx context.Context, out io.Writer) (_ *pgxpool.Pool, url string, _
 		return nil, "", nil, fmt.Errorf("database url: %w", err)
 	}
 	cfg.MaxConns = 16
-	// sqlstreams' statements are short; PostgreSQL's JIT compiles them once
-	// a log holds millions of rows, at 25–190 ms a statement (decision 0013).
-	if _, set := cfg.ConnConfig.RuntimeParams["jit"]; !set {
-		cfg.ConnConfig.RuntimeParams["jit"] = "off"
-	}
+	// What the library recommends for an application's pool: JIT off unless
+	// the URL sets it (decision 0013), and a larger read buffer a connection
+	// (decision 0059).
+	sqlstreams.ConfigurePool(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		stop()

@@ -51,13 +51,14 @@ func run(ctx context.Context, url, schema string, n int, out io.Writer) error {
 	if url == "" {
 		return errors.New("set SQLSTREAMS_DATABASE_URL to a PostgreSQL database (postgres://user:pass@host/db)")
 	}
-	// One pool for the process. sqlstreams' statements are short: turn
-	// PostgreSQL's JIT off for them (decision 0013).
+	// One pool for the process, configured as sqlstreams recommends:
+	// PostgreSQL's JIT off for its short statements (decision 0013) and a
+	// larger read buffer a connection (decision 0059).
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return err
 	}
-	cfg.ConnConfig.RuntimeParams["jit"] = "off"
+	sqlstreams.ConfigurePool(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
