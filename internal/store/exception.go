@@ -372,27 +372,47 @@ WITH RECURSIVE keys AS (
         FROM chain c LEFT JOIN locked l ON l.message_xid = c.message_xid AND l.message_id = c.message_id
         WHERE c.ok) c
     WHERE c.kept
-), picked AS (
-    -- By the row versions locked above (ctid): an update joined on the
-    -- primary key planned as a hash join over the whole table once the
-    -- claim took a thousand rows.
-    SELECT due.tid, due.was, 'running' AS status FROM due
-    UNION ALL
-    SELECT f.tid, 'pending', 'queued' FROM followers f
-    UNION ALL
-    SELECT p.tid, 'pending', 'prefetched' FROM prefetched p
-), upd AS (
+), upd_expired AS (
+    -- Each set is updated by the row versions locked above (ctid), with
+    -- what it sets fixed per set, so that no update joins its rows with
+    -- a set: joined on the primary key, the update was planned as a hash
+    -- join over the whole table once the claim took a thousand rows; joined
+    -- on ctid, on a freshly filled table's stale statistics, as a nested
+    -- loop comparing every row with every row (900 rows: 810,000
+    -- comparisons, a quarter of a second; BENCHMARKS.md, session 36).
+    -- Due rows whose holder's lease lapsed while they ran: the attempt is
+    -- spent.
     UPDATE {s}.{t}_exception x
-    SET status = CASE WHEN p.status = 'prefetched' THEN 'queued' ELSE p.status END,
-        token = gen_random_uuid(), owner = $4::uuid,
+    SET status = 'running', token = gen_random_uuid(), owner = $4::uuid,
         expires_at = coalesce($2, now()) + $5::interval, updated_at = coalesce($2, now()),
-        attempts = x.attempts + CASE WHEN p.was = 'running' THEN 1 ELSE 0 END,
-        last_error = CASE WHEN p.was = 'running'
-                          THEN 'lease expired: the instance running it died or stopped renewing'
-                          ELSE x.last_error END
-    FROM picked p
-    WHERE x.ctid = ANY (ARRAY(SELECT tid FROM picked)) AND x.ctid = p.tid AND x.group_id = $1
-    RETURNING x.message_xid, x.message_id, x.token, x.concurrency, x.attempts, x.delays, p.was = 'running' AS expired, p.status
+        attempts = x.attempts + 1,
+        last_error = 'lease expired: the instance running it died or stopped renewing'
+    WHERE x.ctid = ANY (ARRAY(SELECT d.tid FROM due d WHERE d.was = 'running')) AND x.group_id = $1
+    RETURNING x.message_xid, x.message_id, x.token, x.concurrency, x.attempts, x.delays, true AS expired, 'running' AS status
+), upd_due AS (
+    -- The other due rows: pending, or queued by a holder that lapsed.
+    UPDATE {s}.{t}_exception x
+    SET status = 'running', token = gen_random_uuid(), owner = $4::uuid,
+        expires_at = coalesce($2, now()) + $5::interval, updated_at = coalesce($2, now())
+    WHERE x.ctid = ANY (ARRAY(SELECT d.tid FROM due d WHERE d.was <> 'running')) AND x.group_id = $1
+    RETURNING x.message_xid, x.message_id, x.token, x.concurrency, x.attempts, x.delays, false AS expired, 'running' AS status
+), upd_followers AS (
+    UPDATE {s}.{t}_exception x
+    SET status = 'queued', token = gen_random_uuid(), owner = $4::uuid,
+        expires_at = coalesce($2, now()) + $5::interval, updated_at = coalesce($2, now())
+    WHERE x.ctid = ANY (ARRAY(SELECT f.tid FROM followers f)) AND x.group_id = $1
+    RETURNING x.message_xid, x.message_id, x.token, x.concurrency, x.attempts, x.delays, false AS expired, 'queued' AS status
+), upd_prefetched AS (
+    UPDATE {s}.{t}_exception x
+    SET status = 'queued', token = gen_random_uuid(), owner = $4::uuid,
+        expires_at = coalesce($2, now()) + $5::interval, updated_at = coalesce($2, now())
+    WHERE x.ctid = ANY (ARRAY(SELECT p.tid FROM prefetched p)) AND x.group_id = $1
+    RETURNING x.message_xid, x.message_id, x.token, x.concurrency, x.attempts, x.delays, false AS expired, 'prefetched' AS status
+), upd AS (
+    SELECT message_xid, message_id, token, concurrency, attempts, delays, expired, status FROM upd_expired
+    UNION ALL SELECT message_xid, message_id, token, concurrency, attempts, delays, expired, status FROM upd_due
+    UNION ALL SELECT message_xid, message_id, token, concurrency, attempts, delays, expired, status FROM upd_followers
+    UNION ALL SELECT message_xid, message_id, token, concurrency, attempts, delays, expired, status FROM upd_prefetched
 )
 SELECT upd.token::text, upd.concurrency, upd.attempts, upd.delays, upd.expired, upd.status = 'queued', upd.status = 'prefetched',
        m.xid, m.id, m.produced_at, m.version, coalesce(m.routing_key, ''), coalesce(m.message_key, ''),

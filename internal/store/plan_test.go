@@ -367,3 +367,84 @@ func TestTheGateProbeSkipsAnOpenTransactionsRows(t *testing.T) {
 	require.True(t, pending, "a committed row waits behind the open transaction")
 	require.Less(t, after, empty+50, "the probe read the open transaction's rows (empty log: %d blocks)", empty)
 }
+
+// The exception claim's update once joined the rows it locked with the set it
+// picked. On a table analyzed while empty (the state a burst of failures
+// meets: the bench's pre-run ANALYZE, or autovacuum before the burst), the
+// group's rows look like a handful, and that join was planned as a nested
+// loop comparing every locked row with every picked one: for 900 rows,
+// 810,000 comparisons and a quarter of a second a claim, so that a retry
+// waited 200–300 ms for its first claim (BENCHMARKS.md, session 36). The
+// claim runs here under EXPLAIN ANALYZE (rolled back), and the rows its
+// joins and filters compared and discarded must stay in proportion to the
+// rows it claimed, as they do when no update joins a set.
+func TestExceptionClaimComparesRowsInProportionToItsClaim(t *testing.T) {
+	ctx := context.Background()
+	st, streamID, groupID := planSetup(t)
+	tp := st.s + "." + tablePrefix(streamID)
+	_, err := st.Pool().Exec(ctx, "ANALYZE "+tp+"_exception")
+	require.NoError(t, err)
+	_, err = st.Pool().Exec(ctx, "INSERT INTO "+tp+`_log (produced_at, version, payload)
+SELECT now(), 1, '{"a":1}' FROM generate_series(1, 20000) i`)
+	require.NoError(t, err)
+	_, err = st.Pool().Exec(ctx, "ANALYZE "+tp+"_log_default")
+	require.NoError(t, err)
+	const failed = 1000
+	_, err = st.Pool().Exec(ctx, "INSERT INTO "+tp+`_exception (group_id, message_xid, message_id, message_key, concurrency,
+    status, attempts, delays, last_error, can_run_after, created_at, updated_at)
+SELECT $1, xid, id, NULL, 'parallel', 'pending', 1, 0, 'planned', now() - interval '1 second', now(), now()
+FROM `+tp+`_log WHERE id % 20 = 0`, groupID)
+	require.NoError(t, err)
+
+	sql := st.stream(streamID).sql(claimExceptionsSQL)
+	args := []any{groupID, nil, 8, "00000000-0000-4000-8000-000000000001", time.Minute, 20, false, 1000}
+	// The custom plan (these arguments) and the generic plan (a lane's,
+	// decision 0052), each run once in a transaction rolled back.
+	for _, generic := range []bool{false, true} {
+		name := fmt.Sprintf("generic plan %v", generic)
+		tx, err := st.Pool().Begin(ctx)
+		require.NoError(t, err)
+		var out []byte
+		if generic {
+			_, err = tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan")
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, "PREPARE claim_probe AS "+sql)
+			require.NoError(t, err)
+			lits := make([]string, len(args))
+			for i, a := range args {
+				lits[i] = literal(t, a)
+			}
+			err = tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim_probe("+strings.Join(lits, ", ")+")").Scan(&out)
+		} else {
+			err = tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args...).Scan(&out)
+		}
+		require.NoError(t, err, name)
+		require.NoError(t, tx.Rollback(ctx)) // the PREPARE too: the session is as it came
+		var plans []struct {
+			Plan map[string]any `json:"Plan"`
+		}
+		require.NoError(t, json.Unmarshal(out, &plans), name)
+		require.Len(t, plans, 1, name)
+		var removed float64
+		var walk func(n map[string]any)
+		walk = func(n map[string]any) {
+			for _, k := range []string{"Rows Removed by Join Filter", "Rows Removed by Filter"} {
+				if v, ok := n[k].(float64); ok {
+					loops, _ := n["Actual Loops"].(float64)
+					removed += v * max(loops, 1)
+				}
+			}
+			if kids, ok := n["Plans"].([]any); ok {
+				for _, k := range kids {
+					if m, ok := k.(map[string]any); ok {
+						walk(m)
+					}
+				}
+			}
+		}
+		walk(plans[0].Plan)
+		claimed, _ := plans[0].Plan["Actual Rows"].(float64)
+		require.EqualValues(t, failed, claimed, "%s: the claim takes 8 to run and prefetches the rest", name)
+		require.LessOrEqual(t, removed, float64(10*failed), "%s: rows compared and discarded for a claim of %d; plan:\n%s", name, failed, out)
+	}
+}
