@@ -381,33 +381,12 @@ WITH RECURSIVE keys AS (
     -- loop comparing every row with every row (900 rows: 810,000
     -- comparisons, a quarter of a second; BENCHMARKS.md, session 36).
     -- Due rows whose holder's lease lapsed while they ran: the attempt is
-    -- spent.
-    UPDATE {s}.{t}_exception x
-    SET status = 'running', token = gen_random_uuid(), owner = $4::uuid,
-        expires_at = coalesce($2, now()) + $5::interval, updated_at = coalesce($2, now()),
-        attempts = x.attempts + 1,
-        last_error = 'lease expired: the instance running it died or stopped renewing'
-    WHERE x.ctid = ANY (ARRAY(SELECT d.tid FROM due d WHERE d.was = 'running')) AND x.group_id = $1
-    RETURNING x.message_xid, x.message_id, x.token, x.concurrency, x.attempts, x.delays, true AS expired, 'running' AS status
+    -- spent.` + leaseSet("d.tid FROM due d WHERE d.was = 'running'", "running", "running", true) + `
 ), upd_due AS (
-    -- The other due rows: pending, or queued by a holder that lapsed.
-    UPDATE {s}.{t}_exception x
-    SET status = 'running', token = gen_random_uuid(), owner = $4::uuid,
-        expires_at = coalesce($2, now()) + $5::interval, updated_at = coalesce($2, now())
-    WHERE x.ctid = ANY (ARRAY(SELECT d.tid FROM due d WHERE d.was <> 'running')) AND x.group_id = $1
-    RETURNING x.message_xid, x.message_id, x.token, x.concurrency, x.attempts, x.delays, false AS expired, 'running' AS status
-), upd_followers AS (
-    UPDATE {s}.{t}_exception x
-    SET status = 'queued', token = gen_random_uuid(), owner = $4::uuid,
-        expires_at = coalesce($2, now()) + $5::interval, updated_at = coalesce($2, now())
-    WHERE x.ctid = ANY (ARRAY(SELECT f.tid FROM followers f)) AND x.group_id = $1
-    RETURNING x.message_xid, x.message_id, x.token, x.concurrency, x.attempts, x.delays, false AS expired, 'queued' AS status
-), upd_prefetched AS (
-    UPDATE {s}.{t}_exception x
-    SET status = 'queued', token = gen_random_uuid(), owner = $4::uuid,
-        expires_at = coalesce($2, now()) + $5::interval, updated_at = coalesce($2, now())
-    WHERE x.ctid = ANY (ARRAY(SELECT p.tid FROM prefetched p)) AND x.group_id = $1
-    RETURNING x.message_xid, x.message_id, x.token, x.concurrency, x.attempts, x.delays, false AS expired, 'prefetched' AS status
+    -- The other due rows: pending, or queued by a holder that lapsed.` +
+	leaseSet("d.tid FROM due d WHERE d.was <> 'running'", "running", "running", false) + `
+), upd_followers AS (` + leaseSet("f.tid FROM followers f", "queued", "queued", false) + `
+), upd_prefetched AS (` + leaseSet("p.tid FROM prefetched p", "queued", "prefetched", false) + `
 ), upd AS (
     SELECT message_xid, message_id, token, concurrency, attempts, delays, expired, status FROM upd_expired
     UNION ALL SELECT message_xid, message_id, token, concurrency, attempts, delays, expired, status FROM upd_due
@@ -419,6 +398,26 @@ SELECT upd.token::text, upd.concurrency, upd.attempts, upd.delays, upd.expired, 
        m.payload::text, coalesce(m.options::text, ''), coalesce(m.headers::text, '')
 FROM upd JOIN {s}.{t}_log m ON m.xid = upd.message_xid AND m.id = upd.message_id
 ORDER BY m.xid, m.id`)
+
+// leaseSet is one of the exception claim's updates: the rows whose locked
+// versions set names (what a SELECT of their ctids reads), leased with
+// status, returned with label; spent: their holder lapsed while they ran,
+// and the attempt counts. Every argument is a constant of this file.
+func leaseSet(set, status, label string, spent bool) string {
+	attempt := ""
+	if spent {
+		attempt = `,
+        attempts = x.attempts + 1,
+        last_error = 'lease expired: the instance running it died or stopped renewing'`
+	}
+	return fmt.Sprintf(`
+    UPDATE {s}.{t}_exception x
+    SET status = '%s', token = gen_random_uuid(), owner = $4::uuid,
+        expires_at = coalesce($2, now()) + $5::interval, updated_at = coalesce($2, now())%s
+    WHERE x.ctid = ANY (ARRAY(SELECT %s)) AND x.group_id = $1
+    RETURNING x.message_xid, x.message_id, x.token, x.concurrency, x.attempts, x.delays, %t AS expired, '%s' AS status`,
+		status, attempt, set, spent, label)
+}
 
 // Through the claim's own indexes (pending, leased).
 // The earliest pending row is the first entry of the pending index.
