@@ -116,8 +116,9 @@ type ClaimParams struct {
 func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool, err error) {
 	var loXid, loID, hiXid, hiID int64
 	var more bool
+	var n int // the range's positions: its messages, short of a manual delete
 	err = g.db().QueryRow(ctx, g.sql(claimSQL), g.GroupID, a.Limit, a.Now, a.Owner, a.Lease).
-		Scan(&r.ID, &r.Token, &loXid, &loID, &hiXid, &hiID, &more)
+		Scan(&r.ID, &r.Token, &loXid, &loID, &hiXid, &hiID, &more, &n)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}
@@ -129,7 +130,12 @@ func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool,
 		return r, false, fmt.Errorf("claim range %d: read its messages: %w", r.ID, err)
 	}
 	defer rows.Close()
-	r.Messages = make([]Message, 0, a.Limit)
+	// Sized for the range's positions, not for a.Limit: over many streams
+	// a range holds a stream's few messages, and buffers sized for a full
+	// batch allocated (and zeroed, and the collector swept) five times the
+	// bytes they held (BENCHMARKS.md, session 36).
+	n = max(min(n, a.Limit), 1)
+	r.Messages = make([]Message, 0, n)
 	var slab payloadSlab
 	var m Message
 	// The binding declaration repeats on every row: scanned from the first
@@ -153,7 +159,7 @@ func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool,
 		if len(raw[10]) > 0 {
 			headers = raw[10]
 		}
-		m.Payload, m.Options, m.Headers = slab.row(raw[6], options, headers, a.Limit-len(r.Messages))
+		m.Payload, m.Options, m.Headers = slab.row(raw[6], options, headers, n-len(r.Messages))
 		r.Messages = append(r.Messages, m)
 	}
 	if err := rows.Err(); err != nil {
@@ -297,7 +303,7 @@ WITH cur AS (
     ORDER BY m.xid, m.id
     LIMIT (SELECT $2::int + 1)
 ), beyond AS (
-    SELECT count(*) > $2::int AS more FROM ahead
+    SELECT count(*) > $2::int AS more, least(count(*), $2::int) AS n FROM ahead
 ), last AS (
     SELECT a.xid, a.id FROM ahead a
     ORDER BY a.xid DESC, a.id DESC
@@ -311,7 +317,7 @@ INSERT INTO {s}.{t}_range (group_id, lo_xid, lo_id, hi_xid, hi_id, token, owner,
 SELECT $1, cur.head_xid, cur.head_id, last.xid, last.id, gen_random_uuid(), $4,
        coalesce($3, now()), coalesce($3, now()) + $5::interval
 FROM cur, last, moved
-RETURNING id, token::text, lo_xid, lo_id, hi_xid, hi_id, (SELECT more FROM beyond)`)
+RETURNING id, token::text, lo_xid, lo_id, hi_xid, hi_id, (SELECT more FROM beyond), (SELECT n FROM beyond)::int`)
 
 // The range's messages, by its bounds ($2–$5), after the claim above has
 // committed: its positions are final, so every later snapshot sees them. A

@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -117,4 +119,42 @@ func TestARenewalDoesNotReviveARangeItsOwnerLetGo(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok, "the range a restart expired stays expired after a renewal")
 	require.Equal(t, live.ID, reclaimed.ID)
+}
+
+// A range shorter than the claim's limit (a stream's few messages, over many
+// streams; a quiet stream's trickle) holds its messages in buffers sized for
+// them, not for a full batch: buffers sized for the limit allocated, zeroed
+// and left for the collector five times the bytes they held over 1,000
+// streams (BENCHMARKS.md, session 36).
+func TestAShortRangeAllocatesForItsMessages(t *testing.T) {
+	ctx := context.Background()
+	st, streamID, groupID := planSetup(t)
+	g := st.Group(streamID, groupID)
+	payload := []byte(`{"a":"` + strings.Repeat("x", 1000) + `"}`)
+	const short, limit = 200, 1000
+	msgs := make([]NewMessage, 2*short)
+	for i := range msgs {
+		msgs[i] = NewMessage{Version: 1, Payload: payload}
+	}
+	_, err := st.Produce(ctx, nil, StreamRef{ID: streamID}, msgs, nil)
+	require.NoError(t, err)
+	claim := func(limit int) Range {
+		t.Helper()
+		r, ok, err := g.ClaimRange(ctx, ClaimParams{Owner: "00000000-0000-4000-8000-000000000001", Limit: limit, Lease: time.Minute})
+		require.NoError(t, err)
+		require.True(t, ok)
+		return r
+	}
+	require.Len(t, claim(short).Messages, short) // the statements prepared, the connection's buffers grown
+
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	r := claim(limit)
+	runtime.ReadMemStats(&after)
+	require.Len(t, r.Messages, short)
+	require.True(t, r.Drained)
+	held := short * len(payload)
+	allocated := int(after.TotalAlloc - before.TotalAlloc)
+	t.Logf("a range of %d messages (%d payload bytes) under a limit of %d: %d bytes allocated", short, held, limit, allocated)
+	require.Less(t, allocated, 2*held, "a range of %d messages claimed with a limit of %d", short, limit)
 }
