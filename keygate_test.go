@@ -3,6 +3,7 @@ package sqlstreams
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -325,4 +326,78 @@ func TestASecondSessionMakesTheFirstGiveItsKeyGateUp(t *testing.T) {
 	require.NotEqual(t, "00000000-0000-0000-0000-000000000000", owner)
 
 	col.finish(t)
+}
+
+// A range claimed while the claimer holds the key gate places each keyed
+// message as it comes, with no acquisition: a key new to the claimer runs
+// at once under the gate, a key whose earlier message still runs waits
+// behind it in log order, and a key the claimer holds for an ordered
+// message (never shared) parks the message as busy until the key is free.
+func TestARangeClaimedUnderAHeldKeyGatePlacesEachKey(t *testing.T) {
+	ctx := context.Background()
+	_, counter, s, c := countedGroup(t)
+	excl, ord := &MessageOptions{Concurrency: Exclusive}, &MessageOptions{Concurrency: Ordered}
+	_, err := s.ProduceBatch(ctx, []BatchItem[order]{
+		{Msg: order{OrderID: "a-1"}, Key: "a", Message: excl},
+		{Msg: order{OrderID: "o-1"}, Key: "o", Message: ord},
+	}, nil)
+	require.NoError(t, err)
+
+	d := newDeliveries(6)
+	release := make(chan struct{})
+	started := map[string]chan struct{}{"a-1": make(chan struct{}), "o-1": make(chan struct{})}
+	var mu sync.Mutex
+	running, overlaps := map[string]int{}, 0
+	var seen []string
+	consume(t, c, func(ctx context.Context, o *order) error {
+		key := o.OrderID[:1]
+		mu.Lock()
+		if running[key]++; running[key] > 1 {
+			overlaps++
+		}
+		seen = append(seen, o.OrderID)
+		mu.Unlock()
+		defer func() {
+			mu.Lock()
+			running[key]--
+			mu.Unlock()
+		}()
+		if ch := started[o.OrderID]; ch != nil {
+			close(ch)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		d.add(o.OrderID)
+		return nil
+	}, &ConsumeOptions{BatchLimit: 3, ClaimPollRate: 5 * time.Millisecond})
+	within(t, started["a-1"], "a-1 running, under the gate")
+	within(t, started["o-1"], "o-1 running, its ordered key leased")
+	require.Positive(t, c.Stats().KeyGates, "the gate granted with the first range's keys")
+
+	// The next range: under the held gate.
+	_, err = s.ProduceBatch(ctx, []BatchItem[order]{
+		{Msg: order{OrderID: "a-2"}, Key: "a"},
+		{Msg: order{OrderID: "c-1"}, Key: "c"},
+		{Msg: order{OrderID: "o-2"}, Key: "o"},
+		{Msg: order{OrderID: "c-2"}, Key: "c"},
+	}, &BatchOptions{Message: excl})
+	require.NoError(t, err)
+	within(t, d.when("c-1"), "c-1, a key new to the claimer, at once")
+	within(t, d.when("c-2"), "c-2, behind c-1")
+	require.Zero(t, d.count("a-2"), "a-2 waits behind a-1")
+	require.Zero(t, d.count("o-2"), "o-2 waits: its key is held for an ordered message")
+	require.Positive(t, c.Stats().Deferred, "o-2 parked as busy")
+	require.Equal(t, 1, counter.batchesOf("store.AcquireKeys"), "the second range's keys taken with no statement")
+
+	close(release)
+	within(t, d.done, "every message")
+	require.Zero(t, d.duplicates())
+	mu.Lock()
+	defer mu.Unlock()
+	require.Zero(t, overlaps, "no two messages of a key ran at once")
+	require.Less(t, slices.Index(seen, "a-1"), slices.Index(seen, "a-2"), "a key's messages in log order: %v", seen)
+	require.Less(t, slices.Index(seen, "c-1"), slices.Index(seen, "c-2"), "a key's messages in log order: %v", seen)
 }

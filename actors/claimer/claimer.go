@@ -644,13 +644,9 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 	}
 	a.queued += n
 
-	// Keyed messages, by key in order of first appearance. The keyed
-	// entries share one array (keyBuf), sized for the messages left when
-	// the first keyed one is seen: it never grows, so pointers into it
-	// stay valid.
-	var byKey map[string]*keyed
-	var keyOrder []string
-	var keyBuf []keyed
+	// The keyed messages' indexes, in log order; whether any is ordered.
+	var keyedIdx []int
+	anyOrdered := false
 	for i := range r.Messages {
 		m := &r.Messages[i]
 		if !m.Matched && !a.cfg.Broken.deliverUnmatched() { // not routed to this group: settled without delivery
@@ -665,15 +661,36 @@ func (a *Actor) dispatch(ctx context.Context, r store.Range, group policy.Group)
 		a.cfg.Stats.Claimed.Add(1)
 		in.eff[i] = a.resolve(m, group)
 		if !in.eff[i].Concurrency.Keyed() || m.Key == "" || a.cfg.Broken.skipKeyLeases() {
+			if jobs == nil {
+				jobs = make([]Job, 0, n)
+			}
 			in.state[i] = running
 			jobs = append(jobs, a.job(in, i))
 			continue
 		}
+		if keyedIdx == nil {
+			keyedIdx = make([]int, 0, n-i)
+		}
+		keyedIdx = append(keyedIdx, i)
+		anyOrdered = anyOrdered || in.eff[i].Concurrency == policy.Ordered
+	}
+	if a.keyGate != "" && !anyOrdered {
+		return a.admitGated(ctx, in, jobs, keyedIdx)
+	}
+
+	// Keyed messages, by key in order of first appearance. The keyed
+	// entries share one array (keyBuf), sized for the keyed messages: it
+	// never grows, so pointers into it stay valid.
+	var byKey map[string]*keyed
+	var keyOrder []string
+	var keyBuf []keyed
+	for _, i := range keyedIdx {
+		m := &r.Messages[i]
 		k := byKey[m.Key]
 		if k == nil {
 			if keyBuf == nil {
-				keyBuf = make([]keyed, 0, n-i)
-				byKey = make(map[string]*keyed, min(n-i, 64))
+				keyBuf = make([]keyed, 0, len(keyedIdx))
+				byKey = make(map[string]*keyed, min(len(keyedIdx), 64))
 			}
 			keyBuf = append(keyBuf, keyed{})
 			k = &keyBuf[len(keyBuf)-1]
@@ -1036,6 +1053,57 @@ func (a *Actor) admitted(ctx context.Context, in *inflight, jobs []Job) ([]Job, 
 		return jobs, a.settle(ctx, in.r.ID)
 	}
 	return jobs, nil
+}
+
+// admitGated places a range's keyed messages while the claimer holds the
+// group's key gate and none of them is ordered: every key is held at once
+// (decision 0051), so nothing is acquired and each message is placed as it
+// comes, in log order, with one lookup of its key. It places them as
+// dispatch's general path would: a key new to the claimer is held under
+// the gate; a key it holds for exclusive messages is shared (queued behind
+// its earlier messages, a kept one back in use); a key it holds for an
+// ordered message parks the message, as busy.
+//
+// The general path groups a range's messages by key first, and at a key
+// gate's usual load (a range of a thousand messages of as many keys) its
+// maps and per-key passes were the range claimer's largest cost beyond a
+// parallel range's.
+func (a *Actor) admitGated(ctx context.Context, in *inflight, jobs []Job, keyedIdx []int) ([]Job, error) {
+	r := &in.r
+	var now time.Time
+	for _, i := range keyedIdx {
+		key := r.Messages[i].Key
+		ks := a.keys[key]
+		switch {
+		case ks == nil:
+			if now.IsZero() {
+				now = a.cfg.Clock.Now()
+			}
+			ks = newKeyState(keyState{token: r.Token, since: now, gated: true})
+			a.keys[key] = ks
+		case ks.ordered: // held for an ordered message: never shared
+			a.park(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
+			continue
+		case !ks.idleAt.IsZero(): // kept: in use again
+			ks.idleAt = time.Time{}
+			a.nkept--
+		}
+		// The range joins the key once: its first message of the key
+		// appended it last (nothing else runs during dispatch).
+		if n := len(ks.ranges); n == 0 || ks.ranges[n-1] != r.ID {
+			ks.ranges = append(ks.ranges, r.ID)
+			in.keys = append(in.keys, key)
+		}
+		idle := len(ks.queue) == 0 && !ks.pending
+		ks.queue = append(ks.queue, ref{rangeID: r.ID, token: r.Token, index: i})
+		if idle {
+			if jobs == nil {
+				jobs = make([]Job, 0, len(keyedIdx))
+			}
+			jobs = append(jobs, a.start(ks.queue[0]))
+		}
+	}
+	return a.admitted(ctx, in, jobs)
 }
 
 // admit places a range's messages of one key: queued behind this
