@@ -333,6 +333,11 @@ func newKeyState(ks keyState) *keyState {
 	return p
 }
 
+// keyBusyReason is the last error a keyed message parked behind a busy key
+// carries: a key held by another instance, or by this one for an ordered
+// message (never shared). Operators read it in the exception states.
+const keyBusyReason = "waiting: its key is busy in another instance"
+
 // DefaultKeyHold is Common.KeyHold's default: a burn-down's ranges bring a
 // key back within a few of its ranges, tens to hundreds of milliseconds
 // apart, and another instance that wants a kept key waits at most this
@@ -995,7 +1000,7 @@ func (a *Actor) acquired(ctx context.Context, res Acquired) ([]Job, error) {
 		switch {
 		case p.gate != "" && !ks.ordered: // taken out of the statement for the gate (underGate)
 			if !ks.gated { // given up meanwhile, before the key had a row
-				a.dropKey(key, ks, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance", touched)
+				a.dropKey(key, ks, a.cfg.KeyBusyDelay, keyBusyReason, touched)
 			} else if len(ks.queue) > 0 {
 				jobs = append(jobs, a.start(ks.queue[0]))
 			}
@@ -1006,7 +1011,7 @@ func (a *Actor) acquired(ctx context.Context, res Acquired) ([]Job, error) {
 			a.dropKey(key, ks, 0, "waiting behind an earlier unresolved message of its ordered key", touched)
 		case !res.Held[key]:
 			a.contended = a.cfg.Clock.Now()
-			a.dropKey(key, ks, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance", touched)
+			a.dropKey(key, ks, a.cfg.KeyBusyDelay, keyBusyReason, touched)
 		case len(ks.queue) > 0:
 			jobs = append(jobs, a.start(ks.queue[0]))
 		}
@@ -1082,7 +1087,7 @@ func (a *Actor) admitGated(ctx context.Context, in *inflight, jobs []Job, keyedI
 			ks = newKeyState(keyState{token: r.Token, since: now, gated: true})
 			a.keys[key] = ks
 		case ks.ordered: // held for an ordered message: never shared
-			a.park(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
+			a.park(in, i, a.cfg.KeyBusyDelay, keyBusyReason)
 			continue
 		case !ks.idleAt.IsZero(): // kept: in use again
 			ks.idleAt = time.Time{}
@@ -1130,12 +1135,12 @@ func (a *Actor) admit(jobs []Job, in *inflight, key string, k *keyed, wanted boo
 		a.nkept--
 		in.release = append(in.release, store.KeyLease{Key: key, Token: ks.token})
 		for _, i := range k.idx {
-			a.park(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
+			a.park(in, i, a.cfg.KeyBusyDelay, keyBusyReason)
 		}
 		return jobs
 	default: // held (or being acquired) for an ordered message, or wanted by one
 		for _, i := range k.idx {
-			a.park(in, i, a.cfg.KeyBusyDelay, "waiting: its key is busy in another instance")
+			a.park(in, i, a.cfg.KeyBusyDelay, keyBusyReason)
 		}
 		return jobs
 	}

@@ -207,7 +207,7 @@ func (a *ExceptionActor) startRow(ctx context.Context, r *excRun, haveKey bool) 
 		if err != nil || !held[m.Key] {
 			a.cfg.Stats.Deferred.Add(1)
 			jobs, serr := a.settle(ctx, r, store.Settlement{Status: policy.StatusPending, Attempts: r.run.Attempts,
-				Delays: r.run.Delays, Error: "waiting: its key is busy in another instance", After: a.cfg.KeyBusyDelay})
+				Delays: r.run.Delays, Error: keyBusyReason, After: a.cfg.KeyBusyDelay})
 			return jobs, errors.Join(err, serr)
 		}
 	}
