@@ -510,3 +510,63 @@ func (s serveUntilDone) Serve(ctx context.Context) error {
 	<-ctx.Done()
 	return ctx.Err()
 }
+
+// A slot's provisioning whose end the manager did not see (its context
+// ended while the insert committed: the CI's TestGracefulShutdownDrains
+// found a scheduler row left after a graceful stop) is neither left behind
+// at a stop nor provisioned a second time: the manager takes the row up at
+// its next step if it is there, and gives it back at the stop.
+func TestAManagerKeepsTrackOfAProvisionWhoseOutcomeItDidNotSee(t *testing.T) {
+	ctx := context.Background()
+	client, counter := countingClient(t, "", 0)
+	var ids []string
+	mgr := manager.Standard(manager.Config{Store: client.store, DeclaredBy: "test", TTL: 30 * time.Second,
+		NewID: func() string {
+			ids = append(ids, engine.NewID())
+			return ids[len(ids)-1]
+		},
+		Clock: clock.New(), DBNow: engine.DBNow(clock.New())})
+	rows := func(worker string) (n int) {
+		t.Helper()
+		require.NoError(t, client.store.Pool().QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s.worker_instance i
+JOIN %[1]s.worker_config w ON w.id = i.worker_config_id WHERE w.name = $1`, client.Schema()), worker).Scan(&n))
+		return n
+	}
+
+	// The first worker's provisioning fails as if its context had ended,
+	// and its row is written as if the insert had committed all the same.
+	counter.failNext("store.ProvisionSlot")
+	require.Error(t, mgr.Step(ctx))
+	require.False(t, mgr.Holds(manager.RetentionWorker))
+	_, err := client.store.Pool().Exec(ctx, fmt.Sprintf(`INSERT INTO %s.worker_instance (id, worker_config_id, declared_by, started_at, heartbeat_at, expires_at)
+SELECT $1::uuid, w.id, 'test', now(), now(), now() + interval '30 seconds' FROM %[1]s.worker_config w WHERE w.name = $2`, client.Schema()),
+		ids[0], manager.RetentionWorker)
+	require.NoError(t, err)
+
+	require.NoError(t, mgr.Step(ctx))
+	require.True(t, mgr.Holds(manager.RetentionWorker))
+	require.Equal(t, 1, rows(manager.RetentionWorker), "the row taken up, not a second one provisioned")
+
+	require.NoError(t, mgr.Release(ctx))
+	for _, w := range mgr.Workers() {
+		require.Zero(t, rows(w.Name()), "%s: every slot given back", w.Name())
+	}
+
+	// At a stop before any later step, the row is given back too.
+	mgr2 := manager.Standard(manager.Config{Store: client.store, DeclaredBy: "test", TTL: 30 * time.Second,
+		NewID: func() string {
+			ids = append(ids, engine.NewID())
+			return ids[len(ids)-1]
+		},
+		Clock: clock.New(), DBNow: engine.DBNow(clock.New())})
+	counter.failNext("store.ProvisionSlot")
+	require.Error(t, mgr2.Step(ctx))
+	_, err = client.store.Pool().Exec(ctx, fmt.Sprintf(`INSERT INTO %s.worker_instance (id, worker_config_id, declared_by, started_at, heartbeat_at, expires_at)
+SELECT $1::uuid, w.id, 'test', now(), now(), now() + interval '30 seconds' FROM %[1]s.worker_config w WHERE w.name = $2`, client.Schema()),
+		ids[len(ids)-3], manager.RetentionWorker)
+	require.NoError(t, err)
+	require.NoError(t, mgr2.Release(ctx))
+	for _, w := range mgr2.Workers() {
+		require.Zero(t, rows(w.Name()), "%s: every slot given back, the unseen one too", w.Name())
+	}
+}
