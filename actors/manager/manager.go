@@ -70,9 +70,14 @@ type slot struct {
 
 // Actor is the manager.
 type Actor struct {
-	cfg    Config
-	rows   map[string]store.FleetWorker
-	held   map[string]*slot
+	cfg  Config
+	rows map[string]store.FleetWorker
+	held map[string]*slot
+	// unseen: per worker, the instance id of a provisioning that returned
+	// an error, whose insert may have committed all the same (its context
+	// ended while the commit was under way). The next step takes the row
+	// up if it is there, and a stop gives it back.
+	unseen map[string]string
 	outage *outage.Reporter
 	// rounds counts rounds of work done per worker (Rounds).
 	rounds map[string]int
@@ -96,7 +101,7 @@ func Standard(cfg Config) *Actor {
 
 // New returns a manager.
 func New(cfg Config) *Actor {
-	return &Actor{cfg: cfg, rows: map[string]store.FleetWorker{}, held: map[string]*slot{}, rounds: map[string]int{},
+	return &Actor{cfg: cfg, rows: map[string]store.FleetWorker{}, held: map[string]*slot{}, unseen: map[string]string{}, rounds: map[string]int{},
 		outage: &outage.Reporter{Logger: cfg.Logger, What: "manager", Retry: "every heartbeat"}}
 }
 
@@ -134,7 +139,18 @@ func (a *Actor) step(ctx context.Context, w Worker) error {
 	s := a.held[name]
 	var doc []byte
 	ahead := 0
-	if s != nil {
+	if id, ok := a.unseen[name]; ok && s == nil {
+		found, d, n, err := a.cfg.Store.RenewSlot(ctx, id, a.cfg.TTL, a.cfg.DBNow())
+		if err != nil {
+			return err
+		}
+		delete(a.unseen, name)
+		if found { // the provisioning had committed: the slot is this manager's
+			s = &slot{instanceID: id}
+			a.held[name] = s
+			doc, ahead = d, n
+		}
+	} else if s != nil {
 		found, d, n, err := a.cfg.Store.RenewSlot(ctx, s.instanceID, a.cfg.TTL, a.cfg.DBNow())
 		if err != nil {
 			return err
@@ -149,8 +165,12 @@ func (a *Actor) step(ctx context.Context, w Worker) error {
 	if s == nil {
 		id := a.cfg.NewID()
 		got, d, err := a.cfg.Store.ProvisionSlot(ctx, row.ID, id, a.cfg.DeclaredBy, a.cfg.TTL, a.cfg.DBNow())
-		if err != nil || !got {
+		if err != nil {
+			a.unseen[name] = id
 			return err
+		}
+		if !got {
+			return nil
 		}
 		s = &slot{instanceID: id}
 		a.held[name] = s
@@ -198,7 +218,8 @@ func (a *Actor) step(ctx context.Context, w Worker) error {
 	return w.Round(ctx, knobs)
 }
 
-// Release gives back every held slot (a graceful stop).
+// Release gives back every held slot (a graceful stop), and every slot
+// whose provisioning it did not see end (unseen), which may have committed.
 func (a *Actor) Release(ctx context.Context) error {
 	var errs []error
 	for name, s := range a.held {
@@ -207,6 +228,13 @@ func (a *Actor) Release(ctx context.Context) error {
 			continue
 		}
 		delete(a.held, name)
+	}
+	for name, id := range a.unseen {
+		if err := a.cfg.Store.DeleteInstance(ctx, id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(a.unseen, name)
 	}
 	return errors.Join(errs...)
 }
