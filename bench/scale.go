@@ -247,6 +247,7 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 		return 0, 0, 0, cpu, err
 	}
 	av0 := b.autovacuums(ctx)
+	w0, wok := b.walNow(ctx)
 	pc0, _ := b.cpuNow(ctx)
 	start := wall.Now()
 	if err := eachCall(calls, func(c int) error {
@@ -259,6 +260,9 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	produce = report1(label+" produce", "msgs", total, wall.Since(start))
 	if pc1, ok := b.cpuNow(ctx); ok {
 		fmt.Printf("  %-34s the produce's CPU a message: %s\n", "", pc0.perMessage(pc1, total))
+	}
+	if w1, ok := b.walNow(ctx); ok && wok {
+		fmt.Printf("  %-34s the produce's WAL a message: %s\n", "", w0.perMessage(w1, total))
 	}
 	if av := autovacuumed(av0, b.autovacuums(ctx)); len(av) > 0 {
 		fmt.Printf("  %-34s autovacuumed or autoanalyzed during the produce: %d tables\n", "", len(av))
@@ -394,6 +398,9 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 		fmt.Printf("  %-34s %d of the %d session(s) had a message\n", "", up.Load(), streams*sessions)
 	}
 	running = report1(label+" burn-down, running", "msgs", total, againAfter)
+	if cpu.ok {
+		fmt.Printf("  %-34s the running burn-down's CPU a message: %s\n", "", cpu.before.perMessage(cpu.after, cpu.units))
+	}
 	return produce, cold, running, cpu, nil
 }
 
@@ -629,4 +636,22 @@ func printPoolStats(when string, pools []*pgxpool.Pool) {
 	}
 	fmt.Printf("  %-34s %s: %d connections, %d opened in all; %d acquires, %d found none idle, %d canceled; closed for lifetime %d, idle %d\n", "",
 		when, total, opened, acquires, empty, canceled, lifetime, idle)
+}
+
+// walTimes is the cluster's WAL activity so far (pg_stat_wal): the records,
+// full-page images and bytes written. A produce spread over many streams
+// first touches each stream's sequence and index pages after the
+// checkpoint that precedes it, which writes a full-page image of each.
+type walTimes struct{ records, fpi, bytes int64 }
+
+func (b *bench) walNow(ctx context.Context) (walTimes, bool) {
+	var w walTimes
+	err := b.pool.QueryRow(ctx, `SELECT wal_records, wal_fpi, wal_bytes::bigint FROM pg_stat_wal`).Scan(&w.records, &w.fpi, &w.bytes)
+	return w, err == nil
+}
+
+func (w walTimes) perMessage(after walTimes, n int) string {
+	per := func(a, b int64) float64 { return float64(b-a) / float64(n) }
+	return fmt.Sprintf("%.2f records, %.3f full-page images, %.0f bytes (%d full-page images in all)",
+		per(w.records, after.records), per(w.fpi, after.fpi), per(w.bytes, after.bytes), after.fpi-w.fpi)
 }
