@@ -190,9 +190,9 @@ SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`, st.NotifyChannel(), paylo
 }
 
 // produceUnkeyed is the common case: one insert whose parameters wire.go
-// encodes; on the pool, unnamed the first time a connection meets the stream
-// and prepared from the second. On a caller's transaction
-// the statement is prepared through the transaction, which refuses a
+// encodes; on the pool, unnamed the first unnamedSightings times a
+// connection meets the stream and prepared after that. On a caller's
+// transaction the statement is prepared through the transaction, which refuses a
 // finished one (pgx.ErrTxClosed): only then is its connection used, so a
 // produce never writes on a connection the transaction gave back to the
 // pool, where another caller's transaction may run by now.
@@ -209,7 +209,7 @@ func (st *Store) produceUnkeyed(ctx context.Context, q Querier, own bool, r *ren
 			return fmt.Errorf("produce: %w", err)
 		}
 		conn := c.Conn()
-		if firstSight(conn.PgConn(), r.name(insertBatchSQL)) {
+		if sighting(conn.PgConn(), r.name(insertBatchSQL)) <= unnamedSightings {
 			err = insertUnnamed(ctx, conn, r.sql(insertBatchSQL), now, msgs, idx, out, stream.Name)
 		} else {
 			err = insertPrepared(ctx, conn, conn.Prepare, r.name(insertBatchSQL), r.sql(insertBatchSQL), now, msgs, idx, out, stream.Name)
