@@ -585,13 +585,13 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 			return oneManagerAProcess{turn: client.managerTurn, svc: client.Manager().actor(o.InstanceTTL, stop)}
 		}
 	}
-	defer client.store.Session()()
+	endSession := client.store.Session()
 	health := outage.NewHealth(client.cfg.Clock, o.InstanceTTL)
 	defer health.Close()
 	defer o.Readiness.attach(health)()
 	return engine.Run(ctx, engine.Config{Manager: mgr, Health: health, Retry: client.cfg.Retry.policy(),
 		Store: client.store, StreamID: c.group.StreamID, GroupID: c.group.ID, GroupName: c.group.Name,
-		StreamName: c.s.name, Observer: client.cfg.Observer,
+		StreamName: c.s.name, Observer: client.cfg.Observer, EndSession: endSession,
 		Workers: c.group.Workers, DeclaredBy: declaredBy(), Handler: c.adapt(handler),
 		Options: engine.Options{
 			BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, MessageConcurrency: o.MessageConcurrency,

@@ -138,6 +138,11 @@ type Config struct {
 	// Health is the session's readiness and permanent-error sink; the
 	// caller makes it so that its Readiness can watch it. nil: Run makes one.
 	Health *outage.Health
+	// EndSession, if set, is called once as Run returns, with a context
+	// bounded by the session's shutdown plan (Plan.EndContext): what it
+	// does on the database (store.Session's end: the lanes' restores) keeps
+	// Run within ShutdownTimeout plus shutdown.Grace.
+	EndSession func(ctx context.Context)
 	// Retry is the backoff of the actors' store calls after a failure.
 	Retry  backoff.Policy
 	Clock  clock.Clock
@@ -199,6 +204,13 @@ func Run(ctx context.Context, cfg Config) error {
 	health.OnFailure(cfg.Store.ResetIfDisrupted)
 	defer health.SetConsuming(false)
 	s := &session{cfg: cfg, o: o, dbNow: dbNow, logger: logger, health: health, plan: shutdown.New(cfg.Clock)}
+	if cfg.EndSession != nil {
+		defer func() {
+			ectx, cancel := s.plan.EndContext(ctx, cfg.Clock)
+			defer cancel()
+			cfg.EndSession(ectx)
+		}()
+	}
 	if cfg.Alerts != nil { // the alerts actor runs for the whole session, the binding wait included
 		s.queue = alerts.NewQueue(&cfg.Stats.AlertsDropped)
 		if obs := cfg.Observer; obs != nil {

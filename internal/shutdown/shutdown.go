@@ -144,5 +144,19 @@ func (p *Plan) Context(ctx context.Context, clk clock.Clock, release bool) (cont
 	return clk.WithDeadline(context.WithoutCancel(ctx), until)
 }
 
+// EndContext returns the context of what a session does last, as Run
+// returns: it ends at the plan's deadline when the plan has begun (a
+// graceful stop, so the session still returns by then), and is done already
+// otherwise (an abrupt stop or an error: nothing more is asked of the
+// database).
+func (p *Plan) EndContext(ctx context.Context, clk clock.Clock) (context.Context, context.CancelFunc) {
+	if !p.Begun() {
+		ended, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		cancel()
+		return ended, cancel
+	}
+	return clk.WithDeadline(context.WithoutCancel(ctx), p.Deadline())
+}
+
 // Until returns how long from now until t (at least 0).
 func Until(clk clock.Clock, t time.Time) time.Duration { return max(t.Sub(clk.Now()), 0) }

@@ -154,25 +154,38 @@ func (st *Store) onLane(key string) Querier {
 // Session marks a consumer session running on the store until the returned
 // func is called. Lanes keep their connections only while a session runs:
 // when the last one ends, every lane not in a statement gives its
-// connection back, so that the pool can close.
-func (st *Store) Session() (end func()) {
+// connection back, so that the pool can close. end's context bounds the
+// restores of plan_cache_mode on the way (the session's shutdown plan, so
+// that Consume still returns within its budget): with time left the
+// connections go back to the pool restored, and the next sessions find the
+// backends warm (their caches, prepared statements and mapped shared
+// buffers; BENCHMARKS.md session 38); with the context done they are closed.
+func (st *Store) Session() (end func(ctx context.Context)) {
 	ls := st.lanes
 	if ls == nil {
-		return func() {}
+		return func(context.Context) {}
 	}
 	ls.sessions.Add(1)
-	return func() {
+	return func(ctx context.Context) {
 		if ls.sessions.Add(-1) > 0 {
 			return
 		}
-		for _, l := range ls.lanes {
-			select {
-			case l.turn <- struct{}{}:
-				l.ctx = nil // no statement to bound a restore: giveBack closes instead
-				l.giveBack()
-				<-l.turn
-			default: // in a statement: its done gives the connection back
-			}
+		ls.endSession(ctx)
+	}
+}
+
+// endSession gives back the connection of every lane not in a statement (a
+// lane in one gives it back when the statement is done), restoring it under
+// ctx or closing it when that fails.
+func (ls *laneSet) endSession(ctx context.Context) {
+	for _, l := range ls.lanes {
+		select {
+		case l.turn <- struct{}{}:
+			l.ctx = ctx
+			l.giveBack()
+			l.ctx = nil
+			<-l.turn
+		default: // in a statement: its done gives the connection back
 		}
 	}
 }
@@ -291,9 +304,9 @@ func (l *lane) keep() bool {
 
 // giveBack returns the lane's connection to the pool; the caller holds the
 // turn. A connection the lane set generic plans on gets its own value back
-// first, under the turn's context; without one (the last session ended), or
-// when the restore fails, it is discarded instead: the setting never reaches
-// an application query.
+// first, under the turn's context (the last session's end's, when that is
+// what gives it back); without one, or when the restore fails, it is
+// discarded instead: the setting never reaches an application query.
 func (l *lane) giveBack() {
 	if l.conn == nil {
 		return

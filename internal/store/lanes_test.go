@@ -57,9 +57,9 @@ func TestALaneKeepsItsConnectionWhileASessionRuns(t *testing.T) {
 		require.Same(t, held, l.conn)
 	}
 	endAnother := st.Session()
-	end()
+	end(ctx)
 	require.Same(t, held, l.conn, "a session still runs")
-	endAnother()
+	endAnother(ctx)
 	require.Nil(t, l.conn, "the last session ended: back in the pool")
 	require.Len(t, l.turn, 0)
 	require.Equal(t, int32(0), st.pool.Stat().AcquiredConns(), "nothing is held")
@@ -71,7 +71,7 @@ func TestALaneGivesItsConnectionBackWhenThePoolRunsShort(t *testing.T) {
 	ctx := context.Background()
 	st, g := laneSetup(t, 1)
 	l := g.lane
-	defer st.Session()()
+	defer st.Session()(context.Background())
 	// Take every other connection the pool has.
 	var taken []interface{ Release() }
 	defer func() {
@@ -108,7 +108,7 @@ func TestALaneKeepsItsConnectionWhileThePoolCanOpenAnother(t *testing.T) {
 	st.SetLanes(1)
 	g := st.Group(streamID, groupID).InLane(false)
 	l := g.lane
-	defer st.Session()()
+	defer st.Session()(context.Background())
 	c, done, err := l.acquire(ctx, true)
 	require.NoError(t, err)
 	// Every other connection the pool holds is taken: none is idle.
@@ -139,7 +139,7 @@ func TestALaneGivesABrokenConnectionBack(t *testing.T) {
 	c, done, err := l.acquire(ctx, true)
 	require.NoError(t, err)
 	require.NoError(t, c.Conn().Close(ctx))
-	defer st.Session()()
+	defer st.Session()(context.Background())
 	done()
 	require.Nil(t, l.conn, "even while a session runs")
 
@@ -266,7 +266,8 @@ func genericLaneSetup(t *testing.T) (g Group, pool *pgxpool.Pool, end func()) {
 	})
 	st, streamID, groupID := planSetupOn(t, pool)
 	st.SetLanes(1)
-	end = sync.OnceFunc(st.Session())
+	endSession := st.Session()
+	end = sync.OnceFunc(func() { endSession(context.Background()) })
 	t.Cleanup(end)
 	c1, err := pool.Acquire(ctx)
 	require.NoError(t, err)
@@ -382,9 +383,10 @@ func TestALaneGivesItsConnectionBackWithItsOwnPlanMode(t *testing.T) {
 
 // A connection whose restore cannot run is closed, so that the pool discards
 // it: when the statement's context ended before the lane gave the connection
-// back, and when the last session ends (no statement bounds a restore then).
+// back, and when the last session ends with its context done (a stop that
+// was not graceful, or one past its deadline).
 func TestALaneClosesAConnectionItCannotRestore(t *testing.T) {
-	g, pool, end := genericLaneSetup(t)
+	g, pool, _ := genericLaneSetup(t)
 	l := g.lane
 	require.Equal(t, appPlanMode, planMode(t, g.db()))
 	require.NotEmpty(t, l.was, "switched")
@@ -404,8 +406,31 @@ func TestALaneClosesAConnectionItCannotRestore(t *testing.T) {
 	require.Equal(t, appPlanMode, planMode(t, g.db()))
 	require.NotEmpty(t, l.was, "switched again")
 	pc = l.conn.Conn().PgConn()
-	end()
+	ended, cancelEnd := context.WithCancel(context.Background())
+	cancelEnd()
+	g.st.lanes.endSession(ended)
 	require.Nil(t, l.conn)
-	require.True(t, pc.IsClosed(), "the last session ended: closed")
+	require.True(t, pc.IsClosed(), "the last session ended with its context done: closed")
 	appModes(t, pool)
+}
+
+// When the last session ends with time left, its lanes restore their
+// connections' own plan_cache_mode and give them back to the pool instead of
+// closing them: a process whose consumers stop and start again keeps the
+// backends they warmed (caches, prepared statements, the shared buffers
+// each backend has mapped; a fresh backend maps them again one page fault at
+// a time, which cost a 4-instance burn-down a quarter of its server CPU on a
+// host with slow page faults, BENCHMARKS.md session 38).
+func TestTheLastSessionGivesItsLanesConnectionsBackRestored(t *testing.T) {
+	g, pool, end := genericLaneSetup(t)
+	l := g.lane
+	backendPID(t, g.db()) // the lane's first statement: its connection switched after it
+	require.Equal(t, "force_generic_plan", planMode(t, g.db()))
+	pid := backendPID(t, g.db())
+	pc := l.conn.Conn().PgConn()
+	end()
+	require.Nil(t, l.conn, "the last session ended: the lane holds nothing")
+	require.False(t, pc.IsClosed(), "given back, not closed")
+	require.Zero(t, pool.Stat().AcquiredConns(), "nothing is held")
+	require.True(t, appModes(t, pool)[pid], "the lane's backend is in the pool with the application's plan_cache_mode")
 }
