@@ -134,6 +134,9 @@ func (b *bench) timedRun(ctx context.Context, t *throughputResult, label string,
 	c1, ok := b.cpuNow(ctx)
 	t.addCPU(c0, c1, ok, units)
 	t.add(label, rate)
+	if ok {
+		fmt.Printf("  %-34s CPU a unit: %s\n", "", c0.perMessage(c1, units))
+	}
 	return nil
 }
 

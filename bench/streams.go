@@ -114,6 +114,9 @@ func (b *bench) streams(ctx context.Context) error {
 				c1, ok := b.cpuNow(ctx)
 				res[inst].add(label, rate)
 				res[inst].addCPU(c0, c1, ok, b.c.n)
+				if ok {
+					fmt.Printf("  %-34s CPU a message: %s\n", "", c0.perMessage(c1, b.c.n))
+				}
 			}
 			b.checkpoint(ctx)
 			label := fmt.Sprintf("burn-down 4 raw run %d/%d", r, b.c.runs)
@@ -130,6 +133,9 @@ func (b *bench) streams(ctx context.Context) error {
 			c1, ok := b.cpuNow(ctx)
 			rawRes.add(label, rate)
 			rawRes.addCPU(c0, c1, ok, b.c.n)
+			if ok {
+				fmt.Printf("  %-34s CPU a message: %s\n", "", c0.perMessage(c1, b.c.n))
+			}
 		}
 		b.lap("burndown")
 	}
