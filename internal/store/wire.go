@@ -193,12 +193,15 @@ const maxSeenStreams = 4096
 // of its own, and pays back only after the insert has run on the connection
 // a few times (PostgreSQL plans the first five executions of a prepared
 // statement as it would an unnamed one); a produce spread over many streams
-// meets most (connection, stream) pairs once or twice, and a pair met twice
-// saved 0.2 s of 20 worker-seconds in make bench-scale's spread.
+// meets most (connection, stream) pairs once or twice: the prepares of pairs
+// met twice took 0.20–0.31 s of about 20 worker-seconds in make
+// bench-scale's spread (BENCHMARKS.md, session 38).
 const unnamedSightings = 2
 
 // sighting reports how many times the connection has met the statement
-// named name, this time included (1 the first time), and remembers it.
+// named name, this time included (1 the first time; it stops counting a
+// little past unnamedSightings, where only "more" matters), and remembers
+// it.
 func sighting(conn *pgconn.PgConn, name string) int {
 	data := conn.CustomData()
 	seen, _ := data["sqlstreams.produced"].(map[string]uint8)
