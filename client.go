@@ -86,6 +86,21 @@ type ClientConfig struct {
 	// consumer's CPU); StandardJSON is encoding/json itself. Producers
 	// always encode with encoding/json.
 	Decoder Decoder
+	// PayloadPool is how many bytes of claimed payload memory the client
+	// keeps, once the ranges that held them have settled, for its
+	// consumers' next claims to copy payloads into (store.SlabPool). A
+	// claim otherwise copies its payloads into fresh memory, which the Go
+	// runtime zeroes and, when a burst follows an idle spell in which it
+	// gave the last burst's memory back to the operating system, faults in
+	// page by page: over 1,000 streams, every session's range is in memory
+	// at once, and that copy was 15% of the consumers' CPU (BENCHMARKS.md,
+	// session 39). It is kept while the process runs, so it bounds memory
+	// a client holds beyond what its consumers use. Slabs are recycled only
+	// under this package's decoders (FastJSON, StandardJSON), which keep
+	// no byte of what they decode; a Decoder of your own might, so its
+	// consumers claim into fresh memory. Default (0): DefaultPayloadPool;
+	// NoPayloadPool keeps none.
+	PayloadPool int
 	// EngineConns is how many of the pool's connections the consumers'
 	// claim path (claims, commits, key leases, exception claims and
 	// settlements, lease renewals) uses at once: it runs in that many lanes,
@@ -110,6 +125,15 @@ type ClientConfig struct {
 	// heartbeats, produces and the application need the rest.
 	EngineConns int
 }
+
+// DefaultPayloadPool is ClientConfig.PayloadPool's default, 64 MiB: a
+// process's 250 sessions of a stream each, holding two ranges of 100 1 KB
+// messages apiece, fill about 56 MiB.
+const DefaultPayloadPool = 64 << 20
+
+// NoPayloadPool is the ClientConfig.PayloadPool that keeps no payload
+// memory: every claim copies into fresh memory.
+const NoPayloadPool = -1
 
 // NoEngineLanes is the ClientConfig.EngineConns that puts no bound on the
 // claim path's connections and keeps no stream to one.
@@ -208,12 +232,18 @@ func (c *ClientConfig) withDefaults() ClientConfig {
 	if out.Decoder == nil {
 		out.Decoder = FastJSON
 	}
+	if out.PayloadPool == 0 {
+		out.PayloadPool = DefaultPayloadPool
+	}
 	return out
 }
 
 func (c ClientConfig) validate() error {
 	if err := ValidateSchema(c.Schema); err != nil {
 		return fmt.Errorf("ClientConfig.Schema: %w", err)
+	}
+	if c.PayloadPool < NoPayloadPool {
+		return fmt.Errorf("%w: ClientConfig.PayloadPool %d: must be a number of bytes, 0 (the default, DefaultPayloadPool) or NoPayloadPool (-1)", ErrInvalidConfig, c.PayloadPool)
 	}
 	return c.Retry.validate()
 }
@@ -234,7 +264,10 @@ type Client struct {
 	hub     *engine.Hub
 	beats   *heartbeat.Beats
 	configs *refresher.Reads
-	wakes   wakeup.Combiner // pool produces' wake-ups, merged and paced (decision 0044)
+	// slabs keeps settled ranges' payload slabs for the next claims
+	// (store.SlabPool; at most ClientConfig.PayloadPool bytes free).
+	slabs *store.SlabPool
+	wakes wakeup.Combiner // pool produces' wake-ups, merged and paced (decision 0044)
 	// managerTurn is held by the one Consume session of this client whose
 	// manager runs (see oneManagerAProcess).
 	managerTurn chan struct{}
@@ -280,6 +313,7 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg *ClientConfig) (*Cli
 	cl := &Client{cfg: c, store: st, reads: reads, hub: engine.NewHub(st, c.Clock, c.Logger, c.Observer),
 		beats:       heartbeat.NewBeats(st, c.Clock, engine.DBNow(c.Clock)),
 		configs:     refresher.NewReads(st, c.Clock, configReadBound),
+		slabs:       store.NewSlabPool(max(c.PayloadPool, 0)),
 		managerTurn: make(chan struct{}, 1)}
 	// The wake-up hold-off paces database transactions in real time, not
 	// on cfg.Clock: a mock clock that a test moves by hand would hold a
@@ -335,6 +369,22 @@ func (c *Client) dbNow() store.Now {
 	if m, ok := c.cfg.Clock.(*clock.Mock); ok {
 		t := m.Now()
 		return &t
+	}
+	return nil
+}
+
+// slabsFor is the slab pool a session's claimers may recycle payloads into:
+// the client's when its Decoder is one of this package's, which keep no
+// byte of the data they decode (encoding/json and go-json copy what they
+// keep, and a json.RawMessage consumer gets a copy). A Decoder of the
+// user's own might keep slices of its input, so its sessions claim into
+// fresh memory as before.
+func (c *Client) slabsFor() *store.SlabPool {
+	switch c.cfg.Decoder.(type) {
+	case standardJSON, fastJSON:
+		if c.cfg.PayloadPool > 0 {
+			return c.slabs
+		}
 	}
 	return nil
 }

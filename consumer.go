@@ -592,7 +592,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 	return engine.Run(ctx, engine.Config{Manager: mgr, Health: health, Retry: client.cfg.Retry.policy(),
 		Store: client.store, StreamID: c.group.StreamID, GroupID: c.group.ID, GroupName: c.group.Name,
 		StreamName: c.s.name, Observer: client.cfg.Observer, EndSession: endSession,
-		Workers: c.group.Workers, DeclaredBy: declaredBy(), Handler: c.adapt(handler),
+		Workers: c.group.Workers, DeclaredBy: declaredBy(), Handler: c.adapt(handler), Slabs: client.slabsFor(),
 		Options: engine.Options{
 			BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, MessageConcurrency: o.MessageConcurrency,
 			ClaimPollRate: o.ClaimPollRate, InstanceTTL: o.InstanceTTL, ShutdownTimeout: o.ShutdownTimeout,

@@ -100,7 +100,11 @@ type Config struct {
 	Observer   observe.Observer
 	DeclaredBy string
 	Handler    claimer.Handler
-	Options    Options
+	// Slabs, if set, is the client's pool of payload slabs; only a handler
+	// that keeps no payload bytes past its return may be given one
+	// (claimer.Common.Slabs).
+	Slabs   *store.SlabPool
+	Options Options
 	// Leftovers, if set, is the consumer's: ranges and exception rows a
 	// stopped session could not hand back, for this session to write.
 	Leftovers *claimer.Leftovers
@@ -317,7 +321,7 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		})
 	}
 	common := claimer.Common{
-		Leftovers: cfg.Leftovers, Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, Handler: cfg.Handler, Group: s.snap.Group,
+		Leftovers: cfg.Leftovers, Store: cfg.Store, Slabs: cfg.Slabs, StreamID: cfg.StreamID, GroupID: cfg.GroupID, Handler: cfg.Handler, Group: s.snap.Group,
 		Concurrency: o.MessageConcurrency, PollRate: o.ClaimPollRate, Lease: o.InstanceTTL,
 		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: ShutdownBudget(o, s.snap), QuietSweeps: o.QuietSweeps,
 		KeyHold: o.KeyHold, Clock: cfg.Clock, Logger: logger, DBNow: s.dbNow, Stats: cfg.Stats, Drain: s.plan, Fault: cfg.Fault,

@@ -70,8 +70,14 @@ type Stats struct {
 type Common struct {
 	// Leftovers, if set, is the consumer's: what a session whose drain
 	// could not hand its work back leaves for the next one to write.
-	Leftovers  *Leftovers
-	Store      *store.Store
+	Leftovers *Leftovers
+	Store     *store.Store
+	// Slabs, if set, is the client's pool of payload slabs: the range
+	// claimer claims into it and gives a range's slabs back once it has
+	// committed the range and no handler of it may still run. Set only when
+	// the handler keeps no payload bytes past its return (the consumer's
+	// decoders copy what they keep).
+	Slabs      *store.SlabPool
 	StreamID   int64
 	GroupID    int64
 	InstanceID string
@@ -291,6 +297,9 @@ type inflight struct {
 	// adopted: an earlier session of the consumer left it (Leftovers); it
 	// is only recorded and released, and counts in no queue.
 	adopted bool
+	// handlerLeft: a handler of the range was abandoned and may still read
+	// its message, so the range's slabs are not recycled.
+	handlerLeft bool
 }
 
 // keyState is a key lease this instance holds. Its queue spans the
@@ -532,7 +541,7 @@ func (a *Actor) claimOnce(ctx context.Context, sweep, reclaim bool) (jobs []Job,
 	}
 	a.idleProbed = false
 	group := a.cfg.Group()
-	args := store.ClaimParams{Owner: a.cfg.InstanceID, Limit: a.cfg.BatchLimit, Lease: a.cfg.Lease, Now: a.cfg.DBNow()}
+	args := store.ClaimParams{Owner: a.cfg.InstanceID, Limit: a.cfg.BatchLimit, Lease: a.cfg.Lease, Now: a.cfg.DBNow(), Slabs: a.cfg.Slabs}
 	obs := a.cfg.observer()
 	var probe *store.Gate
 	if sweep && a.empty {
@@ -1259,6 +1268,7 @@ func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 	}
 	outcome := policy.OutcomeOf(next, o.Err, 0)
 	in.state[i], in.writes[i] = done, w
+	in.handlerLeft = in.handlerLeft || o.handlerLeft
 	if w != nil {
 		in.markExc(m.Key)
 	}
@@ -1432,6 +1442,9 @@ func (a *Actor) commit(ctx context.Context, id int64) error {
 		return err
 	}
 	a.cfg.Stats.Committed.Add(1)
+	if in.pending == 0 && !in.handlerLeft && !in.adopted {
+		in.r.Recycle(a.cfg.Slabs) // every handler of it has returned
+	}
 	a.forget(id)
 	return nil
 }

@@ -50,6 +50,9 @@ type Outcome struct {
 	Started  time.Time
 	Duration time.Duration
 	msgID    int64 // for Trace
+	// handlerLeft: the handler was abandoned and may still run (and read
+	// its Delivery).
+	handlerLeft bool
 }
 
 // errNotLive is the outcome of a job the runner did not start because the
@@ -231,7 +234,7 @@ func (r *runner) runJob(ctx context.Context, j Job, slot **executor) Outcome {
 			close(ex.calls)
 			*slot = nil
 		}
-		return Outcome{Ref: j.Ref, Err: ctx.Err(), Canceled: true}
+		return Outcome{Ref: j.Ref, Err: ctx.Err(), Canceled: true, handlerLeft: true}
 	}
 	grace := r.clock.Timer(r.grace)
 	defer grace.Stop()
@@ -244,11 +247,11 @@ func (r *runner) runJob(ctx context.Context, j Job, slot **executor) Outcome {
 			*slot = nil
 		}
 		if ctx.Err() != nil {
-			return Outcome{Ref: j.Ref, Err: ctx.Err(), Canceled: true}
+			return Outcome{Ref: j.Ref, Err: ctx.Err(), Canceled: true, handlerLeft: true}
 		}
 		r.stats.Abandoned.Add(1)
 		return timed(Outcome{Ref: j.Ref, Err: fmt.Errorf("%w after %s; the handler ignored its context for %s more and was abandoned",
-			policy.ErrTimeout, d.Timeout, r.grace)})
+			policy.ErrTimeout, d.Timeout, r.grace), handlerLeft: true})
 	}
 }
 

@@ -50,6 +50,10 @@ type Message struct {
 type payloadSlab struct {
 	buf       []byte
 	allocated int // bytes of every slab started, for tests
+	// pool, if set, gives the slabs (rounded up to its classes), and held
+	// keeps them for the range's Recycle.
+	pool *SlabPool
+	held [][]byte
 }
 
 // row copies one claimed row's payload, options and headers; left is the
@@ -59,8 +63,13 @@ func (s *payloadSlab) row(payload, options, headers []byte, left int) (p, o, h [
 	if cap(s.buf)-len(s.buf) < need {
 		size := need * max(left, 1)
 		size = max(size+size/16, 4096)
-		s.buf = make([]byte, 0, size)
-		s.allocated += size
+		if s.pool != nil {
+			s.buf = s.pool.get(size)
+			s.held = append(s.held, s.buf)
+		} else {
+			s.buf = make([]byte, 0, size)
+		}
+		s.allocated += cap(s.buf)
 	}
 	return s.copy(payload), s.copy(options), s.copy(headers)
 }
@@ -91,6 +100,9 @@ type Range struct {
 	// Drained: when the range was claimed, no claimable position followed
 	// it (ClaimRange only). A claim right after it would find nothing.
 	Drained bool
+	// slabs hold the messages' payloads when the claim took them from a
+	// SlabPool (Recycle).
+	slabs [][]byte
 }
 
 // ClaimParams are the inputs of a claim.
@@ -99,6 +111,9 @@ type ClaimParams struct {
 	Limit int
 	Lease time.Duration
 	Now   Now
+	// Slabs, if set, gives ClaimRange's payload slabs; the caller then
+	// gives them back with the range's Recycle once nothing reads them.
+	Slabs *SlabPool
 }
 
 // ClaimRange hands out the next range of final positions, or ok=false when
@@ -136,7 +151,7 @@ func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool,
 	// bytes they held (BENCHMARKS.md, session 36).
 	n = max(min(n, a.Limit), 1)
 	r.Messages = make([]Message, 0, n)
-	var slab payloadSlab
+	slab := payloadSlab{pool: a.Slabs}
 	var m Message
 	// The binding declaration repeats on every row: scanned from the first
 	// only. Payload, options and headers are copied into the slab.
@@ -168,6 +183,7 @@ func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool,
 	// A range whose positions are gone (never, short of a manual delete)
 	// comes back empty: the claimer settles it at once.
 	r.Drained = !more
+	r.slabs = slab.held
 	return r, true, nil
 }
 
