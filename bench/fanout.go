@@ -60,7 +60,8 @@ func fanOut(ctx context.Context, s *sqlstreams.StreamHandle[Order], prefix strin
 }
 
 // serverCPU reads the CPU time used so far by the PostgreSQL server the pool
-// talks to: the postmaster and all its children, from /proc. It works only
+// talks to: the postmaster, its live children and the children it has
+// waited for (backends that exited), from /proc. It works only
 // when the server runs on this machine (the private cluster); otherwise ok
 // is false.
 func (b *bench) serverCPU(ctx context.Context) (cpu time.Duration, faults int64, ok bool) {
@@ -79,10 +80,17 @@ func (b *bench) serverCPU(ctx context.Context) (cpu time.Duration, faults int64,
 		if err != nil {
 			continue
 		}
-		t, f, ppid, ok := procStat(pid)
+		t, f, ct, cf, ppid, ok := procStatAll(pid)
 		if ok && (pid == postmaster || ppid == postmaster) {
 			ticks += t
 			faults += f
+		}
+		if ok && pid == postmaster {
+			// Backends that exited count too: a window in which a lane's
+			// connection closed would otherwise lose that backend's CPU
+			// (the live processes alone undercounted, session 38).
+			ticks += ct
+			faults += cf
 		}
 	}
 	return time.Duration(ticks) * time.Second / 100, faults, true // USER_HZ is 100 on Linux
@@ -124,24 +132,35 @@ func (b *bench) cpuNow(ctx context.Context) (cpuTimes, bool) {
 // procStat returns a process's user+system CPU ticks, its minor page
 // faults and its parent's pid.
 func procStat(pid int) (ticks, faults int64, ppid int, ok bool) {
+	ticks, faults, _, _, ppid, ok = procStatAll(pid)
+	return ticks, faults, ppid, ok
+}
+
+// procStatAll is procStat with the CPU ticks and minor page faults of the
+// process's children that have exited and been waited for (cutime+cstime,
+// cminflt): for the postmaster, every backend that ended.
+func procStatAll(pid int) (ticks, faults, childTicks, childFaults int64, ppid int, ok bool) {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, 0, 0, false
+		return 0, 0, 0, 0, 0, false
 	}
 	s := string(raw)
 	i := strings.LastIndexByte(s, ')') // the command may hold spaces
 	if i < 0 {
-		return 0, 0, 0, false
+		return 0, 0, 0, 0, 0, false
 	}
 	f := strings.Fields(s[i+1:]) // f[0] is field 3 (state)
-	if len(f) < 13 {
-		return 0, 0, 0, false
+	if len(f) < 15 {
+		return 0, 0, 0, 0, 0, false
 	}
 	ppid, _ = strconv.Atoi(f[1])
 	faults, _ = strconv.ParseInt(f[7], 10, 64)
+	childFaults, _ = strconv.ParseInt(f[8], 10, 64)
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return ut + st, faults, ppid, true
+	cut, _ := strconv.ParseInt(f[13], 10, 64)
+	cst, _ := strconv.ParseInt(f[14], 10, 64)
+	return ut + st, faults, cut + cst, childFaults, ppid, true
 }
 
 // selectiveResult is one run of the selective-bindings workload: database
