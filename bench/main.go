@@ -33,6 +33,8 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/c1702965/sqlstreams"
 )
 
 type config struct {
@@ -63,6 +65,7 @@ type config struct {
 	stmtCache              int
 	perfServer             string
 	roundProfile           string
+	configurePool          bool
 }
 
 func main() {
@@ -100,6 +103,7 @@ func main() {
 	flag.StringVar(&c.sharedBuffers, "shared-buffers", "256MB", "private cluster only: its shared_buffers (make bench-scale passes 1GB, decision 0058; the other recorded runs use the default)")
 	flag.StringVar(&c.roundProfile, "round-profile", "", "scale: write a Go CPU profile of each running round (every client) to this path prefix (a diagnostic; not with -cpuprofile)")
 	flag.StringVar(&c.perfServer, "perf-server", "", "scale: record the whole machine with Linux perf (perf record -a -g) during each running round, to this path prefix (a diagnostic: where the server's CPU goes; needs perf and the server on this machine)")
+	flag.BoolVar(&c.configurePool, "configure-pool", false, "configure the shared pool with sqlstreams.ConfigurePool (a 256 KiB read buffer a connection, decision 0059) instead of pgx's 8 KiB; every system measured gets it (a diagnostic: the recorded runs do not, BENCHMARKS.md session 40)")
 	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
 	flag.BoolVar(&c.allowShared, "allow-port-5432", false, "allow a -url on port 5432 (refused by default: that is usually a shared server)")
 	flag.Parse()
@@ -209,11 +213,17 @@ func run(ctx context.Context, c config) (err error) {
 	}
 	pcfg.ConnConfig.Database = dbName
 	pcfg.MaxConns = 32
-	// JIT off for every system measured (sqlstreams, raw, River, Watermill
-	// share this pool or its connection config), as decision 0013
+	// JIT off for every system measured (sqlstreams, raw, River, Watermill,
+	// PgQ share this pool or its connection config), as decision 0013
 	// recommends for sqlstreams: its short statements were JIT-compiled at
-	// 25–190 ms each once a log held 10M rows.
-	if _, set := pcfg.ConnConfig.RuntimeParams["jit"]; !set {
+	// 25–190 ms each once a log held 10M rows. With -configure-pool, the
+	// whole of what sqlstreams recommends (decision 0059), for every system
+	// alike (decision 0061: in session 40's alternated keys runs it made no
+	// difference beyond the runs' spread; the recorded runs keep pgx's
+	// buffer so that round 3's figures share one basis).
+	if c.configurePool {
+		sqlstreams.ConfigurePool(pcfg)
+	} else if _, set := pcfg.ConnConfig.RuntimeParams["jit"]; !set {
 		pcfg.ConnConfig.RuntimeParams["jit"] = "off"
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)

@@ -253,7 +253,7 @@ func (g Group) GateProbe(ctx context.Context, now Now) (Gate, error) {
 // sweep finds nothing.
 func (g Group) LeasesExpired(ctx context.Context, now Now) (bool, error) {
 	var expired bool
-	if err := g.db().QueryRow(ctx, g.sql(leasesExpiredSQL), g.GroupID, now).Scan(&expired); err != nil {
+	if err := g.db().QueryRow(ctx, g.sql(leasesExpiredSQL), oneShot, g.GroupID, now).Scan(&expired); err != nil {
 		return false, fmt.Errorf("look for expired leases: %w", err)
 	}
 	return expired, nil

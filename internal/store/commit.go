@@ -199,13 +199,13 @@ func (g Group) ForgetUnknownRanges(ctx context.Context, f ForgetRanges) (ranges,
 	}
 	names, tokens := keyArrays(f.Keys)
 	var found bool
-	if err := g.db().QueryRow(ctx, g.sql(forgetProbeSQL), g.GroupID, f.Owner, known, f.Now, names, tokens).Scan(&found); err != nil {
+	if err := g.db().QueryRow(ctx, g.sql(forgetProbeSQL), oneShot, g.GroupID, f.Owner, known, f.Now, names, tokens).Scan(&found); err != nil {
 		return 0, 0, fmt.Errorf("forget unknown ranges: look: %w", err)
 	}
 	if !found {
 		return 0, 0, nil
 	}
-	err = g.db().QueryRow(ctx, g.sql(forgetRangesSQL), g.GroupID, f.Owner, known, f.Now, names, tokens, keyGateFree).Scan(&ranges, &leases)
+	err = g.db().QueryRow(ctx, g.sql(forgetRangesSQL), oneShot, g.GroupID, f.Owner, known, f.Now, names, tokens, keyGateFree).Scan(&ranges, &leases)
 	if err != nil {
 		return 0, 0, fmt.Errorf("forget unknown ranges: %w", err)
 	}

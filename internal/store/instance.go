@@ -121,7 +121,7 @@ func (st *Store) RenewLeasesOf(ctx context.Context, kinds LeaseKinds, id string,
 	case ExceptionLeases:
 		stmt = renewExceptionLeasesSQL
 	}
-	if _, err := st.onLane(id).Exec(ctx, st.stream(streamID).sql(stmt), id, now, ttl); err != nil {
+	if _, err := st.onLane(id).Exec(ctx, st.stream(streamID).sql(stmt), oneShot, id, now, ttl); err != nil {
 		return fmt.Errorf("renew leases: %w", err)
 	}
 	return nil

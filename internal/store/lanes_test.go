@@ -3,8 +3,10 @@ package store
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -337,12 +339,12 @@ func TestALaneRunsItsStatementsWithGenericPlans(t *testing.T) {
 	require.Equal(t, appPlanMode, planMode(t, g.db()), "the first statement runs as the connection came")
 	require.Equal(t, "force_generic_plan", planMode(t, g.db()), "then the lane has switched it")
 	for range 3 {
-		_, err := g.LeasesExpired(ctx, nil)
+		_, err := g.GateProbe(ctx, nil)
 		require.NoError(t, err)
 	}
 	var generic, custom int64
 	require.NoError(t, g.db().QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_catalog.pg_prepared_statements
-WHERE statement LIKE '-- store.LeasesExpired%'`).Scan(&generic, &custom))
+WHERE statement LIKE '-- store.GateProbe%'`).Scan(&generic, &custom))
 	require.Equal(t, [2]int64{3, 0}, [2]int64{generic, custom}, "every execution ran the generic plan")
 }
 
@@ -433,4 +435,39 @@ func TestTheLastSessionGivesItsLanesConnectionsBackRestored(t *testing.T) {
 	require.False(t, pc.IsClosed(), "given back, not closed")
 	require.Zero(t, pool.Stat().AcquiredConns(), "nothing is held")
 	require.True(t, appModes(t, pool)[pid], "the lane's backend is in the pool with the application's plan_cache_mode")
+}
+
+// A session's occasional per-stream statements (the sweep look, the lease
+// renewals, the reconcile's look and forget) run unprepared: over 1,000
+// streams each call met a text new to its connection and cycled it through
+// pgx's statement cache of 512 (session 40). They leave nothing prepared on
+// the lane's connection, and the claim path's statements stay prepared.
+func TestOccasionalStatementsRunUnprepared(t *testing.T) {
+	ctx := context.Background()
+	g, _, _ := genericLaneSetup(t)
+	planMode(t, g.db())
+	require.Equal(t, "force_generic_plan", planMode(t, g.db()))
+	for range 2 {
+		_, err := g.LeasesExpired(ctx, nil)
+		require.NoError(t, err)
+		_, _, err = g.ForgetUnknownRanges(ctx, ForgetRanges{Owner: "00000000-0000-0000-0000-000000000001"})
+		require.NoError(t, err)
+		_, err = g.GateProbe(ctx, nil)
+		require.NoError(t, err)
+	}
+	st := g.st
+	id := "00000000-0000-0000-0000-000000000002"
+	for _, kinds := range []LeaseKinds{AllLeases, RangeLeases, ExceptionLeases} {
+		require.NoError(t, st.RenewLeasesOf(ctx, kinds, id, g.StreamID, time.Minute, nil))
+	}
+	rows, err := g.db().Query(ctx, `SELECT split_part(statement, E'\n', 1) FROM pg_catalog.pg_prepared_statements`)
+	require.NoError(t, err)
+	prepared, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Contains(t, prepared, "-- store.GateProbe", "the claim path's statements are prepared")
+	for _, p := range prepared {
+		for _, occasional := range []string{"-- store.LeasesExpired", "-- store.RenewLeases", "-- store.ForgetUnknownRanges"} {
+			require.False(t, strings.HasPrefix(p, occasional), "%s is prepared on the lane's connection", p)
+		}
+	}
 }
