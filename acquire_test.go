@@ -180,5 +180,5 @@ func TestABusyKeyParksEveryRangeQueuedBehindItAndSettlesThem(t *testing.T) {
 	require.Equal(t, 10, st.ranges.Queued(), "the second range alone is in flight")
 	require.Equal(t, 10, st.runAll(second))
 	require.EqualValues(t, 3, st.stats.Committed.Load())
-	require.Equal(t, 20, st.e.exceptions(st.c), "every keyed message is an exception row")
+	require.EqualValues(t, 20, st.e.exceptions(st.c), "every keyed message is an exception row")
 }

@@ -1030,8 +1030,8 @@ func (a *Actor) acquired(ctx context.Context, res Acquired) ([]Job, error) {
 			errs = append(errs, err) // Reconcile lets them go
 		}
 	}
-	for _, id := range a.order {
-		if in := a.ranges[id]; touched[id] && in.pending == 0 {
+	for _, id := range slices.Clone(a.order) { // settling forgets ranges: walk a copy
+		if in := a.ranges[id]; in != nil && touched[id] && in.pending == 0 {
 			if err := a.settle(ctx, id); err != nil {
 				errs = append(errs, err)
 			}
