@@ -284,11 +284,15 @@ type child struct {
 	stdin io.WriteCloser
 }
 
-func spawn(t *testing.T, e *env, mode string) *child {
+func spawn(t *testing.T, e *env, mode string) *child { t.Helper(); return spawnWith(t, e, mode) }
+
+// spawnWith is spawn with more environment variables for the child.
+func spawnWith(t *testing.T, e *env, mode string, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestChildConsumer$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "SQLSTREAMS_CHILD_SCHEMA="+e.client.Schema(), "SQLSTREAMS_CHILD_MODE="+mode,
 		"SQLSTREAMS_TEST_DATABASE_URL="+pgtest.URL())
+	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	in, err := cmd.StdinPipe()
@@ -441,6 +445,11 @@ func TestChildConsumer(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, childStall(ctx, c, pool, schema, hooks))
 		fmt.Printf("DEADLOCKS %d\n", deadlocks.n.Load())
+	case "freeze":
+		client, err := NewClient(ctx, pool, &ClientConfig{Schema: schema, Logger: slog.New(lineLogger{})})
+		require.NoError(t, err)
+		hooks.onStart = func(id string) { childSay("INSTANCE " + id) }
+		require.NoError(t, childFreeze(ctx, client, hooks))
 	case "share":
 		goSignal := make(chan struct{})
 		go func() { // the parent says GO once it is handling a range too
