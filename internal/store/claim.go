@@ -248,7 +248,7 @@ func (g Group) GateProbe(ctx context.Context, now Now) (Gate, error) {
 // LeasesExpired reports whether a range lease of the group has lapsed: a
 // busy claimer's sweep asks it before ReclaimRange. The reclaim is the
 // claim's size to plan (its plan cost 4.8 ms a call against 0.35 ms to run
-// when 1,000 streams each planned theirs afresh, BENCHMARKS.md, Round 3);
+// when 1,000 streams each planned theirs afresh, decision 0042);
 // this look, one index probe, plans in a tenth of that, and nearly every
 // sweep finds nothing.
 func (g Group) LeasesExpired(ctx context.Context, now Now) (bool, error) {
