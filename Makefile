@@ -52,7 +52,7 @@ sim: check-postgres
 
 ## bench: every workload on 1,000,000-message backlogs, as issue 8 sets them (under 30 min; River and
 ## Watermill each time the first 100,000 of their 1,000,000 backlog; NATS JetStream and RabbitMQ, where
-## they answer, 100,000 messages as reference points; decision 0046); writes bench/results/latest.*
+## they answer, 100,000 messages as reference points; BENCHMARKS.md, Method); writes bench/results/latest.*
 bench: check-postgres
 	cd bench && $(GO) run . -n 1000000 -peer-n 100000 -ref-n 100000 $(BENCHFLAGS)
 
@@ -74,7 +74,7 @@ bench-capacity: check-postgres
 ## catalog), 2,000 idle sessions over 4 processes for 60 s (server CPU), 200,000 messages produced and
 ## burnt down over 1,000 streams against one stream, by running sessions and by sessions starting on
 ## the backlog (decision 0041; 3 runs; writes bench/results/scale/latest.*). Its private cluster has a
-## 1 GB pool, so that both sides' backlog fits (decision 0058; -shared-buffers 256MB in BENCHFLAGS shows the cliff)
+## 1 GB pool, so that both sides' backlog fits (decision 0041; -shared-buffers 256MB in BENCHFLAGS shows the cliff)
 bench-scale: check-postgres
 	cd bench && $(GO) run . -only scale -runs 3 -shared-buffers 1GB -results results/scale $(BENCHFLAGS)
 

@@ -761,9 +761,9 @@ func (r *successfulRuns) causes(warnings []chaosEvent) string {
 			}
 			tally[path+"/"+cause]++
 			fates[r.fateOf(prev, cur)+" / "+cause]++
-			// How long after the first run, and where, the repeat ran:
-			// the next session's diagnostics (a repeat within a flush tick
-			// of its first run is a different story from one a lease later).
+			// How long after the first run, and where, the repeat ran (a
+			// repeat within a flush tick of its first run is a different
+			// story from one a lease later).
 			gap := cur.at.Sub(prev.at)
 			bucket := ">5s"
 			for _, b := range []struct {

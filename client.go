@@ -93,8 +93,8 @@ type ClientConfig struct {
 	// runtime zeroes and, when a burst follows an idle spell in which it
 	// gave the last burst's memory back to the operating system, faults in
 	// page by page: over 1,000 streams, every session's range is in memory
-	// at once, and that copy was 15% of the consumers' CPU (BENCHMARKS.md,
-	// session 39). It is kept while the process runs, so it bounds memory
+	// at once, and that copy was 15% of the consumers' CPU (decision
+	// 0060). It is kept while the process runs, so it bounds memory
 	// a client holds beyond what its consumers use. Slabs are recycled only
 	// under this package's decoders (FastJSON, StandardJSON), which keep
 	// no byte of what they decode; a Decoder of your own might, so its

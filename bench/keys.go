@@ -111,7 +111,8 @@ func (b *bench) keys(ctx context.Context, newStream func(string) (*sqlstreams.St
 			label := fmt.Sprintf("keys %s run %d/%d", v.tag, r, b.c.runs)
 			av0 := b.autovacuums(ctx)
 			// With -statements, each run's own statements: the keyed runs'
-			// rates differ by half from run to run on a slow host (session 39).
+			// rates differ by half from run to run on a slow host (the keys runs
+			// at 83f4b7e: bench/results/INDEX.md).
 			if err := b.windowStart(ctx, true); err != nil {
 				return err
 			}

@@ -103,7 +103,7 @@ func main() {
 	flag.StringVar(&c.sharedBuffers, "shared-buffers", "256MB", "private cluster only: its shared_buffers (make bench-scale passes 1GB, decision 0058; the other recorded runs use the default)")
 	flag.StringVar(&c.roundProfile, "round-profile", "", "scale: write a Go CPU profile of each running round (every client) to this path prefix (a diagnostic; not with -cpuprofile)")
 	flag.StringVar(&c.perfServer, "perf-server", "", "scale: record the whole machine with Linux perf (perf record -a -g) during each running round, to this path prefix (a diagnostic: where the server's CPU goes; needs perf and the server on this machine)")
-	flag.BoolVar(&c.configurePool, "configure-pool", false, "configure the shared pool with sqlstreams.ConfigurePool (a 256 KiB read buffer a connection, decision 0059) instead of pgx's 8 KiB; every system measured gets it (a diagnostic: the recorded runs do not, BENCHMARKS.md session 40)")
+	flag.BoolVar(&c.configurePool, "configure-pool", false, "configure the shared pool with sqlstreams.ConfigurePool (a 256 KiB read buffer a connection, decision 0059) instead of pgx's 8 KiB; every system measured gets it (a diagnostic: the recorded runs do not, decision 0059)")
 	flag.BoolVar(&c.keep, "keep", false, "with -url: keep the benchmark's database afterwards, for EXPLAIN and inspection")
 	flag.BoolVar(&c.allowShared, "allow-port-5432", false, "allow a -url on port 5432 (refused by default: that is usually a shared server)")
 	flag.Parse()
@@ -218,9 +218,9 @@ func run(ctx context.Context, c config) (err error) {
 	// recommends for sqlstreams: its short statements were JIT-compiled at
 	// 25–190 ms each once a log held 10M rows. With -configure-pool, the
 	// whole of what sqlstreams recommends (decision 0059), for every system
-	// alike (decision 0061: in session 40's alternated keys runs it made no
-	// difference beyond the runs' spread; the recorded runs keep pgx's
-	// buffer so that round 3's figures share one basis).
+	// alike (decision 0059: in alternated keys runs it made no difference
+	// beyond the runs' spread; the recorded runs keep pgx's buffer so that
+	// their figures share one basis).
 	if c.configurePool {
 		sqlstreams.ConfigurePool(pcfg)
 	} else if _, set := pcfg.ConnConfig.RuntimeParams["jit"]; !set {
@@ -325,7 +325,7 @@ func (b *bench) lap(name string) {
 // It also collects this process's garbage and returns its free memory to
 // the OS, so no run collects the garbage of the one before it (usually the
 // untimed backlog's produce). The runtime's scavenger took 6.6% of the
-// CPU samples of a whole keys profile (session 33); this step alone made
+// CPU samples of a whole keys profile (BENCHMARKS.md at 1df8b0a); this step alone made
 // no visible difference to the keys runs' rates.
 func (b *bench) checkpoint(ctx context.Context) {
 	_, _ = b.pool.Exec(ctx, "VACUUM")
@@ -338,7 +338,7 @@ func (b *bench) checkpoint(ctx context.Context) {
 // alone leaves them owed an autoanalyze, which the server ran during a
 // later timed run. In a keys run it analyzed two earlier streams' 200,000
 // row logs and more, doubling the run's server CPU a message (11.5 µs
-// against 5–6) and cutting its rate by a sixth (session 33).
+// against 5–6) and cutting its rate by a sixth (BENCHMARKS.md at 1df8b0a).
 func (b *bench) analyzeOwed(ctx context.Context) {
 	rows, err := b.pool.Query(ctx, `SELECT format('%I.%I', schemaname, relname) FROM pg_stat_all_tables
 WHERE n_mod_since_analyze > 0 AND schemaname NOT IN ('pg_toast', 'information_schema')`)

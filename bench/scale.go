@@ -642,7 +642,8 @@ func printPoolStats(when string, pools []*pgxpool.Pool) {
 // full-page images and bytes written. Printed for the spread's produce: a
 // produce over many streams first touches each stream's sequence and index
 // pages after the checkpoint that precedes it, which could have cost a
-// full-page image of each (session 38 measured 0–4 in all: it does not).
+// full-page image of each (the runs at 69d07b1 measured 0–4 in all: it
+// does not).
 type walTimes struct{ records, fpi, bytes int64 }
 
 func (b *bench) walNow(ctx context.Context) (walTimes, bool) {

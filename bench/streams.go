@@ -412,7 +412,7 @@ func latency(ctx context.Context, s *sqlstreams.StreamHandle[Order], poll time.D
 	// senders do not raise the achieved rate on two cores, and they lengthen
 	// the latency: with 32, p50 at 50% load went from 8.5 to 28 ms, as
 	// notifying commits serialize and more produce transactions hold the
-	// claim gate's xmin back (BENCHMARKS.md).
+	// claim gate's xmin back (BENCHMARKS.md at 0b447e5).
 	due := make(chan struct{}, total)
 	var wg sync.WaitGroup
 	const senders = 8

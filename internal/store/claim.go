@@ -124,7 +124,7 @@ type ClaimParams struct {
 // statement, whose data-modifying CTEs made PostgreSQL run it to completion
 // into a tuplestore before sending a row: every claimed message was copied
 // (and its memory zeroed) once more on the server, a fifth of the server's
-// CPU in the burn-down (perf, BENCHMARKS.md, session 20). If the second
+// CPU in the burn-down (perf; decision 0047). If the second
 // statement fails, the range stays leased to this owner, unread, as when a
 // claim's reply is lost: the claimer's reconcile lets go of a lease it does
 // not know, and a sweep reclaims it (TestALostClaimReplyIsLetGo).
@@ -148,7 +148,7 @@ func (g Group) ClaimRange(ctx context.Context, a ClaimParams) (r Range, ok bool,
 	// Sized for the range's positions, not for a.Limit: over many streams
 	// a range holds a stream's few messages, and buffers sized for a full
 	// batch allocated (and zeroed, and the collector swept) five times the
-	// bytes they held (BENCHMARKS.md, session 36).
+	// bytes they held (BENCHMARKS.md at af43cd7).
 	n = max(min(n, a.Limit), 1)
 	r.Messages = make([]Message, 0, n)
 	slab := payloadSlab{pool: a.Slabs}
@@ -248,7 +248,7 @@ func (g Group) GateProbe(ctx context.Context, now Now) (Gate, error) {
 // LeasesExpired reports whether a range lease of the group has lapsed: a
 // busy claimer's sweep asks it before ReclaimRange. The reclaim is the
 // claim's size to plan (its plan cost 4.8 ms a call against 0.35 ms to run
-// when 1,000 streams each planned theirs afresh, BENCHMARKS.md, Round 3);
+// when 1,000 streams each planned theirs afresh, decision 0042);
 // this look, one index probe, plans in a tenth of that, and nearly every
 // sweep finds nothing.
 func (g Group) LeasesExpired(ctx context.Context, now Now) (bool, error) {

@@ -126,7 +126,7 @@ func TestARenewalDoesNotReviveARangeItsOwnerLetGo(t *testing.T) {
 // streams; a quiet stream's trickle) holds its messages in buffers sized for
 // them, not for a full batch: buffers sized for the limit allocated, zeroed
 // and left for the collector five times the bytes they held over 1,000
-// streams (BENCHMARKS.md, session 36).
+// streams (BENCHMARKS.md at af43cd7).
 func TestAShortRangeAllocatesForItsMessages(t *testing.T) {
 	ctx := context.Background()
 	st, streamID, groupID := planSetup(t)
@@ -162,7 +162,7 @@ func TestAShortRangeAllocatesForItsMessages(t *testing.T) {
 
 // A claim into a SlabPool copies its payloads into slabs a recycled range
 // gave back, not into fresh memory (after an idle spell, fresh memory was
-// scavenged and faulted in again: BENCHMARKS.md, session 39), and each
+// scavenged and faulted in again: decision 0060), and each
 // message still reads as produced.
 func TestAClaimReusesARecycledRangesSlabs(t *testing.T) {
 	ctx := context.Background()

@@ -189,7 +189,7 @@ type ForgetRanges struct {
 // only when the look finds something: nearly every reconcile tick finds
 // nothing, and the statement that lets go, six CTEs with row locks and
 // writes, planned for 1–2 ms a call where 1,000 streams each planned theirs
-// afresh (BENCHMARKS.md, session 26). Something the look misses was written
+// afresh (BENCHMARKS.md at 0799be0). Something the look misses was written
 // after it: the next tick lets it go, as it would had this tick run a moment
 // earlier.
 func (g Group) ForgetUnknownRanges(ctx context.Context, f ForgetRanges) (ranges, leases int64, err error) {

@@ -379,7 +379,7 @@ WITH RECURSIVE keys AS (
     -- join over the whole table once the claim took a thousand rows; joined
     -- on ctid, on a freshly filled table's stale statistics, as a nested
     -- loop comparing every row with every row (900 rows: 810,000
-    -- comparisons, a quarter of a second; BENCHMARKS.md, session 36).
+    -- comparisons, a quarter of a second; decision 0036, "Later").
     -- Due rows whose holder's lease lapsed while they ran: the attempt is
     -- spent.` + leaseSet("d.tid FROM due d WHERE d.was = 'running'", "running", "running", true) + `
 ), upd_due AS (

@@ -16,7 +16,7 @@ import (
 // descriptors and plans, and a stream's dozen tables are new to a backend
 // until it has run that stream's statements: the first claim of a stream on
 // a backend cost about six times a warm one, in planning and in execution
-// (BENCHMARKS.md, session 21). A process whose sessions took whatever
+// (BENCHMARKS.md at b9c6ba0). A process whose sessions took whatever
 // connection the pool gave ran every stream on every backend of its pool,
 // and over 1,000 streams nearly every claim was a first one.
 //
@@ -38,12 +38,13 @@ import (
 // plans) before it considers the generic one, and each stream's statements
 // are texts of their own: over 1,000 streams a backend runs a stream's claim
 // a few times a burst, so nearly every claim, read and commit was planned
-// afresh (2.5 s of planning in a 4.3 s round, BENCHMARKS.md, session 26),
-// where one busy stream plans nothing after its fifth claim. The claim path's
-// statements are written to plan the same whatever their parameters (their
-// bounds reach the scans as InitPlan parameters, decision 0042), so the
-// generic plan is the one they settle on anyway; a lane only stops paying
-// for the five custom plans on the way. Only the range claimers' statements
+// afresh (2.46 s of planning against 2.22 s of execution in a round,
+// decision 0052), where one busy stream plans nothing after its fifth
+// claim. The claim path's statements are written to plan the same whatever
+// their parameters (their bounds reach the scans as InitPlan parameters,
+// decision 0042), so the generic plan is the one they settle on anyway; a
+// lane only stops paying for the five custom plans on the way. Only the
+// range claimers' statements
 // and the lease renewals ask for it: the exception claim is one statement
 // whose parameters decide which of its parts run, and its generic plan was
 // the slower (a lane puts the connection's own value back before an
@@ -159,7 +160,7 @@ func (st *Store) onLane(key string) Querier {
 // that Consume still returns within its budget): with time left the
 // connections go back to the pool restored, and the next sessions find the
 // backends warm (their caches, prepared statements and mapped shared
-// buffers; BENCHMARKS.md session 38); with the context done they are closed.
+// buffers; decision 0052's amendment); with the context done they are closed.
 func (st *Store) Session() (end func(ctx context.Context)) {
 	ls := st.lanes
 	if ls == nil {
@@ -288,7 +289,7 @@ func (l *lane) restore() bool {
 // back whenever none was idle made lanes change connections under every
 // burst of other statements (a thousand sessions starting), and each
 // stream's claim path was prepared and planned afresh on the next one: 260
-// of 1,000 streams' claims in the round after (BENCHMARKS.md, session 32).
+// of 1,000 streams' claims in the round after (decision 0057).
 func (l *lane) keep() bool {
 	pc := l.conn.Conn().PgConn()
 	switch {

@@ -422,7 +422,7 @@ func TestALaneClosesAConnectionItCannotRestore(t *testing.T) {
 // backends they warmed (caches, prepared statements, the shared buffers
 // each backend has mapped; a fresh backend maps them again one page fault at
 // a time, which cost a 4-instance burn-down a quarter of its server CPU on a
-// host with slow page faults, BENCHMARKS.md session 38).
+// host with slow page faults; decision 0052's amendment).
 func TestTheLastSessionGivesItsLanesConnectionsBackRestored(t *testing.T) {
 	g, pool, end := genericLaneSetup(t)
 	l := g.lane
@@ -440,7 +440,7 @@ func TestTheLastSessionGivesItsLanesConnectionsBackRestored(t *testing.T) {
 // A session's occasional per-stream statements (the sweep look, the lease
 // renewals, the reconcile's look and forget) run unprepared: over 1,000
 // streams each call met a text new to its connection and cycled it through
-// pgx's statement cache of 512 (session 40). They leave nothing prepared on
+// pgx's statement cache of 512 (decision 0061). They leave nothing prepared on
 // the lane's connection, and the claim path's statements stay prepared.
 func TestOccasionalStatementsRunUnprepared(t *testing.T) {
 	ctx := context.Background()

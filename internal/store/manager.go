@@ -213,7 +213,7 @@ func (st *Store) PruneBindingLedger(ctx context.Context, streamID int64, limit i
 // sweep look (LeasesExpired, once a poll tick), the heartbeat's lease
 // renewals and the reconcile's look (ForgetUnknownRanges). Over 1,000
 // streams they were 1,644 prepares in a 3.9 s running round, each new to its
-// connection (session 40); one stream ran them 12 to 20 times a round,
+// connection (decision 0061); one stream ran them 12 to 20 times a round,
 // re-planning each a few tens of microseconds.
 const oneShot = pgx.QueryExecModeExec
 

@@ -324,7 +324,8 @@ func probeBlocks(t *testing.T, st *Store, streamID, groupID int64) (blocks int64
 // large open producer transaction it used to read every one of that
 // transaction's rows (an index scan from the head visits each invisible
 // row's heap tuple before it finds a visible one): 0.95–1.37 s a probe
-// behind 200,000 rows in session 30's bench runs, for every probing group.
+// behind 200,000 rows in the bench runs of BENCHMARKS.md at 91a89cb, for
+// every probing group.
 // It now skips the xids in progress, so its cost does not grow with them.
 func TestTheGateProbeSkipsAnOpenTransactionsRows(t *testing.T) {
 	ctx := context.Background()
@@ -374,7 +375,7 @@ func TestTheGateProbeSkipsAnOpenTransactionsRows(t *testing.T) {
 // group's rows look like a handful, and that join was planned as a nested
 // loop comparing every locked row with every picked one: for 900 rows,
 // 810,000 comparisons and a quarter of a second a claim, so that a retry
-// waited 200–300 ms for its first claim (BENCHMARKS.md, session 36). The
+// waited 200–300 ms for its first claim (decision 0036, "Later"). The
 // claim runs here under EXPLAIN ANALYZE (rolled back), and the rows its
 // joins and filters compared and discarded must stay in proportion to the
 // rows it claimed, as they do when no update joins a set.

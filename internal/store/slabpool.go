@@ -10,7 +10,7 @@ import (
 // of a fresh allocation: one the runtime zeroes and, when the burst before
 // it was scavenged, page-faults in again. Over 1,000 streams, whose ranges
 // are all in memory at once after an idle spell, the copy into fresh slabs
-// was 15% of the consumers' CPU (BENCHMARKS.md, session 39). A client has
+// was 15% of the consumers' CPU (decision 0060). A client has
 // one; its bound is the free bytes kept (in use, slabs are the ranges'):
 // a put that does not fit evicts slabs of other sizes first, so the pool
 // follows the sizes claims ask for now. A sync.Pool would not do: the

@@ -195,7 +195,7 @@ const maxSeenStreams = 4096
 // statement as it would an unnamed one); a produce spread over many streams
 // meets most (connection, stream) pairs once or twice: the prepares of pairs
 // met twice took 0.20–0.31 s of about 20 worker-seconds in make
-// bench-scale's spread (BENCHMARKS.md, session 38).
+// bench-scale's spread (BENCHMARKS.md at 1ada310).
 const unnamedSightings = 2
 
 // sighting reports how many times the connection has met the statement

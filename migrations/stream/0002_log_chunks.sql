@@ -27,7 +27,7 @@ FROM {{schema}}.{{t}}_log_id_seq s;
 ALTER TABLE {{schema}}.{{t}}_log_default ALTER COLUMN id DROP IDENTITY;
 -- Payloads are stored as json (validated text), not jsonb: the log only
 -- stores and returns them, and jsonb's parse on insert and print on every
--- claim were the server's largest per-message costs (BENCHMARKS.md). A
+-- claim were the server's largest per-message costs (decision 0012). A
 -- consumer gets back the exact bytes produced.
 ALTER TABLE {{schema}}.{{t}}_log_default ALTER COLUMN payload TYPE json USING payload::json;
 ALTER TABLE {{schema}}.{{t}}_log ATTACH PARTITION {{schema}}.{{t}}_log_default DEFAULT;

@@ -5,7 +5,7 @@
 -- analyzed at 50, 105, 165 ... rows, each time replanning its claim, read
 -- and gate probe on every connection that runs them (0.7–1.7 ms a claim
 -- plan; over 1,000 new streams, 3.7 s of planning in a 6.7 s round,
--- BENCHMARKS.md, session 31). Those plans do not depend on the log's
+-- decision 0056). Those plans do not depend on the log's
 -- statistics (plan_test.go checks them never analyzed and analyzed), so
 -- small streams lose nothing. Chunks get the same setting when the manager
 -- creates them (store.AddChunk). Decision 0056.
