@@ -1,11 +1,10 @@
 # The two commands of the README: `make demo` (the main job) and `make test`.
 GO ?= go
-SEEDS ?= 200
 
 DURATION ?= 5m
 RATE ?= 100
 
-.PHONY: test demo vet bench bench-200k bench-1m bench-quick bench-capacity bench-scale chaos failover sim check-postgres check-chromium
+.PHONY: test demo vet freeze bench bench-200k bench-1m bench-quick bench-capacity bench-scale chaos failover sim check-postgres check-chromium
 
 ## test: vet, then the whole suite with the race detector, on a private PostgreSQL (this module, then the
 ## prometheus, otel and browsertest modules; the console's browser tests need Chromium), then a
@@ -46,9 +45,16 @@ failover: check-postgres
 	SQLSTREAMS_FAILOVER_CHAOS=$(FAILOVER_CHAOS) SQLSTREAMS_FAILOVER_EVERY=$(FAILOVER_EVERY) \
 		$(GO) test -race -count=1 -run '^TestFailoverChaos$$' -v -timeout 0 .
 
-## sim: the simulator's random runs for SEEDS seeds (make sim SEEDS=1000); make test runs 50
+## sim: the simulator's random runs for SEEDS seeds (default 200; make sim SEEDS=1000); make test runs 50
 sim: check-postgres
-	SQLSTREAMS_SIM_SEEDS=$(SEEDS) $(GO) test -race -count=1 -run '^TestRandomSeeds$$' -timeout 0 ./sim
+	SQLSTREAMS_SIM_SEEDS=$(or $(SEEDS),200) $(GO) test -race -count=1 -run '^TestRandomSeeds$$' -timeout 0 ./sim
+
+## freeze: the freeze test's long schedule for SEEDS random seeds (default 5; each printed, and
+## SQLSTREAMS_FREEZE_SEED=<seed> replays one): 3 consumer processes, 200 msg/s for 60 s on 20 hot keys,
+## InstanceTTL 3 s, three SIGSTOPs of 7.5 s; once with exclusive keys, once with ordered (about 2 min a
+## seed); make test runs a one-minute schedule
+freeze: check-postgres
+	SQLSTREAMS_FREEZE_SEEDS=$(or $(SEEDS),5) $(GO) test -race -count=1 -run '^TestFreezesAtScaleLong$$' -v -timeout 0 .
 
 ## bench: every workload on 1,000,000-message backlogs, as issue 8 sets them (under 30 min; River and
 ## Watermill each time the first 100,000 of their 1,000,000 backlog; NATS JetStream and RabbitMQ, where
