@@ -80,15 +80,16 @@ func keep[T any](held, more []T) []T {
 // computed now, for whoever adopts them to release.
 func (a *Actor) leave() {
 	var rs []*inflight
-	for _, id := range a.order {
-		in := a.ranges[id]
-		a.releaseKeys(in)
+	for _, id := range a.b.ranges.order {
+		in := a.b.ranges.get(id)
+		a.b.releaseKeys(in)
 		rs = append(rs, in)
 		if a.cfg.Trace != nil {
 			a.cfg.traceAll(TraceLeft, in.doneUnrecorded())
 		}
 	}
 	a.cfg.Leftovers.put(rs)
+	a.b.reset() // what it held is the Leftovers' now
 }
 
 // adopt takes the ranges an earlier session of the consumer left: a
@@ -98,18 +99,14 @@ func (a *Actor) leave() {
 // is not adopted: its own state is newer.
 func (a *Actor) adopt() {
 	for _, in := range a.cfg.Leftovers.take() {
-		if a.ranges[in.r.ID] != nil {
+		if a.b.ranges.get(in.r.ID) != nil {
 			continue
 		}
 		in.adopted = true
 		if a.cfg.Trace != nil {
 			a.cfg.traceAll(TraceAdopted, in.doneUnrecorded())
 		}
-		a.ranges[in.r.ID] = in
-		a.order = append(a.order, in.r.ID)
-		if in.pending == 0 {
-			a.toCommit = append(a.toCommit, ref{rangeID: in.r.ID, token: in.r.Token})
-		}
+		a.b.ranges.add(in) // a complete one is due for its commit
 	}
 }
 
@@ -134,10 +131,10 @@ func (a *Actor) flushAdopting(ctx context.Context) error {
 // unadopt gives the adopted ranges still held back to the Leftovers.
 func (a *Actor) unadopt() {
 	var back []*inflight
-	for _, id := range append([]int64(nil), a.order...) {
-		if in := a.ranges[id]; in.adopted {
+	for _, id := range a.b.ranges.ids() {
+		if in := a.b.ranges.get(id); in.adopted {
 			back = append(back, in)
-			a.forget(id)
+			a.b.ranges.forget(id)
 		}
 	}
 	a.cfg.Leftovers.put(back)
@@ -147,16 +144,16 @@ func (a *Actor) unadopt() {
 // recorded (the flush before it succeeded): another instance takes the rest
 // at once. A range whose lease was lost is forgotten.
 func (a *Actor) releaseAdopted(ctx context.Context) error {
-	for _, id := range append([]int64(nil), a.order...) {
-		in := a.ranges[id]
-		if !in.adopted || in.pending == 0 {
+	for _, id := range a.b.ranges.ids() {
+		in := a.b.ranges.get(id)
+		if in == nil || !in.adopted || in.pending == 0 {
 			continue
 		}
-		err := a.db.ReleaseRange(ctx, store.Release{RangeID: id, Token: in.r.Token, Keys: a.releaseKeys(in), Now: a.cfg.DBNow()})
+		err := a.db.ReleaseRange(ctx, store.Release{RangeID: id, Token: in.r.Token, Keys: a.b.releaseKeys(in), Now: a.cfg.DBNow()})
 		if err != nil && !errors.Is(err, store.ErrLeaseLost) {
 			return err
 		}
-		a.forget(id)
+		a.b.ranges.forget(id)
 	}
 	return nil
 }

@@ -1,0 +1,292 @@
+package claimer
+
+import (
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/actors/alerts"
+	"github.com/c1702965/sqlstreams/actors/heartbeat"
+	"github.com/c1702965/sqlstreams/internal/backoff"
+	"github.com/c1702965/sqlstreams/internal/observe"
+	"github.com/c1702965/sqlstreams/internal/outage"
+	"github.com/c1702965/sqlstreams/internal/policy"
+	"github.com/c1702965/sqlstreams/internal/shutdown"
+	"github.com/c1702965/sqlstreams/internal/store"
+)
+
+// Stats are the actors' counters, safe to read while they run.
+type Stats struct {
+	Claimed     atomic.Int64 // messages handed to workers from ranges
+	Reclaimed   atomic.Int64 // ranges taken over from an expired lease
+	Quarantined atomic.Int64 // ranges split into exception rows
+	Succeeded   atomic.Int64
+	Failed      atomic.Int64 // failed attempts (errors, panics, timeouts)
+	Dead        atomic.Int64 // messages that became dead letters
+	Delayed     atomic.Int64
+	Deferred    atomic.Int64 // keyed messages parked behind a busy or blocked key
+	Retried     atomic.Int64 // exception attempts started
+	Panics      atomic.Int64
+	TimedOut    atomic.Int64
+	Abandoned   atomic.Int64 // handlers that ignored their context past the grace
+	Committed   atomic.Int64 // ranges committed
+	LeasesLost  atomic.Int64 // commits fenced off by a reclaimer
+	// ProgressRecorded counts settled prefixes recorded on ranges still in
+	// flight (RecordProgress).
+	ProgressRecorded atomic.Int64
+	Stalls           atomic.Int64 // claims held back by an open transaction past StallAfter
+	// AlertsDropped counts alert events a full alerts queue dropped.
+	AlertsDropped atomic.Int64
+	// KeyGates counts key gates granted; KeyGatesGivenUp those given up
+	// because others wanted the keys (decision 0051).
+	KeyGates, KeyGatesGivenUp atomic.Int64
+}
+
+// Common is what both actors need.
+type Common struct {
+	// Leftovers, if set, is the consumer's: what a session whose drain
+	// could not hand its work back leaves for the next one to write.
+	Leftovers *Leftovers
+	Store     *store.Store
+	// Slabs, if set, is the client's pool of payload slabs: the range
+	// claimer claims into it and gives a range's slabs back once it has
+	// committed the range and no handler of it may still run. Set only when
+	// the handler keeps no payload bytes past its return (the consumer's
+	// decoders copy what they keep).
+	Slabs      *store.SlabPool
+	StreamID   int64
+	GroupID    int64
+	InstanceID string
+	Handler    Handler
+	// Group returns the group config in force now. It is read at each claim
+	// and exception write and never from the database on the claim path.
+	Group func() policy.Group
+	// Concurrency is the number of handler workers.
+	Concurrency int
+	// PollRate is how often an idle actor looks for work.
+	PollRate time.Duration
+	// Lease is the lease length written on a claim; the heartbeat renews it.
+	Lease time.Duration
+	// KeyBusyDelay is how long a keyed message waits before trying a busy
+	// key again.
+	KeyBusyDelay time.Duration
+	// KeyHold is how long the range claimer keeps an exclusive key's lease
+	// after the last range using it settled, while no key it wanted was
+	// busy in another instance lately: the next range bringing the key runs
+	// it without writing a lease again (decision 0045). 0: DefaultKeyHold;
+	// negative: released with the last range using it.
+	KeyHold time.Duration
+	// TimeoutGrace is how long a handler may outlive its Timeout before it
+	// is abandoned.
+	TimeoutGrace time.Duration
+	// ShutdownTimeout bounds how long a stopping handler pool waits for
+	// handlers that ignore their context outside a drain (a drain's bound is
+	// the shutdown plan's).
+	ShutdownTimeout func() time.Duration
+	Clock           clock.Clock
+	Logger          *slog.Logger
+	DBNow           func() store.Now
+	Stats           *Stats
+	// Observer receives attempts, claims and their durations (nil: none),
+	// labelled with StreamName and GroupName.
+	Observer              observe.Observer
+	StreamName, GroupName string
+	// Fault, if set, is called at the top of every claim: chaos tests make
+	// it panic or fail to show the supervisor restarts the actor.
+	Fault func(site string) error
+	// Drain is the session's shutdown plan: when it begins, the actor stops
+	// claiming, lets in-flight handlers finish until its handlers' deadline,
+	// and hands the rest back within its hand-back deadline. nil never
+	// drains.
+	Drain *shutdown.Plan
+	// Liveness is the instance's incarnation (its heartbeat's): nothing is
+	// claimed while it is not valid, and no handler starts until it is (a
+	// process resuming after a stall longer than its lease starts nothing
+	// before a renewal proves its leases are its own; a lost incarnation
+	// starts nothing more). nil: always valid (step-driven tests).
+	Liveness *heartbeat.Liveness
+	// Health, if set, is the session's readiness and permanent-error sink:
+	// the actor reports every store call's result to it.
+	Health *outage.Health
+	// Retry is the backoff after a failed store call (zero: the default).
+	Retry backoff.Policy
+	// Skipped, if set, is told of each message a range settles without
+	// delivery because the binding set in force (declaration id) does not
+	// route it to the group (the simulator checks it).
+	Skipped func(m *store.Message, bindings int64)
+	// Broken is nil outside the simulator's tests: see Broken.
+	Broken *Broken
+	// Listening, if set, reports whether the client's LISTEN connection is
+	// up: while it is, a quiet actor skips its poll ticks (decision 0038;
+	// quiet.go). nil: never quiet (the simulator, step-driven tests).
+	Listening func() bool
+	// Alarm, if set, receives a value when another instance of the actor's
+	// worker lapsed lately (its heartbeat's renewal says so: decision
+	// 0040): the actor sweeps for its leases. With it, a quiet actor skips
+	// most reconcile ticks' sweeps too (QuietSweepEvery).
+	Alarm <-chan struct{}
+	// QuietSweeps overrides QuietSweepEvery (0: QuietSweepEvery); tests
+	// make it large to show that an alarm alone brings a takeover.
+	QuietSweeps int
+	// Holdings, if set, is told whether the actor may hold leases, for its
+	// heartbeat (Holdings).
+	Holdings *Holdings
+	// Nudge, if set, is shared by a session's two claimers: the range
+	// claimer gives it when it writes exception rows, the exception claimer
+	// takes it.
+	Nudge *Nudge
+	// Trace, if set, is told what becomes of outcomes: applied in memory,
+	// dropped (a stale or cancelled run), written, or lost with the lease.
+	// The chaos test accounts for its duplicates with it; nil elsewhere.
+	Trace func(kind TraceKind, messages []int64)
+	// Signals are test signals (nil: none): see Signals.
+	Signals *Signals
+}
+
+// Broken holds test-only fault switches. Each breaks one promise on purpose
+// so the simulator can show that its invariants catch it; nothing outside
+// the simulator's tests sets them.
+type Broken struct {
+	DropFailures         bool // a range commit omits its exception rows: failed messages vanish
+	SkipKeyLeases        bool // keyed messages run at once, without a key lease
+	DeliverUnmatched     bool // messages outside the group's binding set are delivered
+	IgnoreOrderedFailure bool // a failed ordered message does not hold back its key's later messages
+}
+
+// The switches as the claimer reads them: a nil *Broken (every production
+// session) is all false.
+func (b *Broken) dropFailures() bool         { return b != nil && b.DropFailures }
+func (b *Broken) skipKeyLeases() bool        { return b != nil && b.SkipKeyLeases }
+func (b *Broken) deliverUnmatched() bool     { return b != nil && b.DeliverUnmatched }
+func (b *Broken) ignoreOrderedFailure() bool { return b != nil && b.IgnoreOrderedFailure }
+
+// Config is the range claimer's config.
+type Config struct {
+	Common
+	// BatchLimit is the most messages one claim takes.
+	BatchLimit int
+	// QueueSize bounds messages claimed and not yet settled; a claim
+	// happens only when a whole batch fits.
+	QueueSize int
+	// StallAfter is how long claims may find rows held back by an open
+	// transaction before the stall is logged and counted.
+	StallAfter time.Duration
+	// Wake, if set, receives a value when the stream is produced to: the
+	// claimer claims at once instead of at its next poll.
+	Wake <-chan struct{}
+	// Alerts, if set, is told of each stall once, with when it began.
+	Alerts *alerts.Queue
+	// WorkerConfigID is the range claimers' worker row of the group: the
+	// claimer asks for the group's key gate (decision 0051) only while no
+	// other live instance of it runs. 0: never asked for (step-driven
+	// tests that read key-lease rows).
+	WorkerConfigID int64
+}
+
+// TraceKind is what a Trace event says became of outcomes.
+type TraceKind uint8
+
+const (
+	TraceApplied   TraceKind = iota // the actor took the outcome in
+	TraceDropped                    // the actor ignored it: a stale, handed-back or cancelled run
+	TraceRecorded                   // written: a reclaimer does not deliver it again
+	TraceLost                       // the write found the lease gone
+	TraceLeft                       // left, unwritten, to the consumer's Leftovers
+	TraceAdopted                    // taken from the Leftovers by a later session
+	TraceAbandoned                  // unwritten when the actor stopped without a hand-back
+	TraceBegun                      // the range claimer's begin succeeded (no messages)
+)
+
+// trace tells Trace about one message (0: unknown, nothing said). The
+// slice is built only when Trace is set: the hot path allocates nothing.
+func (c *Common) trace(kind TraceKind, id int64) {
+	if c.Trace != nil && id != 0 {
+		c.Trace(kind, []int64{id})
+	}
+}
+
+func (c *Common) traceAll(kind TraceKind, ids []int64) {
+	if c.Trace != nil && len(ids) > 0 {
+		c.Trace(kind, ids)
+	}
+}
+
+// doneUnrecorded lists the ids of the range's messages with an outcome not
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+
+// keyHold is KeyHold with its default.
+func (c *Common) keyHold() time.Duration {
+	if c.KeyHold == 0 {
+		return DefaultKeyHold
+	}
+	return c.KeyHold
+}
+
+func (c *Common) observer() observe.Observer { return observe.Or(c.Observer) }
+
+// observeAttempt hands one finished attempt to the observer; attempts is
+// the count before it.
+func (c *Common) observeAttempt(o Outcome, next policy.Next, attempts int, producedAt time.Time) {
+	if c.Observer == nil {
+		return
+	}
+	out := observe.Error
+	kind, _ := policy.Classify(o.Err)
+	switch {
+	case o.Err == nil:
+		out = observe.Success
+	case kind == policy.Terminal:
+		out = observe.Terminal
+	case kind == policy.Delay && next.Attempts == attempts:
+		out = observe.Delay
+	case errors.Is(o.Err, policy.ErrTimeout):
+		out = observe.Timeout
+	case errors.Is(o.Err, policy.ErrPanic):
+		out = observe.Panic
+	}
+	c.Observer.AttemptDone(observe.Attempt{Stream: c.StreamName, Group: c.GroupName, Outcome: out, Attempt: attempts + 1,
+		Dead: next.Status == policy.StatusDead, Duration: o.Duration, SinceProduced: max(0, o.Started.Sub(producedAt))})
+}
+
+// count records an attempt's result; attempts is the count before it.
+func (s *Stats) count(next policy.Next, err error, attempts int) {
+	kind, _ := policy.Classify(err)
+	switch {
+	case next.Delete:
+		s.Succeeded.Add(1)
+	case kind == policy.Delay && next.Attempts == attempts:
+		s.Delayed.Add(1)
+	default:
+		s.Failed.Add(1)
+	}
+	if next.Status == policy.StatusDead {
+		s.Dead.Add(1)
+	}
+}
+
+
+// newRunner returns the handler runner of an actor with this config: a
+// handler starts only once the incarnation is valid.
+func (c *Common) newRunner() *runner {
+	r := &runner{handler: c.Handler, clock: c.Clock, grace: c.TimeoutGrace, stats: c.Stats}
+	if c.Liveness != nil {
+		r.gate = c.Liveness.Wait
+	}
+	return r
+}
+
+// reporter returns the actor's outage reporter: once-per-outage logging,
+// the backoff, and the session's health.
+func (c *Common) reporter(what string) *outage.Reporter {
+	return &outage.Reporter{Logger: c.Logger, What: what, Retry: "with backoff", Attrs: []any{"group_id", c.GroupID},
+		Health: c.Health, Backoff: backoff.Backoff{Policy: c.Retry}}
+}
