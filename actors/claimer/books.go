@@ -482,7 +482,9 @@ func (b *books) dropStale(old *inflight) []Job {
 // book before the statement runs: if it fails, nothing more is queued
 // behind a lease whose release may already have committed, and the retry
 // releases the same rows by the same tokens.
-func (b *books) releaseKeys(in *inflight) []store.KeyLease { return b.leaveKeys(in, false, time.Time{}) }
+func (b *books) releaseKeys(in *inflight) []store.KeyLease {
+	return b.leaveKeys(in, false, time.Time{})
+}
 
 // settleKeys is releaseKeys for a range being committed: an exclusive key
 // it was the last to use is kept instead (decision 0045) while no key this

@@ -74,7 +74,7 @@ type seq struct {
 	// come.
 	dropped []*acquiring
 	// left are the ranges a stopped session left (Leftovers).
-	left     []*inflight
+	left []*inflight
 	// stopping: a hand-back ran; the session is stopping and only hands
 	// back again, leaves its leftovers, or is gone (restart).
 	stopping bool

@@ -160,13 +160,17 @@ func TestCheckCatchesABrokenBook(t *testing.T) {
 	}
 	require.NoError(t, build().check())
 	for name, breakIt := range map[string]func(b *books){
-		"an id left in the order only":   func(b *books) { delete(b.ranges.m, 2) },
-		"an id left in the book only":    func(b *books) { b.ranges.order = b.ranges.order[:2] },
-		"an id twice in the order":       func(b *books) { b.ranges.order = append(b.ranges.order, 1); delete(b.ranges.m, 3) },
-		"a queued count off by one":      func(b *books) { b.ranges.queued++ },
-		"a pending count off by one":     func(b *books) { b.ranges.get(2).pending-- },
-		"a key forgotten by the book":    func(b *books) { delete(b.keys.m, "j") },
-		"a queue naming a gone range":    func(b *books) { delete(b.ranges.m, 2); b.ranges.order = b.ranges.order[:1]; b.ranges.order = append(b.ranges.order, 3) },
+		"an id left in the order only": func(b *books) { delete(b.ranges.m, 2) },
+		"an id left in the book only":  func(b *books) { b.ranges.order = b.ranges.order[:2] },
+		"an id twice in the order":     func(b *books) { b.ranges.order = append(b.ranges.order, 1); delete(b.ranges.m, 3) },
+		"a queued count off by one":    func(b *books) { b.ranges.queued++ },
+		"a pending count off by one":   func(b *books) { b.ranges.get(2).pending-- },
+		"a key forgotten by the book":  func(b *books) { delete(b.keys.m, "j") },
+		"a queue naming a gone range": func(b *books) {
+			delete(b.ranges.m, 2)
+			b.ranges.order = b.ranges.order[:1]
+			b.ranges.order = append(b.ranges.order, 3)
+		},
 		"a message dropped from a queue": func(b *books) { ks := b.keys.get("k"); ks.queue = ks.queue[:len(ks.queue)-1] },
 		"a message queued twice":         func(b *books) { ks := b.keys.get("k"); ks.queue = append(ks.queue, ks.queue[len(ks.queue)-1]) },
 		"a kept count off by one":        func(b *books) { b.keys.nkept++ },

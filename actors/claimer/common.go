@@ -222,7 +222,6 @@ func errText(err error) string {
 	return err.Error()
 }
 
-
 // keyHold is KeyHold with its default.
 func (c *Common) keyHold() time.Duration {
 	if c.KeyHold == 0 {
@@ -272,7 +271,6 @@ func (s *Stats) count(next policy.Next, err error, attempts int) {
 		s.Dead.Add(1)
 	}
 }
-
 
 // newRunner returns the handler runner of an actor with this config: a
 // handler starts only once the incarnation is valid.

@@ -87,7 +87,9 @@ func (a *Actor) claim(ctx context.Context) ([]Job, bool, error) {
 
 // more: another claim may follow at once, since the last one took a whole
 // batch (queued was before it) and did not take the last claimable position.
-func (a *Actor) more(before int) bool { return !a.empty && a.b.ranges.queued-before >= a.cfg.BatchLimit }
+func (a *Actor) more(before int) bool {
+	return !a.empty && a.b.ranges.queued-before >= a.cfg.BatchLimit
+}
 
 // sweepTicks is every how many poll ticks the poll's extra work is done
 // (see MinSweep): 1 unless ClaimPollRate is below MinSweep.
@@ -195,4 +197,3 @@ func (a *Actor) abandon() {
 		}
 	}
 }
-
