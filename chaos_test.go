@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/c1702965/sqlstreams/actors/claimer"
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -147,10 +147,11 @@ func TestChaos(t *testing.T) {
 		return err
 	}
 	var actorPanics atomic.Bool
-	fault := func(site string) error {
-		if actorPanics.Load() && roll(50) == 0 {
+	var uninjected atomic.Int64 // actor panics no hook injected: bugs
+	fault := func(site hooks.Site) error {
+		if actorPanics.Load() && (site == hooks.ClaimerClaim || site == hooks.ExceptionsClaim || site == hooks.Registrar) && roll(50) == 0 {
 			count("actor panic")
-			panic("chaos: " + site + " actor panics")
+			hooks.Inject(site)
 		}
 		return nil
 	}
@@ -180,14 +181,18 @@ func TestChaos(t *testing.T) {
 		runs.mu.Lock()
 		runs.abrupt[in.n] = abrupt
 		runs.mu.Unlock()
-		o.test = &testHooks{trace: func(kind claimer.TraceKind, ids []int64) { runs.trace(in.n, kind, ids) }, fault: func(site string) error {
+		o.test = &hooks.Hooks{Trace: func(kind hooks.TraceKind, ids []int64) { runs.trace(in.n, kind, ids) }, Step: func(site hooks.Site) error {
 			defer func() {
 				if p := recover(); p != nil {
-					runs.event(in.n, "actor panic: "+site)
+					runs.event(in.n, "actor panic: "+string(site))
 					panic(p)
 				}
 			}()
 			return fault(site)
+		}, Panicked: func(actor string, injected bool) {
+			if !injected {
+				uninjected.Add(1)
+			}
 		}}
 		h := func(ctx context.Context, o *order) error {
 			err := handler(ctx, o)
@@ -489,6 +494,7 @@ FROM (SELECT concurrency, status, count(*) n FROM %s.stream_%d_exception GROUP B
 		"(the earlier run's instance, or the whole database): %s", runs.causes(sink.warnings()))
 	require.Positive(t, produced.Load())
 	require.Zero(t, missing)
+	require.Zero(t, uninjected.Load(), "actor panics that no hook injected (the log has their stacks, SQL0401)")
 	require.Zero(t, deadlocks.n.Load(), "statements that hit `deadlock detected`: the lock order (internal/store/locks.go) is broken")
 
 	// Unexpected: a message without its ledger row (a rolled-back producer's
@@ -620,10 +626,10 @@ type successfulRun struct {
 type fate struct {
 	at   time.Time
 	inst int
-	kind claimer.TraceKind
+	kind hooks.TraceKind
 }
 
-func (r *successfulRuns) trace(inst int, kind claimer.TraceKind, ids []int64) {
+func (r *successfulRuns) trace(inst int, kind hooks.TraceKind, ids []int64) {
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -643,33 +649,33 @@ func (r *successfulRuns) fateOf(prev, cur successfulRun) string {
 	// The earlier run's own instance's events count, and after its
 	// outcome was adopted, the adopter's; a write by a third instance is
 	// of a later attempt (a failure), not of this outcome.
-	seen := map[claimer.TraceKind]bool{}
+	seen := map[hooks.TraceKind]bool{}
 	for _, f := range r.fates[prev.msg] {
 		if f.at.Before(prev.at) || f.at.After(cur.at) {
 			continue
 		}
-		if f.inst == prev.inst || f.kind == claimer.TraceAdopted || (seen[claimer.TraceAdopted] && (f.kind == claimer.TraceRecorded || f.kind == claimer.TraceLost)) {
+		if f.inst == prev.inst || f.kind == hooks.TraceAdopted || (seen[hooks.TraceAdopted] && (f.kind == hooks.TraceRecorded || f.kind == hooks.TraceLost)) {
 			seen[f.kind] = true
 		}
 	}
 	switch {
-	case seen[claimer.TraceRecorded]:
+	case seen[hooks.TraceRecorded]:
 		return "written, delivered again"
-	case seen[claimer.TraceLost] && seen[claimer.TraceAdopted]:
+	case seen[hooks.TraceLost] && seen[hooks.TraceAdopted]:
 		return "left, adopted, lease lost at the write"
-	case seen[claimer.TraceLost]:
+	case seen[hooks.TraceLost]:
 		return "lease lost at the write"
-	case seen[claimer.TraceAdopted]:
+	case seen[hooks.TraceAdopted]:
 		return "left, adopted, never written"
-	case seen[claimer.TraceLeft]:
+	case seen[hooks.TraceLeft]:
 		return "left, never adopted"
-	case seen[claimer.TraceAbandoned] && r.abrupt[prev.inst]:
+	case seen[hooks.TraceAbandoned] && r.abrupt[prev.inst]:
 		return "abandoned by an abrupt stop"
-	case seen[claimer.TraceAbandoned]:
+	case seen[hooks.TraceAbandoned]:
 		return "abandoned by a graceful session's stop"
-	case seen[claimer.TraceApplied]:
+	case seen[hooks.TraceApplied]:
 		return "applied, never written"
-	case seen[claimer.TraceDropped]:
+	case seen[hooks.TraceDropped]:
 		return "dropped by its actor"
 	}
 	return "never reached its actor"

@@ -12,6 +12,7 @@ import (
 
 	"log/slog"
 
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/store/storetest"
 	"github.com/stretchr/testify/require"
@@ -66,11 +67,11 @@ func consume[T any](t *testing.T, c *Consumer[T], h Handler[T], opts *ConsumeOpt
 	if opts != nil {
 		o = *opts
 	}
-	hooks := testHooks{}
+	hooks := hooks.Hooks{}
 	if o.test != nil {
 		hooks = *o.test
 	}
-	hooks.onStart = func(id string) { // the first incarnation's id; later ones are not waited for
+	hooks.OnStart = func(id string) { // the first incarnation's id; later ones are not waited for
 		select {
 		case s.id <- id:
 		default:
@@ -358,9 +359,9 @@ func TestARegistrarPanicIsRestarted(t *testing.T) {
 	handled := make(chan struct{}, 1)
 	restarted := e.logs.next("actor panicked; restarting")
 	b := consume(t, c, func(context.Context, *order) error { handled <- struct{}{}; return nil },
-		&ConsumeOptions{test: &testHooks{fault: func(site string) error {
-			if site == "registrar" && panicked.CompareAndSwap(false, true) {
-				panic("registrar attempt panics")
+		&ConsumeOptions{test: &hooks.Hooks{Step: func(site hooks.Site) error {
+			if site == hooks.Registrar && panicked.CompareAndSwap(false, true) {
+				hooks.Inject(site) // a registrar attempt panics
 			}
 			return nil
 		}}})

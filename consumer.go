@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/c1702965/sqlstreams/internal/codes"
-	"github.com/thejerf/suture/v4"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/c1702965/sqlstreams/internal/codes"
+	"github.com/c1702965/sqlstreams/internal/hooks"
+	"github.com/thejerf/suture/v4"
 
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/engine"
@@ -189,8 +191,9 @@ type ConsumeOptions struct {
 	// on live incumbents tries again. Default 10s. There is no timeout: it
 	// waits forever, and is not ready meanwhile.
 	BindingRetryInterval time.Duration
-	// test holds the package's own tests' hooks; see testHooks.
-	test *testHooks
+	// test holds the package's own tests' hooks (internal/hooks): nil
+	// outside them.
+	test *hooks.Hooks
 
 	// Readiness, if set, carries this session's readiness level: ready
 	// while it consumes and reaches its database, not ready while its
@@ -598,13 +601,13 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 			ClaimPollRate: o.ClaimPollRate, InstanceTTL: o.InstanceTTL, ShutdownTimeout: o.ShutdownTimeout,
 			DisableGracefulShutdown: o.DisableGracefulShutdown, StallAfter: o.StallWarning,
 			TimeoutGrace: o.TimeoutGrace, KeyBusyDelay: keyBusyDelay, ConfigRefreshInterval: o.ConfigRefreshInterval,
-			BindingRetryInterval: o.BindingRetryInterval, QuietSweeps: o.test.sweeps(), KeyHold: o.test.keyHoldFor(),
+			BindingRetryInterval: o.BindingRetryInterval,
 		},
-		Patterns: c.patterns, Regexes: c.regexes, DeclaredAt: c.waitingSince(), Declared: c.declared, Hub: o.test.hub(client.hub), Beats: client.beats, Reads: client.configs,
+		Patterns: c.patterns, Regexes: c.regexes, DeclaredAt: c.waitingSince(), Declared: c.declared, Hub: hubFor(client.hub, o.test), Beats: client.beats, Reads: client.configs,
 		Leftovers: &c.leftovers,
 		Alerts:    client.publishAlerts(c.s.name, c.group.Name, c.patterns),
 		Clock:     client.cfg.Clock, Logger: client.cfg.Logger, Stats: stats,
-		OnStart: o.test.start(), Fault: o.test.faults(), Trace: o.test.tracer(), Signals: o.test.claimerSignals(),
+		Hooks: o.test,
 	})
 }
 
@@ -643,72 +646,13 @@ func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
 	}
 }
 
-// testHooks are this package's tests' private hooks into one session
-// (ConsumeOptions.test): the instance id once the session consumes, and a
-// fault injected at the top of every claim. Nothing outside the tests can
-// set them, and a session without them checks two nil functions.
-type testHooks struct {
-	// noListener runs the session without the client's LISTEN hub: no
-	// wakes, and the claimers never quiet (as while the listener is down).
-	noListener bool
-	// quietSweeps is the claimers' Common.QuietSweeps.
-	quietSweeps int
-	onStart     func(instanceID string)
-	fault       func(site string) error
-	trace       func(kind claimer.TraceKind, messages []int64)
-	// signals are the claimers' test signals (initialized by the test).
-	signals *claimer.Signals
-	// keyHold is the claimers' Common.KeyHold (0: the default).
-	keyHold time.Duration
-}
-
-func (h *testHooks) keyHoldFor() time.Duration {
-	if h == nil {
-		return 0
-	}
-	return h.keyHold
-}
-
-func (h *testHooks) claimerSignals() *claimer.Signals {
-	if h == nil {
-		return nil
-	}
-	return h.signals
-}
-
-func (h *testHooks) tracer() func(claimer.TraceKind, []int64) {
-	if h == nil {
-		return nil
-	}
-	return h.trace
-}
-
-func (h *testHooks) sweeps() int {
-	if h == nil {
-		return 0
-	}
-	return h.quietSweeps
-}
-
-func (h *testHooks) hub(hub *engine.Hub) *engine.Hub {
-	if h != nil && h.noListener {
+// hubFor is the session's wake-up hub: the client's, unless the test hooks
+// run the session without it.
+func hubFor(hub *engine.Hub, h *hooks.Hooks) *engine.Hub {
+	if h != nil && h.NoListener {
 		return nil
 	}
 	return hub
-}
-
-func (h *testHooks) start() func(string) {
-	if h == nil {
-		return nil
-	}
-	return h.onStart
-}
-
-func (h *testHooks) faults() func(string) error {
-	if h == nil {
-		return nil
-	}
-	return h.fault
 }
 
 // compileBindings normalizes a declared set and translates each pattern for

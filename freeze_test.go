@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/c1702965/sqlstreams/internal/codes"
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/stretchr/testify/require"
 )
 
@@ -367,7 +368,7 @@ func runFreeze(t *testing.T, plan freezePlan, seed uint64) {
 
 // childFreeze is TestChildConsumer's "freeze" mode: a session of each group
 // the parent names, hot keys, a short TTL, each handler reporting its run.
-func childFreeze(ctx context.Context, client *Client, hooks *testHooks) error {
+func childFreeze(ctx context.Context, client *Client, hooks *hooks.Hooks) error {
 	seed, err := strconv.ParseUint(os.Getenv("SQLSTREAMS_FREEZE_SEED"), 10, 64)
 	if err != nil {
 		return fmt.Errorf("SQLSTREAMS_FREEZE_SEED: %w", err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/stretchr/testify/require"
@@ -200,10 +201,10 @@ func TestExclusiveKeysNeverOverlapAcrossInstances(t *testing.T) {
 	var first [2]sync.Once
 	opts := func(me int) *ConsumeOptions {
 		return &ConsumeOptions{BatchLimit: 20, QueueSize: 40, MessageConcurrency: 8, ClaimPollRate: 5 * time.Millisecond,
-			test: &testHooks{fault: func(site string) error {
+			test: &hooks.Hooks{Step: func(site hooks.Site) error {
 				// Room for two batches: the second claim starts as soon as
 				// the first is done, whatever its handlers do.
-				if site == "claimer" && claims[me].Add(1) == 2 {
+				if site == hooks.ClaimerClaim && claims[me].Add(1) == 2 {
 					close(claimed[me])
 				}
 				return nil

@@ -19,6 +19,7 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/store/storetest"
@@ -422,7 +423,7 @@ func TestChildConsumer(t *testing.T) {
 	require.NoError(t, err)
 	c, err := Stream[order](client, "orders").Consumer("g").Register(ctx, nil)
 	require.NoError(t, err)
-	hooks := &testHooks{onStart: func(id string) { fmt.Println("INSTANCE " + id) }}
+	hooks := &hooks.Hooks{OnStart: func(id string) { fmt.Println("INSTANCE " + id) }}
 	var once sync.Once
 	var mu sync.Mutex
 	switch os.Getenv("SQLSTREAMS_CHILD_MODE") {
@@ -448,7 +449,7 @@ func TestChildConsumer(t *testing.T) {
 	case "freeze":
 		client, err := NewClient(ctx, pool, &ClientConfig{Schema: schema, Logger: slog.New(lineLogger{})})
 		require.NoError(t, err)
-		hooks.onStart = func(id string) { childSay("INSTANCE " + id) }
+		hooks.OnStart = func(id string) { childSay("INSTANCE " + id) }
 		require.NoError(t, childFreeze(ctx, client, hooks))
 	case "share":
 		goSignal := make(chan struct{})

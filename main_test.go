@@ -53,12 +53,15 @@ func newEnv(t *testing.T, cfg *ClientConfig) *env {
 
 // logSink is a slog.Handler that keeps records for assertions and can signal
 // when a message is logged. Every WARN or ERROR it receives must carry a
-// registered code (internal/codes): newSink fails the test otherwise.
+// registered code (internal/codes), and every actor panic it hears of
+// (SQL0401) must have been injected by a test hook (hooks.Inject): newSink
+// fails the test otherwise.
 type logSink struct {
 	mu      sync.Mutex
 	records []slog.Record
 	waiters map[string]chan struct{}
 	uncoded []string
+	panics  []string
 }
 
 // newSink returns a sink that fails t, when t ends, if any WARN or ERROR
@@ -70,6 +73,9 @@ func newSink(t *testing.T) *logSink {
 		defer s.mu.Unlock()
 		for _, m := range s.uncoded {
 			t.Errorf("logged without a registered code: %s", m)
+		}
+		for _, m := range s.panics {
+			t.Errorf("an actor panicked, and no test hook injected it: %s", m)
 		}
 	})
 	return s
@@ -92,6 +98,21 @@ func (s *logSink) Handle(_ context.Context, r slog.Record) error {
 		})
 		if _, ok := codes.Lookup(code); !ok || code == "" {
 			s.uncoded = append(s.uncoded, r.Level.String()+" "+r.Message)
+		}
+		if code == codes.ActorPanicked.ID {
+			var value, stack string
+			r.Attrs(func(a slog.Attr) bool {
+				switch a.Key {
+				case "panic":
+					value = a.Value.String()
+				case "stack":
+					stack = a.Value.String()
+				}
+				return true
+			})
+			if !strings.HasPrefix(value, "injected panic at ") {
+				s.panics = append(s.panics, value+"\n"+stack)
+			}
 		}
 	}
 	s.records = append(s.records, r.Clone())

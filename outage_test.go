@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -85,16 +86,16 @@ func TestConsumeReturnsWithinItsBudgetWhilePostgresIsDown(t *testing.T) {
 			inFlight := make(chan string, len(want))
 			var armed atomic.Bool
 			restarted := make(chan struct{})
-			fault := func(site string) error {
-				if site == "claimer" && armed.CompareAndSwap(true, false) {
+			fault := func(site hooks.Site) error {
+				if site == hooks.ClaimerClaim && armed.CompareAndSwap(true, false) {
 					close(restarted)
-					panic("test: the range claimer restarts while the database is down")
+					hooks.Inject(site) // the range claimer restarts while the database is down
 				}
 				return nil
 			}
 			const budget = 2 * time.Second
 			opts := &ConsumeOptions{BatchLimit: 3, MessageConcurrency: 3, ClaimPollRate: 20 * time.Millisecond,
-				InstanceTTL: 2 * time.Second, ShutdownTimeout: budget, DisableManager: true, test: &testHooks{fault: fault}}
+				InstanceTTL: 2 * time.Second, ShutdownTimeout: budget, DisableManager: true, test: &hooks.Hooks{Step: fault}}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			done := make(chan error, 1)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/store/storetest"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -236,7 +237,7 @@ func (c *callerCounter) copyLocked() map[string]int {
 	return out
 }
 
-// While the client's listener is down (noListener: no hub), an idle
+// While the client's listener is down (NoListener: no hub), an idle
 // instance that polls faster than MinSweep reads new positions at
 // every poll, but looks for expired leases, probes the gate and claims
 // exception rows at most every MinSweep: those statements are a poll's
@@ -261,7 +262,7 @@ func TestAFastPollSweepsAtMostEveryMinSweep(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- c.Consume(cctx, func(context.Context, *order) error { return nil }, &ConsumeOptions{ClaimPollRate: poll,
-			test: &testHooks{noListener: true}})
+			test: &hooks.Hooks{NoListener: true}})
 	}()
 	within(t, counter.reached, "200 polls of an idle instance")
 	cancel()

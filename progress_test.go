@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/c1702965/sqlstreams/actors/claimer"
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/store"
 
 	"github.com/stretchr/testify/require"
@@ -219,10 +220,10 @@ func TestAClaimerPanicKeepsWhatItSettled(t *testing.T) {
 		return nil
 	}
 	b := consume(t, c, h, &ConsumeOptions{BatchLimit: 10, QueueSize: 20, MessageConcurrency: 10,
-		test: &testHooks{fault: func(site string) error {
-			if site == "claimer" && armed.Load() && fired.CompareAndSwap(false, true) {
+		test: &hooks.Hooks{Step: func(site hooks.Site) error {
+			if site == hooks.ClaimerClaim && armed.Load() && fired.CompareAndSwap(false, true) {
 				close(release)
-				panic("chaos: the claimer panics with its range in flight")
+				hooks.Inject(site) // the claimer panics with its range in flight
 			}
 			return nil
 		}}})
@@ -448,8 +449,8 @@ func TestAnAdoptionTheDatabaseRefusesGoesBackToTheLeftovers(t *testing.T) {
 	}
 	adopted, begun := make(chan struct{}, 64), make(chan struct{}, 1)
 	second := consume(t, c, runs.handle, &ConsumeOptions{InstanceTTL: 2 * time.Minute, ShutdownTimeout: 200 * time.Millisecond,
-		DisableManager: true, ClaimPollRate: 20 * time.Millisecond, test: &testHooks{trace: func(kind claimer.TraceKind, _ []int64) {
-			ch := map[claimer.TraceKind]chan struct{}{claimer.TraceAdopted: adopted, claimer.TraceBegun: begun}[kind]
+		DisableManager: true, ClaimPollRate: 20 * time.Millisecond, test: &hooks.Hooks{Trace: func(kind hooks.TraceKind, _ []int64) {
+			ch := map[hooks.TraceKind]chan struct{}{hooks.TraceAdopted: adopted, hooks.TraceBegun: begun}[kind]
 			select {
 			case ch <- struct{}{}:
 			default: // nil (another kind), or full

@@ -12,6 +12,7 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -65,7 +66,7 @@ func TestAnIdleSessionIsQuietWhileItsListenerIsUp(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- c.Consume(cctx, func(_ context.Context, o *order) error { handled <- o.OrderID; return nil },
-			&ConsumeOptions{ClaimPollRate: poll, InstanceTTL: ttl, test: &testHooks{quietSweeps: quietSweeps}})
+			&ConsumeOptions{ClaimPollRate: poll, InstanceTTL: ttl, test: &hooks.Hooks{QuietSweeps: quietSweeps}})
 	}()
 	// From the fourth heartbeat statement on (two beats of the session's
 	// two heartbeats, one statement each or one for both: heartbeat.Beats)
@@ -203,7 +204,7 @@ func TestAClientsHeartbeatsRenewTogether(t *testing.T) {
 // probe runs during the grace, so that an idle one turns quiet), and
 // reclaims only after the grace; with or without the listener.
 func TestASessionThatBeginsTakesNoExpiredLeaseOverForTakeoverGrace(t *testing.T) {
-	for name, hooks := range map[string]*testHooks{"listening": nil, "without the listener": {noListener: true}} {
+	for name, hooks := range map[string]*hooks.Hooks{"listening": nil, "without the listener": {NoListener: true}} {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			client, counter := countingClient(t, "", 0)
@@ -286,7 +287,7 @@ func TestAQuietSessionTakesALapsedPeersRangeOverOnTheAlarm(t *testing.T) {
 	doneB := make(chan error, 1)
 	go func() {
 		doneB <- cB.Consume(bctx, func(_ context.Context, o *order) error { handledB <- o.OrderID; return nil },
-			&ConsumeOptions{InstanceTTL: ttl, DisableManager: true, test: &testHooks{quietSweeps: 1 << 20}})
+			&ConsumeOptions{InstanceTTL: ttl, DisableManager: true, test: &hooks.Hooks{QuietSweeps: 1 << 20}})
 	}()
 
 	// A dies: its rows and leases lapse one TTL later.
@@ -411,9 +412,9 @@ func TestAWakeThatFindsTheIncarnationNotValidIsNotLost(t *testing.T) {
 	cfg.PollRate, cfg.Liveness = 10*time.Millisecond, live
 	cfg.Listening = func() bool { return true }
 	cfg.Alarm = make(chan struct{}) // alarms come: the reconcile ticks' sweeps are skipped too
-	cfg.Signals = &claimer.Signals{}
-	cfg.Signals.QuietTick.Init()
-	cfg.Signals.NotValid.Init()
+	cfg.Hooks = &hooks.Hooks{}
+	cfg.Hooks.QuietTick.Init()
+	cfg.Hooks.NotValid.Init()
 	wake := make(chan struct{}) // unbuffered: a send returns once the claimer took it
 	a := claimer.New(claimer.Config{Common: cfg, BatchLimit: 10, QueueSize: 20, StallAfter: time.Hour, Wake: wake})
 	sctx, stop := context.WithCancel(ctx)
@@ -421,11 +422,11 @@ func TestAWakeThatFindsTheIncarnationNotValidIsNotLost(t *testing.T) {
 	go func() { served <- a.Serve(sctx) }()
 	t.Cleanup(func() { stop(); within(t, served, "the claimer to stop") })
 
-	within(t, cfg.Signals.QuietTick.C(), "a quiet poll tick: the begin's probe found nothing")
+	within(t, cfg.Hooks.QuietTick.C(), "a quiet poll tick: the begin's probe found nothing")
 	lives.Add(time.Minute) // no renewal for a TTL: not valid
 	e.produceN(s, "m", 1)
 	wake <- struct{}{}
-	within(t, cfg.Signals.NotValid.C(), "the wake's claim, refused: the incarnation is not valid")
+	within(t, cfg.Hooks.NotValid.C(), "the wake's claim, refused: the incarnation is not valid")
 	live.Start(lives.Now()) // renewed
 
 	within(t, handled, "the produced message, claimed at a poll tick once the incarnation is valid")
@@ -434,7 +435,7 @@ func TestAWakeThatFindsTheIncarnationNotValidIsNotLost(t *testing.T) {
 // quietRanges drains the stale quiet ticks, then waits for the range
 // claimer's next one: it is quiet (a wake, an alarm or the backstop alone
 // makes it look for work again).
-func quietRanges(t *testing.T, signals *claimer.Signals) {
+func quietRanges(t *testing.T, signals *hooks.Hooks) {
 	t.Helper()
 	for drained := false; !drained; {
 		select {
@@ -472,7 +473,7 @@ func TestAHandBackThatReleasedARangeWakesEvenWhenItFailsAfter(t *testing.T) {
 		handled <- o.OrderID
 		return nil
 	}, &ConsumeOptions{BatchLimit: 1, QueueSize: 2, InstanceTTL: ttl, ShutdownTimeout: 50 * time.Millisecond,
-		test: &testHooks{keyHold: time.Minute}})
+		test: &hooks.Hooks{KeyHold: time.Minute}})
 	_, err := s.ProduceBatch(ctx, []BatchItem[order]{
 		{Msg: order{OrderID: "keyed"}, Key: "k1", Message: &MessageOptions{Concurrency: Exclusive}},
 		{Msg: order{OrderID: "held"}},
@@ -527,13 +528,13 @@ func twoProcesses(t *testing.T) processes {
 // statements of c's client (counter): past the session's start, the wake
 // its listener gave every session on coming up has been answered, its
 // TakeoverGrace is over, and it is quiet.
-func quietSession(t *testing.T, c *Consumer[order], counter *callerCounter, ttl time.Duration) (<-chan string, *claimer.Signals) {
+func quietSession(t *testing.T, c *Consumer[order], counter *callerCounter, ttl time.Duration) (<-chan string, *hooks.Hooks) {
 	t.Helper()
 	handled := make(chan string, 16)
-	signals := &claimer.Signals{}
+	signals := &hooks.Hooks{QuietSweeps: 1 << 20}
 	signals.QuietTick.Init()
 	consume(t, c, func(_ context.Context, o *order) error { handled <- o.OrderID; return nil },
-		&ConsumeOptions{ClaimPollRate: 10 * time.Millisecond, InstanceTTL: ttl, test: &testHooks{quietSweeps: 1 << 20, signals: signals}})
+		&ConsumeOptions{ClaimPollRate: 10 * time.Millisecond, InstanceTTL: ttl, test: signals})
 	within(t, counter.when("store.RenewInstances", 4), "four heartbeat statements: the session is quiet")
 	return handled, signals
 }

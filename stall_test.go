@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -175,7 +176,7 @@ func TestAStalledProcessComesBackAsANewIncarnation(t *testing.T) {
 
 // childStall is TestChildConsumer's "stall" mode: hot exclusive keys, a
 // short TTL, each handler recording when it ran.
-func childStall(ctx context.Context, c *Consumer[order], pool *pgxpool.Pool, schema string, hooks *testHooks) error {
+func childStall(ctx context.Context, c *Consumer[order], pool *pgxpool.Pool, schema string, hooks *hooks.Hooks) error {
 	pid := os.Getpid()
 	var out sync.Mutex
 	return c.Consume(ctx, func(ctx context.Context, o *order) error {

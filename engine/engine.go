@@ -29,9 +29,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/c1702965/sqlstreams/internal/observe"
 	"log/slog"
 	"time"
+
+	"github.com/c1702965/sqlstreams/internal/hooks"
+	"github.com/c1702965/sqlstreams/internal/observe"
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/alerts"
@@ -64,10 +66,6 @@ type Options struct {
 	KeyBusyDelay            time.Duration
 	ConfigRefreshInterval   time.Duration
 	BindingRetryInterval    time.Duration
-	// QuietSweeps is the claimers' Common.QuietSweeps (0: the default).
-	QuietSweeps int
-	// KeyHold is the claimers' Common.KeyHold (0: the default).
-	KeyHold time.Duration
 }
 
 // ShutdownBudget is the drain bound in force: ShutdownTimeout when the
@@ -129,12 +127,9 @@ type Config struct {
 	// Beats, if set, is the client's: every session's heartbeats renew
 	// their instance rows together (heartbeat.Beats). nil: each alone.
 	Beats *heartbeat.Beats
-	// Fault, if set, is called at the top of every claim (chaos tests).
-	Fault func(site string) error
-	// Trace, if set, is the claimers' Trace (chaos tests).
-	Trace func(kind claimer.TraceKind, messages []int64)
-	// Signals, if set, are the claimers' test signals.
-	Signals *claimer.Signals
+	// Hooks are the session's test hooks (internal/hooks); nil in
+	// production.
+	Hooks *hooks.Hooks
 	// Alerts, if set, publishes the session's alert events (a binding wait,
 	// a delivery stall) on the alerts actor's goroutine, fed by a bounded
 	// queue the other actors never wait on.
@@ -152,9 +147,6 @@ type Config struct {
 	Clock  clock.Clock
 	Logger *slog.Logger
 	Stats  *claimer.Stats
-	// OnStart, if set, is called with the message consumer's instance id
-	// once the instance rows exist and the actors are about to run.
-	OnStart func(instanceID string)
 	// Manager, if set, makes the fleet's maintenance workers' actor for
 	// the session's tree (see actors/manager), bounded by its shutdown plan.
 	Manager func(stop *shutdown.Plan) suture.Service
@@ -241,7 +233,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, GroupName: cfg.GroupName,
 		Patterns: cfg.Patterns, Regexes: cfg.Regexes, DeclaredBy: cfg.DeclaredBy,
 		Interval: o.BindingRetryInterval, Clock: cfg.Clock, Logger: logger, DBNow: dbNow, Alerts: s.queue, Retry: cfg.Retry,
-		DeclaredAt: cfg.DeclaredAt, Fault: cfg.Fault, Observer: cfg.Observer, StreamName: cfg.StreamName,
+		DeclaredAt: cfg.DeclaredAt, Hooks: cfg.Hooks, Observer: cfg.Observer, StreamName: cfg.StreamName,
 	})
 	if cfg.Hub != nil {
 		ch, unsubscribe := cfg.Hub.Subscribe(cfg.StreamID, cfg.Patterns)
@@ -323,9 +315,9 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 	common := claimer.Common{
 		Leftovers: cfg.Leftovers, Store: cfg.Store, Slabs: cfg.Slabs, StreamID: cfg.StreamID, GroupID: cfg.GroupID, Handler: cfg.Handler, Group: s.snap.Group,
 		Concurrency: o.MessageConcurrency, PollRate: o.ClaimPollRate, Lease: o.InstanceTTL,
-		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: ShutdownBudget(o, s.snap), QuietSweeps: o.QuietSweeps,
-		KeyHold: o.KeyHold, Clock: cfg.Clock, Logger: logger, DBNow: s.dbNow, Stats: cfg.Stats, Drain: s.plan, Fault: cfg.Fault,
-		Trace: cfg.Trace, Signals: cfg.Signals, Health: s.health, Retry: cfg.Retry, Observer: cfg.Observer, StreamName: cfg.StreamName, GroupName: cfg.GroupName,
+		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: ShutdownBudget(o, s.snap),
+		Clock: cfg.Clock, Logger: logger, DBNow: s.dbNow, Stats: cfg.Stats, Drain: s.plan, Hooks: cfg.Hooks,
+		Health: s.health, Retry: cfg.Retry, Observer: cfg.Observer, StreamName: cfg.StreamName, GroupName: cfg.GroupName,
 		Nudge: &claimer.Nudge{},
 	}
 	if cfg.Hub != nil {
@@ -349,22 +341,22 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		{name: "claimer", serve: cl.Serve, done: make(chan error, 1)},
 		{name: "exceptions", serve: ex.Serve, done: make(chan error, 1)},
 	}
-	sup := supervisor.New("consume:"+cfg.GroupName, logger)
-	sup.Add(supervisor.Guard("heartbeat", newBeat(msgID, store.WorkerMessageConsumer, store.RangeLeases, msgLive, msgHold, msgAlarm)))
-	sup.Add(supervisor.Guard("exception-heartbeat", newBeat(excID, store.WorkerExceptionConsumer, store.ExceptionLeases, excLive, excHold, excAlarm)))
-	sup.Add(supervisor.Guard("refresher", s.ref))
+	sup := supervisor.New("consume:"+cfg.GroupName, logger, cfg.Hooks)
+	sup.Add("heartbeat", newBeat(msgID, store.WorkerMessageConsumer, store.RangeLeases, msgLive, msgHold, msgAlarm))
+	sup.Add("exception-heartbeat", newBeat(excID, store.WorkerExceptionConsumer, store.ExceptionLeases, excLive, excHold, excAlarm))
+	sup.Add("refresher", s.ref)
 	if cfg.Manager != nil {
-		sup.Add(supervisor.Guard("manager", cfg.Manager(s.plan)))
+		sup.Add("manager", cfg.Manager(s.plan))
 	}
 	for _, d := range actors {
-		sup.Add(supervisor.Guard(d.name, serviceFunc(func(ctx context.Context) error {
+		sup.Add(d.name, serviceFunc(func(ctx context.Context) error {
 			err := d.serve(ctx)
 			if errors.Is(err, claimer.ErrDrained) { // the drain finished: stay down
 				d.done <- nil
 				return suture.ErrDoNotRestart
 			}
 			return err // anything else, during a drain too, is a reason to restart
-		})))
+		}))
 	}
 	if n > 1 {
 		// The lost incarnation's actors will never report a recovery; and
@@ -376,9 +368,7 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 	supCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	done := sup.ServeBackground(supCtx)
-	if cfg.OnStart != nil {
-		cfg.OnStart(msgID)
-	}
+	cfg.Hooks.OnStarted(msgID)
 	s.health.SetConsuming(true)
 
 	var cause error
@@ -454,15 +444,15 @@ wait:
 // is returned. It runs before the session's tree, which it decides to start.
 func (s *session) register(ctx context.Context) error {
 	result := make(chan error, 1)
-	sup := supervisor.New("register:"+s.cfg.GroupName, s.logger)
-	sup.Add(supervisor.Guard("registrar", serviceFunc(func(ctx context.Context) error {
+	sup := supervisor.New("register:"+s.cfg.GroupName, s.logger, s.cfg.Hooks)
+	sup.Add("registrar", serviceFunc(func(ctx context.Context) error {
 		_, err := s.reg.Run(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		result <- err // nil, or an error retrying cannot fix
 		return suture.ErrDoNotRestart
-	})))
+	}))
 	sctx, stop := context.WithCancel(ctx)
 	done := sup.ServeBackground(sctx)
 	select {

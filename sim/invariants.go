@@ -32,6 +32,7 @@ func (w *World) Check(ctx context.Context) error {
 		{"WaitingInstanceNeverClaims", w.WaitingInstanceNeverClaims},
 		{"ConfigConvergesWithinOneRefresh", w.ConfigConvergesWithinOneRefresh},
 		{"LedgerIsAppendOnly", w.LedgerIsAppendOnly},
+		{"ClaimerStateAgrees", w.ClaimerStateAgrees},
 	} {
 		if !w.checks(inv.name) {
 			continue
@@ -245,8 +246,25 @@ func (w *World) checkHandOut(in *instance, j claimer.Job, m *message) error {
 	return nil
 }
 
+// ClaimerStateAgrees: every consuming instance's range claimer keeps its
+// books in agreement (claimer.Actor.Check): every range in its order is in
+// its book, every queued message belongs to a range it holds, no key is
+// both pending and held, every count matches.
+func (w *World) ClaimerStateAgrees(context.Context) error {
+	for _, in := range w.inst {
+		if in.cl == nil || in.state == gone {
+			continue
+		}
+		if err := in.cl.Check(); err != nil {
+			return &Violation{Invariant: "ClaimerStateAgrees", Detail: fmt.Sprintf("%s: %v", in.name, err)}
+		}
+	}
+	return nil
+}
+
 // InvariantNames lists every invariant, for the broken-variant tests.
 var InvariantNames = []string{
 	"NoMessageLost", "NoUnionWindow", "WaitingInstanceNeverClaims", "ExclusiveKeyAtMostOneInFlight",
 	"OrderedKeysInPositionOrder", "CursorNeverPassesUnsettled", "ConfigConvergesWithinOneRefresh", "LedgerIsAppendOnly",
+	"ClaimerStateAgrees",
 }

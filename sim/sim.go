@@ -19,6 +19,7 @@ import (
 	"github.com/c1702965/sqlstreams/actors/registrar"
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/topic"
@@ -42,7 +43,7 @@ type Options struct {
 	// BatchLimit and QueueSize bound each instance's claims (defaults 5, 10).
 	BatchLimit, QueueSize int
 	// Broken switches on deliberately broken variants of the engine.
-	Broken claimer.Broken
+	Broken hooks.Broken
 	// SkipRefresh breaks config convergence (instances never refresh);
 	// ClaimWhileWaiting lets waiting instances claim; IgnoreLapse lets an
 	// instance resumed from a stall past its TTL go on with its old state
@@ -292,14 +293,10 @@ func (w *World) build(in *instance) {
 			w.tracef("%s range skips m%d rk=%q", in.name, sm.n, sm.routingKey)
 		}
 	}
-	common := claimer.Common{Skipped: skipped, Store: w.st, StreamID: w.streamID, GroupID: w.groupID, Handler: w.handle,
+	common := claimer.Common{Hooks: &hooks.Hooks{Skipped: skipped, Broken: w.opts.Broken}, Store: w.st, StreamID: w.streamID, GroupID: w.groupID, Handler: w.handle,
 		Group: in.snap.Group, Concurrency: 1, PollRate: time.Second, Lease: w.opts.TTL, KeyBusyDelay: 100 * time.Millisecond,
 		TimeoutGrace: time.Second, ShutdownTimeout: func() time.Duration { return time.Second },
 		Clock: w.clock, Logger: w.logger, DBNow: dbNow, Stats: in.stats}
-	if w.opts.Broken != (claimer.Broken{}) {
-		b := w.opts.Broken
-		common.Broken = &b
-	}
 	rc := common
 	rc.InstanceID = in.msgID
 	in.cl = claimer.New(claimer.Config{Common: rc, BatchLimit: w.opts.BatchLimit, QueueSize: w.opts.QueueSize, StallAfter: time.Hour,

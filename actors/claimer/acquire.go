@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
@@ -67,6 +68,7 @@ func (a *Actor) acquiringAtOnce() int { return maxAcquires }
 // a hand-back dropped; key leases whose ranges went) and commits the ranges
 // its parked messages completed.
 func (a *Actor) acquired(ctx context.Context, res Acquired) ([]Job, error) {
+	a.cfg.Hooks.Point(hooks.ClaimerAcquire)
 	ap := a.b.applyAcquired(res, a.cfg.Clock.Now())
 	var errs []error
 	if res.Err != nil {

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/hooks"
+
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
@@ -20,11 +22,12 @@ type books struct {
 	keys   keyBook
 	// The settings the books act on.
 	keyBusyDelay time.Duration
-	broken       *Broken
 	stats        *Stats
-	// skipped, if set, is told of each message a range settles without
-	// delivery because the binding set in force does not route it.
-	skipped func(m *store.Message, bindings int64)
+	// hooks are the session's test hooks (nil in production): told of the
+	// messages a range settles without delivery because the binding set in
+	// force does not route them; broken is their broken switches.
+	hooks  *hooks.Hooks
+	broken *hooks.Broken
 }
 
 func (b *books) reset() {
@@ -76,16 +79,14 @@ func (b *books) admit(r store.Range, resolve func(*store.Message) policy.Effecti
 	anyOrdered := false
 	for i := range r.Messages {
 		m := &r.Messages[i]
-		if !m.Matched && !b.broken.deliverUnmatched() { // not routed to this group: settled without delivery
-			if b.skipped != nil {
-				b.skipped(m, r.Bindings)
-			}
+		if !m.Matched && !b.broken.DeliversUnmatched() { // not routed to this group: settled without delivery
+			b.hooks.Skip(m, r.Bindings)
 			b.ranges.settle(in, i, nil)
 			continue
 		}
 		b.stats.Claimed.Add(1)
 		in.eff[i] = resolve(m)
-		if !in.eff[i].Concurrency.Keyed() || m.Key == "" || b.broken.skipKeyLeases() {
+		if !in.eff[i].Concurrency.Keyed() || m.Key == "" || b.broken.SkipsKeyLeases() {
 			if jobs == nil {
 				jobs = make([]Job, 0, n)
 			}
@@ -163,7 +164,7 @@ func (b *books) admit(r store.Range, resolve func(*store.Message) policy.Effecti
 	// The wanted keys' messages wait, queued behind the key's pending
 	// lease, for the acquisition.
 	p := &acquiring{token: r.Token, keys: wanted, req: store.AcquireKeys{RangeID: r.ID, Want: want, Token: r.Token}}
-	if exclusive && !b.broken.skipKeyLeases() && b.keys.askGate(now, workerConfigID) {
+	if exclusive && !b.broken.SkipsKeyLeases() && b.keys.askGate(now, workerConfigID) {
 		p.req.Gate, p.req.WorkerConfigID, b.keys.gateAsked = store.NewID(), workerConfigID, true
 	}
 	b.keys.acqs = append(b.keys.acqs, p)
@@ -543,7 +544,7 @@ func (b *books) leaveKeys(in *inflight, settling bool, now time.Time) []store.Ke
 func (b *books) commitPlan(in *inflight, now time.Time) store.RangeCommit {
 	var writes []store.ExceptionWrite
 	for _, w := range in.writes {
-		if w != nil && !b.broken.dropFailures() {
+		if w != nil && !b.broken.DropsFailures() {
 			writes = append(writes, *w)
 		}
 	}
@@ -581,7 +582,7 @@ func (b *books) progress() progressPlan {
 			if i >= n {
 				pr.Settled = append(pr.Settled, in.r.Messages[i].ID)
 			}
-			if w := in.writes[i]; w != nil && !b.broken.dropFailures() {
+			if w := in.writes[i]; w != nil && !b.broken.DropsFailures() {
 				pr.Exceptions = append(pr.Exceptions, *w)
 			}
 		}
@@ -674,7 +675,7 @@ func (b *books) check() error {
 				return fmt.Errorf("range %d lists key %q, which does not list it", id, key)
 			}
 		}
-		if in.adopted || in.left || b.broken.skipKeyLeases() {
+		if in.adopted || in.left || b.broken.SkipsKeyLeases() {
 			continue // an earlier session's, or being let go of: its keys were detached
 		}
 		for i, st := range in.state {

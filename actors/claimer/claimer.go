@@ -29,6 +29,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/hooks"
+
 	"github.com/c1702965/sqlstreams/actors/alerts"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/observe"
@@ -94,8 +96,9 @@ type Actor struct {
 func New(cfg Config) *Actor {
 	a := &Actor{cfg: cfg, db: cfg.Store.Group(cfg.StreamID, cfg.GroupID).InLane(false), runner: cfg.newRunner(),
 		outage: cfg.reporter("claimer store call")}
-	a.b = books{keyBusyDelay: cfg.KeyBusyDelay, broken: cfg.Broken, stats: cfg.Stats, skipped: cfg.Skipped}
+	a.b = books{keyBusyDelay: cfg.KeyBusyDelay, stats: cfg.Stats, hooks: cfg.Hooks, broken: cfg.Hooks.Breaks()}
 	a.b.keys.hold = cfg.keyHold()
+	a.b.ranges.keepDue = cfg.Hooks.Breaks().ForgetsKeepingCommitDue()
 	a.reset()
 	return a
 }
@@ -178,13 +181,11 @@ func (a *Actor) claimOnce(ctx context.Context, sweep, reclaim bool) (jobs []Job,
 		// this claim (a produce's, a hand-back's) would be lost until the
 		// next wake or the backstop sweep.
 		a.idleProbed = false
-		a.cfg.Signals.notValid()
+		a.cfg.Hooks.NotLive()
 		return nil, false, nil
 	}
-	if a.cfg.Fault != nil {
-		if err := a.cfg.Fault("claimer"); err != nil {
-			return nil, false, err
-		}
+	if err := a.cfg.Hooks.At(hooks.ClaimerClaim); err != nil {
+		return nil, false, err
 	}
 	a.idleProbed = false
 	group := a.cfg.Group()

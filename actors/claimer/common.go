@@ -10,6 +10,7 @@ import (
 	"github.com/c1702965/sqlstreams/actors/alerts"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/internal/backoff"
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/observe"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/policy"
@@ -72,12 +73,6 @@ type Common struct {
 	// KeyBusyDelay is how long a keyed message waits before trying a busy
 	// key again.
 	KeyBusyDelay time.Duration
-	// KeyHold is how long the range claimer keeps an exclusive key's lease
-	// after the last range using it settled, while no key it wanted was
-	// busy in another instance lately: the next range bringing the key runs
-	// it without writing a lease again (decision 0045). 0: DefaultKeyHold;
-	// negative: released with the last range using it.
-	KeyHold time.Duration
 	// TimeoutGrace is how long a handler may outlive its Timeout before it
 	// is abandoned.
 	TimeoutGrace time.Duration
@@ -93,9 +88,6 @@ type Common struct {
 	// labelled with StreamName and GroupName.
 	Observer              observe.Observer
 	StreamName, GroupName string
-	// Fault, if set, is called at the top of every claim: chaos tests make
-	// it panic or fail to show the supervisor restarts the actor.
-	Fault func(site string) error
 	// Drain is the session's shutdown plan: when it begins, the actor stops
 	// claiming, lets in-flight handlers finish until its handlers' deadline,
 	// and hands the rest back within its hand-back deadline. nil never
@@ -112,12 +104,6 @@ type Common struct {
 	Health *outage.Health
 	// Retry is the backoff after a failed store call (zero: the default).
 	Retry backoff.Policy
-	// Skipped, if set, is told of each message a range settles without
-	// delivery because the binding set in force (declaration id) does not
-	// route it to the group (the simulator checks it).
-	Skipped func(m *store.Message, bindings int64)
-	// Broken is nil outside the simulator's tests: see Broken.
-	Broken *Broken
 	// Listening, if set, reports whether the client's LISTEN connection is
 	// up: while it is, a quiet actor skips its poll ticks (decision 0038;
 	// quiet.go). nil: never quiet (the simulator, step-driven tests).
@@ -127,9 +113,6 @@ type Common struct {
 	// 0040): the actor sweeps for its leases. With it, a quiet actor skips
 	// most reconcile ticks' sweeps too (QuietSweepEvery).
 	Alarm <-chan struct{}
-	// QuietSweeps overrides QuietSweepEvery (0: QuietSweepEvery); tests
-	// make it large to show that an alarm alone brings a takeover.
-	QuietSweeps int
 	// Holdings, if set, is told whether the actor may hold leases, for its
 	// heartbeat (Holdings).
 	Holdings *Holdings
@@ -137,30 +120,11 @@ type Common struct {
 	// claimer gives it when it writes exception rows, the exception claimer
 	// takes it.
 	Nudge *Nudge
-	// Trace, if set, is told what becomes of outcomes: applied in memory,
-	// dropped (a stale or cancelled run), written, or lost with the lease.
-	// The chaos test accounts for its duplicates with it; nil elsewhere.
-	Trace func(kind TraceKind, messages []int64)
-	// Signals are test signals (nil: none): see Signals.
-	Signals *Signals
+	// Hooks are the session's test hooks (nil in production): steps that
+	// fail or panic on demand, traces, signals, settings only tests change
+	// (KeyHold, QuietSweeps) and the simulator's broken switches.
+	Hooks *hooks.Hooks
 }
-
-// Broken holds test-only fault switches. Each breaks one promise on purpose
-// so the simulator can show that its invariants catch it; nothing outside
-// the simulator's tests sets them.
-type Broken struct {
-	DropFailures         bool // a range commit omits its exception rows: failed messages vanish
-	SkipKeyLeases        bool // keyed messages run at once, without a key lease
-	DeliverUnmatched     bool // messages outside the group's binding set are delivered
-	IgnoreOrderedFailure bool // a failed ordered message does not hold back its key's later messages
-}
-
-// The switches as the claimer reads them: a nil *Broken (every production
-// session) is all false.
-func (b *Broken) dropFailures() bool         { return b != nil && b.DropFailures }
-func (b *Broken) skipKeyLeases() bool        { return b != nil && b.SkipKeyLeases }
-func (b *Broken) deliverUnmatched() bool     { return b != nil && b.DeliverUnmatched }
-func (b *Broken) ignoreOrderedFailure() bool { return b != nil && b.IgnoreOrderedFailure }
 
 // Config is the range claimer's config.
 type Config struct {
@@ -185,34 +149,6 @@ type Config struct {
 	WorkerConfigID int64
 }
 
-// TraceKind is what a Trace event says became of outcomes.
-type TraceKind uint8
-
-const (
-	TraceApplied   TraceKind = iota // the actor took the outcome in
-	TraceDropped                    // the actor ignored it: a stale, handed-back or cancelled run
-	TraceRecorded                   // written: a reclaimer does not deliver it again
-	TraceLost                       // the write found the lease gone
-	TraceLeft                       // left, unwritten, to the consumer's Leftovers
-	TraceAdopted                    // taken from the Leftovers by a later session
-	TraceAbandoned                  // unwritten when the actor stopped without a hand-back
-	TraceBegun                      // the range claimer's begin succeeded (no messages)
-)
-
-// trace tells Trace about one message (0: unknown, nothing said). The
-// slice is built only when Trace is set: the hot path allocates nothing.
-func (c *Common) trace(kind TraceKind, id int64) {
-	if c.Trace != nil && id != 0 {
-		c.Trace(kind, []int64{id})
-	}
-}
-
-func (c *Common) traceAll(kind TraceKind, ids []int64) {
-	if c.Trace != nil && len(ids) > 0 {
-		c.Trace(kind, ids)
-	}
-}
-
 // doneUnrecorded lists the ids of the range's messages with an outcome not
 
 func errText(err error) string {
@@ -222,12 +158,16 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// keyHold is KeyHold with its default.
+// keyHold is how long the range claimer keeps an exclusive key's lease
+// after the last range using it settled, while no key it wanted was busy in
+// another instance lately: the next range bringing the key runs it without
+// writing a lease again (decision 0045). DefaultKeyHold unless the hooks
+// set one (negative: released with the last range using it).
 func (c *Common) keyHold() time.Duration {
-	if c.KeyHold == 0 {
-		return DefaultKeyHold
+	if h := c.Hooks.Hold(); h != 0 {
+		return h
 	}
-	return c.KeyHold
+	return DefaultKeyHold
 }
 
 func (c *Common) observer() observe.Observer { return observe.Or(c.Observer) }

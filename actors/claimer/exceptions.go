@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/hooks"
+
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/policy"
@@ -118,10 +120,8 @@ func (a *ExceptionActor) Claim(ctx context.Context) ([]Job, error) {
 	if free+prefetch <= 0 || !a.cfg.Liveness.Valid() {
 		return nil, nil
 	}
-	if a.cfg.Fault != nil {
-		if err := a.cfg.Fault("exceptions"); err != nil {
-			return nil, err
-		}
+	if err := a.cfg.Hooks.At(hooks.ExceptionsClaim); err != nil {
+		return nil, err
 	}
 	hold := a.cfg.takeoversHeld(a.begunAt)
 	a.noneDue = false
@@ -229,9 +229,9 @@ func (a *ExceptionActor) settle(ctx context.Context, r *excRun, s store.Settleme
 	started, err := a.db.SettleException(ctx, s)
 	switch {
 	case err == nil:
-		a.cfg.trace(TraceRecorded, r.run.Message.ID)
+		a.cfg.Hooks.TraceOne(hooks.TraceRecorded, r.run.Message.ID)
 	case errors.Is(err, store.ErrLeaseLost):
-		a.cfg.trace(TraceLost, r.run.Message.ID)
+		a.cfg.Hooks.TraceOne(hooks.TraceLost, r.run.Message.ID)
 	}
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
@@ -292,13 +292,14 @@ func (r *excRun) batchable() bool {
 // as unwritten and queued for writePending (the serve loop calls it once
 // the outcomes already waiting are in); any other is written now.
 func (a *ExceptionActor) apply(ctx context.Context, o Outcome) ([]Job, error) {
+	a.cfg.Hooks.Point(hooks.ExceptionsOutcome)
 	pos := o.Ref.row
 	r, ok := a.running[pos]
 	if !ok || o.Canceled {
-		a.cfg.trace(TraceDropped, o.msgID)
+		a.cfg.Hooks.TraceOne(hooks.TraceDropped, o.msgID)
 		return nil, nil
 	}
-	a.cfg.trace(TraceApplied, r.run.Message.ID)
+	a.cfg.Hooks.TraceOne(hooks.TraceApplied, r.run.Message.ID)
 	group := a.cfg.Group()
 	next := policy.Decide(a.atWrite(r.eff, &r.run.Message, group), group.InitialBackoffOrDefault(), r.run.Attempts, r.run.Delays, o.Err)
 	a.cfg.Stats.count(next, o.Err, r.run.Attempts)
@@ -351,9 +352,9 @@ func (a *ExceptionActor) writePending(ctx context.Context) error {
 		delete(a.running, r.run.Position)
 		if lost[i] {
 			a.cfg.Stats.LeasesLost.Add(1)
-			a.cfg.trace(TraceLost, r.run.Message.ID)
+			a.cfg.Hooks.TraceOne(hooks.TraceLost, r.run.Message.ID)
 		} else {
-			a.cfg.trace(TraceRecorded, r.run.Message.ID)
+			a.cfg.Hooks.TraceOne(hooks.TraceRecorded, r.run.Message.ID)
 		}
 	}
 	return nil
@@ -362,6 +363,9 @@ func (a *ExceptionActor) writePending(ctx context.Context) error {
 // Flush writes settlements that failed earlier (a database restart, say)
 // and returns the jobs of chains they start.
 func (a *ExceptionActor) Flush(ctx context.Context) ([]Job, error) {
+	if err := a.cfg.Hooks.At(hooks.ExceptionsFlush); err != nil {
+		return nil, err
+	}
 	for _, r := range a.running {
 		if r.unwritten != nil && r.batchable() {
 			a.pending = append(a.pending, r)
@@ -549,7 +553,7 @@ func (a *ExceptionActor) handBack(ctx context.Context) error { return a.HandBack
 func (a *ExceptionActor) abandon() {
 	for _, r := range a.running {
 		if r.unwritten != nil {
-			a.cfg.trace(TraceAbandoned, r.run.Message.ID)
+			a.cfg.Hooks.TraceOne(hooks.TraceAbandoned, r.run.Message.ID)
 		}
 	}
 }

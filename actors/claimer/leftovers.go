@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/c1702965/sqlstreams/internal/hooks"
+
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
@@ -84,8 +86,8 @@ func (a *Actor) leave() {
 		in := a.b.ranges.get(id)
 		a.b.releaseKeys(in)
 		rs = append(rs, in)
-		if a.cfg.Trace != nil {
-			a.cfg.traceAll(TraceLeft, in.doneUnrecorded())
+		if a.cfg.Hooks.Tracing() {
+			a.cfg.Hooks.TraceAll(hooks.TraceLeft, in.doneUnrecorded())
 		}
 	}
 	a.cfg.Leftovers.put(rs)
@@ -103,8 +105,8 @@ func (a *Actor) adopt() {
 			continue
 		}
 		in.adopted = true
-		if a.cfg.Trace != nil {
-			a.cfg.traceAll(TraceAdopted, in.doneUnrecorded())
+		if a.cfg.Hooks.Tracing() {
+			a.cfg.Hooks.TraceAll(hooks.TraceAdopted, in.doneUnrecorded())
 		}
 		a.b.ranges.add(in) // a complete one is due for its commit
 	}
@@ -169,7 +171,7 @@ func (a *ExceptionActor) leave() {
 	for _, r := range a.running {
 		rs = append(rs, r)
 		if r.unwritten != nil {
-			a.cfg.trace(TraceLeft, r.run.Message.ID)
+			a.cfg.Hooks.TraceOne(hooks.TraceLeft, r.run.Message.ID)
 		}
 	}
 	a.cfg.Leftovers.putRuns(rs)
@@ -183,7 +185,7 @@ func (a *ExceptionActor) writeAdopted(ctx context.Context) error {
 	took := a.cfg.Leftovers.takeRuns()
 	for _, r := range took {
 		if r.unwritten != nil {
-			a.cfg.trace(TraceAdopted, r.run.Message.ID)
+			a.cfg.Hooks.TraceOne(hooks.TraceAdopted, r.run.Message.ID)
 		}
 	}
 	a.adopted = append(a.adopted, took...)

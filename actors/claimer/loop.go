@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/hooks"
+
 	"github.com/c1702965/sqlstreams/internal/wakeup"
 )
 
@@ -45,8 +47,8 @@ func (a *Actor) begin(ctx context.Context) error {
 			return err
 		}
 	}
-	if a.cfg.Trace != nil {
-		a.cfg.Trace(TraceBegun, nil)
+	if a.cfg.Hooks.Tracing() {
+		a.cfg.Hooks.Trace(hooks.TraceBegun, nil)
 	}
 	a.settled() // the instance's leases were all let go of
 	return nil
@@ -191,9 +193,9 @@ func (a *Actor) handBack(ctx context.Context) error {
 	return err
 }
 func (a *Actor) abandon() {
-	if a.cfg.Trace != nil {
+	if a.cfg.Hooks.Tracing() {
 		for _, id := range a.b.ranges.order {
-			a.cfg.traceAll(TraceAbandoned, a.b.ranges.get(id).doneUnrecorded())
+			a.cfg.Hooks.TraceAll(hooks.TraceAbandoned, a.b.ranges.get(id).doneUnrecorded())
 		}
 	}
 }

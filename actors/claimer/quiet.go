@@ -2,8 +2,6 @@ package claimer
 
 import (
 	"sync/atomic"
-
-	"github.com/c1702965/sqlstreams/internal/testsignal"
 )
 
 // Quiet claimers (decision 0038).
@@ -120,8 +118,8 @@ func skipQuietTick(c *Common, quiet bool, n *int) bool {
 		return false
 	}
 	every := QuietSweepEvery
-	if c.QuietSweeps > 0 {
-		every = c.QuietSweeps
+	if n := c.Hooks.Sweeps(); n > 0 {
+		every = n
 	}
 	if *n++; *n < every {
 		return true
@@ -133,27 +131,3 @@ func skipQuietTick(c *Common, quiet bool, n *int) bool {
 // listening reports whether the claimer may be quiet: the client's LISTEN
 // connection is up.
 func (c *Common) listening() bool { return c.Listening != nil && c.Listening() }
-
-// Signals are the claimers' test signals (testsignal): inert unless a test
-// initializes them, and a nil *Signals signals nothing.
-type Signals struct {
-	// QuietTick carries the actor's what() each time it skips a poll tick
-	// because it is quiet: from then on only a wake, an alarm or a backstop
-	// sweep makes it look for work.
-	QuietTick testsignal.Signal[string]
-	// NotValid is signalled each time the range claimer could not claim
-	// because its incarnation was not provably live.
-	NotValid testsignal.Signal[struct{}]
-}
-
-func (s *Signals) quietTick(what string) {
-	if s != nil {
-		s.QuietTick.Signal(what)
-	}
-}
-
-func (s *Signals) notValid() {
-	if s != nil {
-		s.NotValid.Signal(struct{}{})
-	}
-}

@@ -119,6 +119,8 @@ type rangeBook struct {
 	// commits a range as it completes, and again at each flush while the
 	// commit fails.
 	toCommit []ref
+	// keepDue breaks forget on purpose (hooks.Broken.ForgetKeepsCommitDue).
+	keepDue bool
 }
 
 func (b *rangeBook) reset() {
@@ -170,7 +172,7 @@ func (b *rangeBook) forget(id int64) {
 			break
 		}
 	}
-	if len(b.toCommit) > 0 {
+	if len(b.toCommit) > 0 && !b.keepDue {
 		kept := b.toCommit[:0]
 		for _, c := range b.toCommit {
 			if c.rangeID != id {

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/c1702965/sqlstreams/internal/codes"
 	"log/slog"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/c1702965/sqlstreams/internal/codes"
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/handlerctx"

@@ -10,6 +10,7 @@ import (
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/shutdown"
 	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/c1702965/sqlstreams/supervisor"
 )
 
 // loop is one claimer as the shared Serve loop drives it: the range claimer
@@ -99,7 +100,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			if ctx.Err() == nil { // else the session is stopping: an abrupt stop records nothing
 				salvage(ctx, c, l, p, c.ShutdownTimeout())
 			}
-			panic(v) // the supervisor logs it and restarts the actor
+			supervisor.Repanic(v) // the supervisor logs it, with where it was raised, and restarts the actor
 		}
 	}()
 	send := func(jobs []Job) {
@@ -329,7 +330,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		case <-poll.C:
 			busy.Working()
 			if begun && holdoff == nil && !draining && c.listening() && l.quiet() {
-				c.Signals.quietTick(l.what())
+				c.Hooks.QuietTicked(l.what())
 				break // a wake brings what this tick would find (quiet.go)
 			}
 			if begun && holdoff == nil {

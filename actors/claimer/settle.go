@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 
+	"github.com/c1702965/sqlstreams/internal/hooks"
+
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
@@ -13,15 +15,16 @@ import (
 // and commits the range when every message has an outcome. A canceled
 // outcome settles nothing: the message is handed back with its range.
 func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
+	a.cfg.Hooks.Point(hooks.ClaimerOutcome)
 	rf := o.Ref
 	if o.Canceled || !a.b.running(rf) {
-		a.cfg.trace(TraceDropped, o.msgID)
+		a.cfg.Hooks.TraceOne(hooks.TraceDropped, o.msgID)
 		return nil, nil // a range dropped after a lost lease or a hand-back, or an earlier incarnation's job
 	}
 	in := a.b.ranges.of(rf)
 	i := rf.index
 	m := &in.r.Messages[i]
-	a.cfg.trace(TraceApplied, m.ID)
+	a.cfg.Hooks.TraceOne(hooks.TraceApplied, m.ID)
 	group := a.cfg.Group()
 	e := a.atWrite(in.eff[i], m, group)
 	next := policy.Decide(e, group.InitialBackoffOrDefault(), 0, 0, o.Err)
@@ -36,7 +39,7 @@ func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 	}
 	a.cfg.Stats.count(next, o.Err, 0)
 	a.cfg.observeAttempt(o, next, 0, m.ProducedAt)
-	holdBack := e.Concurrency == policy.Ordered && !next.Delete && !a.cfg.Broken.ignoreOrderedFailure()
+	holdBack := e.Concurrency == policy.Ordered && !next.Delete && !a.cfg.Hooks.Breaks().IgnoresOrderedFailure()
 	jobs, complete := a.b.outcome(rf, w, holdBack)
 	if !complete {
 		return jobs, nil
@@ -56,12 +59,12 @@ func (a *Actor) commit(ctx context.Context, id int64) error {
 	if len(s.Exceptions) > 0 {
 		a.cfg.Nudge.give() // after the write: the exception claimer's probe must see its rows
 	}
-	if a.cfg.Trace != nil {
+	if a.cfg.Hooks.Tracing() {
 		switch {
 		case err == nil || (errors.Is(err, store.ErrRangeGone) && in.uncertain):
-			a.cfg.traceAll(TraceRecorded, in.doneUnrecorded())
+			a.cfg.Hooks.TraceAll(hooks.TraceRecorded, in.doneUnrecorded())
 		case errors.Is(err, store.ErrRangeGone) || errors.Is(err, store.ErrLeaseLost):
-			a.cfg.traceAll(TraceLost, in.doneUnrecorded())
+			a.cfg.Hooks.TraceAll(hooks.TraceLost, in.doneUnrecorded())
 		}
 	}
 	switch {
@@ -115,6 +118,9 @@ func (a *Actor) releaseKept(ctx context.Context, all bool) error {
 // it alive forever. The claimer's state is exact between steps (it alone
 // claims for its instance), so anything else is such a leftover.
 func (a *Actor) Reconcile(ctx context.Context) error {
+	if err := a.cfg.Hooks.At(hooks.ClaimerReconcile); err != nil {
+		return err
+	}
 	known := make([]int64, 0, a.b.ranges.len())
 	for id := range a.b.ranges.m {
 		known = append(known, id)
@@ -134,6 +140,9 @@ func (a *Actor) Reconcile(ctx context.Context) error {
 // Flush retries commits that failed earlier (a database restart, say), then
 // records the settled prefixes of the ranges still in flight.
 func (a *Actor) Flush(ctx context.Context) error {
+	if err := a.cfg.Hooks.At(hooks.ClaimerFlush); err != nil {
+		return err
+	}
 	if err := a.retryCommits(ctx); err != nil {
 		return err
 	}
@@ -189,19 +198,19 @@ func (a *Actor) RecordProgress(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if a.cfg.Trace != nil { // before the marks: what each record wrote, or lost
+	if a.cfg.Hooks.Tracing() { // before the marks: what each record wrote, or lost
 		for i, pr := range p.ps {
 			in := a.b.ranges.get(pr.RangeID)
 			switch {
 			case in == nil:
 			case !advanced[pr.RangeID] || in.r.Token != pr.Token:
-				a.cfg.traceAll(TraceLost, in.doneUnrecorded())
+				a.cfg.Hooks.TraceAll(hooks.TraceLost, in.doneUnrecorded())
 			default:
 				ids := make([]int64, 0, len(p.fresh[i]))
 				for _, j := range p.fresh[i] {
 					ids = append(ids, in.r.Messages[j].ID)
 				}
-				a.cfg.traceAll(TraceRecorded, ids)
+				a.cfg.Hooks.TraceAll(hooks.TraceRecorded, ids)
 			}
 		}
 	}
@@ -218,6 +227,9 @@ func (a *Actor) RecordProgress(ctx context.Context) error {
 // every flush tick does) and is released with its lease expired now, so
 // another instance takes the rest at once.
 func (a *Actor) HandBack(ctx context.Context) error {
+	if err := a.cfg.Hooks.At(hooks.ClaimerHandBack); err != nil {
+		return err
+	}
 	var errs []error
 	if err := a.Flush(ctx); err != nil { // retried commits, then the prefixes
 		errs = append(errs, err)

@@ -14,13 +14,15 @@ package registrar
 
 import (
 	"context"
+	"log/slog"
+	"time"
+
 	"github.com/c1702965/sqlstreams/actors/alerts"
 	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/codes"
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/observe"
 	"github.com/c1702965/sqlstreams/internal/outage"
-	"log/slog"
-	"time"
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/store"
@@ -49,9 +51,9 @@ type Config struct {
 	// DeclaredAt, if set, is the declared_at of this declarer's earlier
 	// attempt that waited (Register's): every attempt carries it.
 	DeclaredAt *time.Time
-	// Fault, if set, is called at the top of every attempt (tests make it
-	// panic to show the supervisor restarts the actor).
-	Fault func(site string) error
+	// Hooks are the session's test hooks (nil in production): a test makes
+	// an attempt fail or panic at its top (hooks.Registrar).
+	Hooks *hooks.Hooks
 	// Observer, if set, counts each wait once (observe.BindingWait),
 	// labelled with StreamName and GroupName.
 	Observer   observe.Observer
@@ -93,10 +95,8 @@ func New(cfg Config) *Actor {
 // Step makes one attempt. declared_at stays the first attempt's across
 // retries; attempt_at is each attempt's own.
 func (a *Actor) Step(ctx context.Context) (store.BindingResult, error) {
-	if a.cfg.Fault != nil {
-		if err := a.cfg.Fault("registrar"); err != nil {
-			return store.BindingResult{}, err
-		}
+	if err := a.cfg.Hooks.At(hooks.Registrar); err != nil {
+		return store.BindingResult{}, err
 	}
 	a.sent = a.cfg.Clock.Now()
 	res, err := a.cfg.Store.Group(a.cfg.StreamID, a.cfg.GroupID).DeclareBindings(ctx, store.BindingRequest{
