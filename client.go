@@ -42,7 +42,8 @@ type ClientConfig struct {
 	// Retry is how the client's actors retry their own store calls after a
 	// transient failure (a lost connection, a restarting server, a
 	// serialization failure): each waits Retry's backoff before its next
-	// attempt, and logs the outage once (SQL0101). Failures that retrying
+	// attempt; a Consume session logs an outage twice (SQL0101: when it
+	// begins, and when it ends, with its length). Failures that retrying
 	// cannot fix (a missing schema or table, a missing privilege, a closed
 	// pool) are not retried: Consume returns them. Defaults per field: see
 	// Backoff.

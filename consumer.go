@@ -560,8 +560,10 @@ type Handler[T any] func(ctx context.Context, msg *T) error
 // excepted (they are reported, SQL0207, and left behind).
 //
 // A transient store failure (a lost connection, a restarting database) is
-// retried with ClientConfig.Retry's backoff and logged once per outage
-// (SQL0101). A failure that retrying cannot fix (the schema or a table is
+// retried with ClientConfig.Retry's backoff; the session logs the outage
+// twice (SQL0101: when its first actor fails, and when one reaches the
+// database again, with the outage's length). A failure that retrying
+// cannot fix (the schema or a table is
 // missing, a privilege is missing, the pool was closed) ends the session:
 // Consume drains as above and returns an error wrapping ErrPermanent that
 // names the cause and the remedy.
@@ -582,10 +584,10 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 	}
 	defer c.track(stats)()
 	client := c.s.c
-	var mgr func(*shutdown.Plan) suture.Service
+	var mgr func(*shutdown.Plan, *outage.Log) suture.Service
 	if !o.DisableManager {
-		mgr = func(stop *shutdown.Plan) suture.Service {
-			return oneManagerAProcess{turn: client.managerTurn, svc: client.Manager().actor(o.InstanceTTL, stop)}
+		mgr = func(stop *shutdown.Plan, outages *outage.Log) suture.Service {
+			return oneManagerAProcess{turn: client.managerTurn, svc: client.Manager().actor(o.InstanceTTL, stop, outages)}
 		}
 	}
 	endSession := client.store.Session()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/c1702965/sqlstreams/actors/manager"
 	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/settings"
 	"github.com/c1702965/sqlstreams/internal/shutdown"
 	"github.com/thejerf/suture/v4"
@@ -162,10 +163,10 @@ func (o *ManagerOptions) withDefaults() ManagerOptions {
 	return out
 }
 
-func (m *Manager) actor(ttl time.Duration, stop *shutdown.Plan) *manager.Actor {
+func (m *Manager) actor(ttl time.Duration, stop *shutdown.Plan, outages *outage.Log) *manager.Actor {
 	c := m.c
 	return manager.Standard(manager.Config{
-		Store: c.store, DeclaredBy: declaredBy(), TTL: ttl, NewID: engine.NewID, Stop: stop,
+		Store: c.store, DeclaredBy: declaredBy(), TTL: ttl, NewID: engine.NewID, Stop: stop, Outages: outages,
 		Clock: c.cfg.Clock, Logger: c.cfg.Logger, DBNow: engine.DBNow(c.cfg.Clock),
 	})
 }
@@ -177,7 +178,7 @@ func (m *Manager) Run(ctx context.Context, opts *ManagerOptions) error {
 	if o.InstanceTTL < 0 {
 		return fmt.Errorf("%w: ManagerOptions.InstanceTTL must not be negative", ErrInvalidConfig)
 	}
-	err := m.actor(o.InstanceTTL, nil).Serve(ctx)
+	err := m.actor(o.InstanceTTL, nil, nil).Serve(ctx)
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		return nil // stopped as asked
 	}

@@ -26,7 +26,7 @@ func TestRetentionKeepsTheLogBounded(t *testing.T) {
 	ctx := context.Background()
 	require.NoError(t, s.Register(ctx, &StreamConfig{RetentionTTL: time.Hour}))
 	require.NoError(t, st.e.client.Manager().Declare(ctx, WorkerRetention, WorkerConfig{Batch: 20, MaxBatches: 10, ChunkInterval: 30 * time.Minute}))
-	mgr := st.e.client.Manager().actor(30*time.Second, nil)
+	mgr := st.e.client.Manager().actor(30*time.Second, nil, nil)
 	ret := retention(t, mgr)
 	slow, err := s.Consumer("slow").Register(ctx, nil)
 	require.NoError(t, err)
@@ -106,7 +106,7 @@ func TestRetentionNeverDropsWhatAGroupHasNotCommitted(t *testing.T) {
 	require.NoError(t, s.Register(ctx, &StreamConfig{RetentionTTL: time.Hour}))
 	st.e.produceN(s, "m", 10)
 	require.Equal(t, 10, st.claimRange())
-	mgr := st.e.client.Manager().actor(30*time.Second, nil)
+	mgr := st.e.client.Manager().actor(30*time.Second, nil, nil)
 	survivors := func() []string {
 		rows, err := st.e.pool.Query(ctx, fmt.Sprintf("SELECT payload->>'order_id' FROM %s.stream_%d_log ORDER BY id", st.e.client.Schema(), st.c.group.StreamID))
 		require.NoError(t, err)
@@ -154,7 +154,7 @@ func TestRetentionKeepsDeadLettersOfDroppedChunks(t *testing.T) {
 	ctx := context.Background()
 	require.NoError(t, s.Register(ctx, &StreamConfig{RetentionTTL: time.Hour}))
 	require.NoError(t, st.e.client.Manager().Declare(ctx, WorkerRetention, WorkerConfig{ChunkInterval: time.Minute}))
-	mgr := st.e.client.Manager().actor(30*time.Second, nil)
+	mgr := st.e.client.Manager().actor(30*time.Second, nil, nil)
 	ret := retention(t, mgr)
 	streamID := st.c.group.StreamID
 	chunks := func() []store.Chunk {
@@ -216,7 +216,7 @@ func TestManagerRunsEachWorkerOnItsTargetCount(t *testing.T) {
 	st, _ := newStepper(t, nil, func(*order, int) error { return nil })
 	ctx := context.Background()
 	const ttl = 3 * time.Second
-	ms := []*manager.Actor{st.e.client.Manager().actor(ttl, nil), st.e.client.Manager().actor(ttl, nil), st.e.client.Manager().actor(ttl, nil)}
+	ms := []*manager.Actor{st.e.client.Manager().actor(ttl, nil, nil), st.e.client.Manager().actor(ttl, nil, nil), st.e.client.Manager().actor(ttl, nil, nil)}
 	holders := func(ms []*manager.Actor) int {
 		n := 0
 		for _, m := range ms {
@@ -286,7 +286,7 @@ func TestATakenOverWorkerWaitsOutTheFleetsInterval(t *testing.T) {
 			require.NoError(t, a.Step(ctx))
 		}
 	}
-	first := m.actor(ttl, nil)
+	first := m.actor(ttl, nil, nil)
 	require.NoError(t, first.Step(ctx))
 	require.True(t, first.Holds(WorkerPrune))
 	require.Equal(t, 1, first.Rounds(WorkerPrune), "the fleet's first round runs at once")
@@ -294,7 +294,7 @@ func TestATakenOverWorkerWaitsOutTheFleetsInterval(t *testing.T) {
 
 	// A rolling deploy: the holder gives its slot back, a new process takes it.
 	require.NoError(t, first.Release(ctx))
-	second := m.actor(ttl, nil)
+	second := m.actor(ttl, nil, nil)
 	require.NoError(t, second.Step(ctx))
 	require.True(t, second.Holds(WorkerPrune))
 	require.Zero(t, second.Rounds(WorkerPrune), "a round ran a minute ago: the new holder waits")
@@ -307,7 +307,7 @@ func TestATakenOverWorkerWaitsOutTheFleetsInterval(t *testing.T) {
 
 	// A crash: the holder stops heartbeating; the next process takes its
 	// slot over a TTL later and waits for the rest of the interval.
-	third := m.actor(ttl, nil)
+	third := m.actor(ttl, nil, nil)
 	require.NoError(t, third.Step(ctx))
 	require.False(t, third.Holds(WorkerPrune), "the slot is held")
 	run(third, ttl)
@@ -326,7 +326,7 @@ func TestWorkerKnobsFollowRedeclaration(t *testing.T) {
 	ctx := context.Background()
 	m := st.e.client.Manager()
 	require.NoError(t, m.Declare(ctx, WorkerRetention, WorkerConfig{Interval: time.Hour}))
-	a := m.actor(time.Hour, nil) // a TTL longer than the test's steps: the slot never lapses
+	a := m.actor(time.Hour, nil, nil) // a TTL longer than the test's steps: the slot never lapses
 	require.NoError(t, a.Step(ctx))
 	require.Equal(t, 1, a.Rounds(WorkerRetention))
 	st.mock.Add(10 * time.Minute)
@@ -356,7 +356,7 @@ func TestLedgersStayBoundedWhileAnInstanceWaitsForDays(t *testing.T) {
 		Interval:  10 * time.Minute, Clock: mock, Logger: e.client.cfg.Logger, DBNow: engine.DBNow(mock)})
 	m := e.client.Manager()
 	require.NoError(t, m.Declare(ctx, WorkerPrune, WorkerConfig{Interval: time.Hour, Batch: 50, ConfigLogKeep: 3}))
-	a := m.actor(2*time.Hour, nil)
+	a := m.actor(2*time.Hour, nil, nil)
 	prune := func() *manager.Prune {
 		for _, w := range a.Workers() {
 			if p, ok := w.(*manager.Prune); ok {
@@ -435,7 +435,7 @@ func TestPruneKeepsEveryConfigDocumentByDefault(t *testing.T) {
 	}
 	m := e.client.Manager()
 	require.NoError(t, m.Declare(ctx, WorkerPrune, WorkerConfig{Interval: time.Hour}))
-	a := m.actor(2*time.Hour, nil)
+	a := m.actor(2*time.Hour, nil, nil)
 	mock.Add(2 * time.Hour)
 	require.NoError(t, a.Step(ctx))
 	require.Equal(t, declarations, configSnapshots(t, e, "g"), "every earlier document stays")

@@ -149,7 +149,7 @@ type Config struct {
 	Stats  *claimer.Stats
 	// Manager, if set, makes the fleet's maintenance workers' actor for
 	// the session's tree (see actors/manager), bounded by its shutdown plan.
-	Manager func(stop *shutdown.Plan) suture.Service
+	Manager func(stop *shutdown.Plan, outages *outage.Log) suture.Service
 }
 
 // DBNow returns the explicit database time for statements: nil under a real
@@ -233,7 +233,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, GroupName: cfg.GroupName,
 		Patterns: cfg.Patterns, Regexes: cfg.Regexes, DeclaredBy: cfg.DeclaredBy,
 		Interval: o.BindingRetryInterval, Clock: cfg.Clock, Logger: logger, DBNow: dbNow, Alerts: s.queue, Retry: cfg.Retry,
-		DeclaredAt: cfg.DeclaredAt, Hooks: cfg.Hooks, Observer: cfg.Observer, StreamName: cfg.StreamName,
+		DeclaredAt: cfg.DeclaredAt, Hooks: cfg.Hooks, Observer: cfg.Observer, StreamName: cfg.StreamName, Outages: health.Outages(),
 	})
 	if cfg.Hub != nil {
 		ch, unsubscribe := cfg.Hub.Subscribe(cfg.StreamID, cfg.Patterns)
@@ -346,7 +346,7 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 	sup.Add("exception-heartbeat", newBeat(excID, store.WorkerExceptionConsumer, store.ExceptionLeases, excLive, excHold, excAlarm))
 	sup.Add("refresher", s.ref)
 	if cfg.Manager != nil {
-		sup.Add("manager", cfg.Manager(s.plan))
+		sup.Add("manager", cfg.Manager(s.plan, s.health.Outages()))
 	}
 	for _, d := range actors {
 		sup.Add(d.name, serviceFunc(func(ctx context.Context) error {

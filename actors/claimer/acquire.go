@@ -51,7 +51,7 @@ func (a *Actor) acquisition() func(context.Context) Acquired {
 		if a.b.underGate(p) {
 			return func(context.Context) Acquired { return Acquired{of: p} }
 		}
-		db, req := a.cfg.Store.Group(a.cfg.StreamID, a.cfg.GroupID), p.req
+		db, req := a.cfg.Store.Group(a.cfg.StreamID, a.cfg.GroupID).Counting(&a.answered), p.req
 		return func(ctx context.Context) Acquired {
 			held, blocked, err := db.AcquireKeys(ctx, req)
 			return Acquired{Held: held, Blocked: blocked, Err: err, of: p}

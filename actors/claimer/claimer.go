@@ -27,6 +27,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/c1702965/sqlstreams/internal/hooks"
@@ -45,6 +46,10 @@ type Actor struct {
 	db     store.Group
 	runner *runner
 	b      books
+
+	// answered counts the store calls the database answered (the outage
+	// reporter's Reached).
+	answered atomic.Uint64
 
 	stallSince time.Time
 	stalled    bool
@@ -94,8 +99,9 @@ type Actor struct {
 
 // New returns a range claimer.
 func New(cfg Config) *Actor {
-	a := &Actor{cfg: cfg, db: cfg.Store.Group(cfg.StreamID, cfg.GroupID).InLane(false), runner: cfg.newRunner(),
-		outage: cfg.reporter("claimer store call")}
+	a := &Actor{cfg: cfg, runner: cfg.newRunner()}
+	a.db = cfg.Store.Group(cfg.StreamID, cfg.GroupID).InLane(false).Counting(&a.answered)
+	a.outage = cfg.reporter("claimer store call", &a.answered)
 	a.b = books{keyBusyDelay: cfg.KeyBusyDelay, stats: cfg.Stats, hooks: cfg.Hooks, broken: cfg.Hooks.Breaks()}
 	a.b.keys.hold = cfg.keyHold()
 	a.b.ranges.keepDue = cfg.Hooks.Breaks().ForgetsKeepingCommitDue()

@@ -223,8 +223,10 @@ func (c *Common) newRunner() *runner {
 }
 
 // reporter returns the actor's outage reporter: once-per-outage logging,
-// the backoff, and the session's health.
-func (c *Common) reporter(what string) *outage.Reporter {
+// the backoff, and the session's health. answered counts the actor's store
+// calls the database answered: a step that made none (most outcomes, a
+// claim held back) says nothing of an outage.
+func (c *Common) reporter(what string, answered *atomic.Uint64) *outage.Reporter {
 	return &outage.Reporter{Logger: c.Logger, What: what, Retry: "with backoff", Attrs: []any{"group_id", c.GroupID},
-		Health: c.Health, Backoff: backoff.Backoff{Policy: c.Retry}}
+		Health: c.Health, Backoff: backoff.Backoff{Policy: c.Retry}, Reached: answered.Load}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/c1702965/sqlstreams/internal/hooks"
@@ -61,6 +62,9 @@ type ExceptionActor struct {
 	runner  *runner
 	running map[store.Position]*excRun
 	outage  *outage.Reporter
+	// answered counts the store calls the database answered (the outage
+	// reporter's Reached).
+	answered atomic.Uint64
 	// draining_: a drain is under way, so no chain starts its next row.
 	draining_ bool
 	// pending are rows whose settlement apply queued for writePending.
@@ -99,9 +103,10 @@ func NewExceptionActor(cfg ExceptionConfig) *ExceptionActor {
 		cfg.Chain = 0
 	}
 	cfg.Prefetch = max(cfg.Prefetch, 0)
-	return &ExceptionActor{cfg: cfg, db: cfg.Store.Group(cfg.StreamID, cfg.GroupID).InLane(true), running: map[store.Position]*excRun{},
-		runner: cfg.newRunner(),
-		outage: cfg.reporter("exception claimer store call")}
+	a := &ExceptionActor{cfg: cfg, running: map[store.Position]*excRun{}, runner: cfg.newRunner()}
+	a.db = cfg.Store.Group(cfg.StreamID, cfg.GroupID).InLane(true).Counting(&a.answered)
+	a.outage = cfg.reporter("exception claimer store call", &a.answered)
+	return a
 }
 
 // Running returns how many rows are leased and started, not settled.

@@ -14,10 +14,12 @@ package heartbeat
 
 import (
 	"context"
-	"github.com/c1702965/sqlstreams/internal/codes"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/c1702965/sqlstreams/internal/codes"
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/backoff"
@@ -82,13 +84,17 @@ type Actor struct {
 	registered bool
 	lost       bool // the row lapsed or was gone: nothing more is renewed
 	outage     *outage.Reporter
+	// answered counts the store calls that succeeded: a beat with nothing
+	// to renew (no leases held, a lost row) says nothing of an outage.
+	answered atomic.Uint64
 }
 
 // New returns a heartbeat actor.
 func New(cfg Config) *Actor {
-	return &Actor{cfg: cfg, registered: cfg.Registered,
-		outage: &outage.Reporter{Logger: cfg.Logger, What: "heartbeat", Retry: "with backoff", Attrs: []any{"instance", cfg.InstanceID},
-			Health: cfg.Health, Backoff: backoff.Backoff{Policy: cfg.Retry}}}
+	a := &Actor{cfg: cfg, registered: cfg.Registered}
+	a.outage = &outage.Reporter{Logger: cfg.Logger, What: "heartbeat", Retry: "with backoff", Attrs: []any{"instance", cfg.InstanceID},
+		Health: cfg.Health, Backoff: backoff.Backoff{Policy: cfg.Retry}, Reached: a.answered.Load}
+	return a
 }
 
 // SafetyMargin is the share of the TTL an instance gives up at the end of
@@ -253,6 +259,7 @@ func (a *Actor) Step(ctx context.Context) error {
 		if err := a.cfg.Store.InsertInstance(ctx, a.cfg.InstanceID, a.cfg.WorkerConfigID, a.cfg.DeclaredBy, a.cfg.TTL, a.cfg.DBNow()); err != nil {
 			return err
 		}
+		a.answered.Add(1)
 		a.registered = true
 		a.cfg.Liveness.Start(sent)
 		return nil
@@ -262,6 +269,7 @@ func (a *Actor) Step(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		a.answered.Add(1)
 		if r.PeerLapsed && a.cfg.PeerLapsed != nil {
 			a.cfg.PeerLapsed()
 		}
@@ -272,6 +280,7 @@ func (a *Actor) Step(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	a.answered.Add(1)
 	return a.renewed(ctx, live, sent)
 }
 
@@ -306,7 +315,11 @@ func (a *Actor) StepLeases(ctx context.Context) error {
 	if kinds == 0 {
 		kinds = store.AllLeases
 	}
-	return a.cfg.Store.RenewLeasesOf(ctx, kinds, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow())
+	err := a.cfg.Store.RenewLeasesOf(ctx, kinds, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow())
+	if err == nil {
+		a.answered.Add(1)
+	}
+	return err
 }
 
 // Lost reports whether this heartbeat's incarnation was lost.

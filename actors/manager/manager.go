@@ -59,6 +59,9 @@ type Config struct {
 	// Stop, if set, bounds the give-back of the slots at a stop (the
 	// session's shutdown plan); without it the give-back gets shutdown.Grace.
 	Stop *shutdown.Plan
+	// Outages, if set, is the session's outage log: the manager's outages
+	// are logged with the session's, once (outage.Log); without it, its own.
+	Outages *outage.Log
 }
 
 type slot struct {
@@ -102,7 +105,7 @@ func Standard(cfg Config) *Actor {
 // New returns a manager.
 func New(cfg Config) *Actor {
 	return &Actor{cfg: cfg, rows: map[string]store.FleetWorker{}, held: map[string]*slot{}, unseen: map[string]string{}, rounds: map[string]int{},
-		outage: &outage.Reporter{Logger: cfg.Logger, What: "manager", Retry: "every heartbeat"}}
+		outage: &outage.Reporter{Logger: cfg.Logger, What: "manager", Retry: "every heartbeat", Outages: cfg.Outages}}
 }
 
 // Workers returns the manager's workers.

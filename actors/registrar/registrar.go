@@ -51,6 +51,9 @@ type Config struct {
 	// DeclaredAt, if set, is the declared_at of this declarer's earlier
 	// attempt that waited (Register's): every attempt carries it.
 	DeclaredAt *time.Time
+	// Outages, if set, is the session's outage log (outage.Log): an outage
+	// is logged once with the session's.
+	Outages *outage.Log
 	// Hooks are the session's test hooks (nil in production): a test makes
 	// an attempt fail or panic at its top (hooks.Registrar).
 	Hooks *hooks.Hooks
@@ -124,7 +127,7 @@ func (a *Actor) Run(ctx context.Context) (store.BindingResult, error) {
 	t := a.cfg.Clock.Ticker(a.cfg.Interval)
 	defer t.Stop()
 	rep := &outage.Reporter{Logger: a.cfg.Logger, What: "binding declaration attempt", Retry: "with backoff",
-		Attrs: []any{"group", a.cfg.GroupName}, Backoff: backoff.Backoff{Policy: a.cfg.Retry}}
+		Attrs: []any{"group", a.cfg.GroupName}, Backoff: backoff.Backoff{Policy: a.cfg.Retry}, Outages: a.cfg.Outages}
 	var retry <-chan time.Time
 	stopRetry := func() bool { return false }
 	defer func() { stopRetry() }()

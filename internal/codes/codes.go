@@ -117,8 +117,10 @@ var (
 		"A statement failed for a reason that usually passes by itself: the connection was lost (SQLSTATE class 08 "+
 			"or a network error), the server is shutting down, restarting or not yet accepting connections "+
 			"(57P01-57P03), too many connections (53300), a serialization failure or deadlock (40001, 40P01), or a "+
-			"read-only transaction as right after a failover (25006). The actor keeps its state and retries with "+
-			"ClientConfig.Retry's backoff; this line is logged once per outage and a recovery line follows. "+
+			"read-only transaction as right after a failover (25006). The actors keep their state and retry with "+
+			"ClientConfig.Retry's backoff. A Consume session logs two lines an outage: one when its first actor fails "+
+			"to reach the database, naming it and the error, and one when an actor reaches it again, with the "+
+			"outage's length. "+
 			"A session whose store calls have failed for longer than its InstanceTTL is not ready.",
 		"Check the database's availability. If it stays down for longer than InstanceTTL, other instances take over "+
 			"this instance's leases once it lapses; nothing is lost.")

@@ -1,9 +1,11 @@
 // Package outage is how actors live with a failing database. A Reporter
-// records each store call's result: the first failure of an outage is
-// logged once (SQL0101) and its recovery once, the caller is told how long
-// to back off before its next attempt (ClientConfig.Retry), and a failure
-// that retrying cannot fix is handed to the session's Health, which ends the
-// session with it instead of retrying forever.
+// records each store call's result: the caller is told how long to back off
+// before its next attempt (ClientConfig.Retry), and a failure that retrying
+// cannot fix is handed to the session's Health, which ends the session with
+// it instead of retrying forever. An outage is logged once a session
+// (SQL0101) when its first actor fails to reach the database, and once when
+// one reaches it again, with the outage's length; a Reporter without a
+// Health logs its own.
 //
 // Health is the session's view of all its actors' store calls: the
 // readiness level (consuming, and no actor failing for longer than the
@@ -37,8 +39,17 @@ type Reporter struct {
 	Health *Health
 	// Backoff is the wait before the next attempt after a failure.
 	Backoff backoff.Backoff
+	// Outages, if set, is the session's outage log, for an actor that
+	// reports to no Health (the manager); else the Health's is used.
+	Outages *Log
+	// Reached, if set, counts the store calls of the actor the database
+	// answered (store.Group.Counting). A result reported with no error
+	// counts as a success only when it moved since the last report: an
+	// actor's step that made no store call says nothing of the database.
+	Reached func() uint64
 
 	failing bool
+	reached uint64
 }
 
 // Report records the result of one attempt and returns how long the actor
@@ -46,14 +57,21 @@ type Reporter struct {
 // backoff. Errors after the actor's own context ended are its stop, not an
 // outage.
 func (r *Reporter) Report(ctx context.Context, err error) time.Duration {
+	moved := true
+	if r.Reached != nil {
+		n := r.Reached()
+		moved, r.reached = n != r.reached, n
+	}
 	switch {
+	case err == nil && !moved:
+		return 0 // no store call: nothing learnt of the database
 	case err == nil:
 		r.Backoff.Succeeded()
 		r.Health.succeeded()
 		if r.failing {
 			r.failing = false
 			r.Health.recovered(r)
-			if r.Logger != nil {
+			if !r.log().back(ctx, r) && r.Logger != nil {
 				r.Logger.Info(r.What+" recovered", r.Attrs...)
 			}
 		}
@@ -62,15 +80,16 @@ func (r *Reporter) Report(ctx context.Context, err error) time.Duration {
 		return 0
 	}
 	r.Health.failure(err)
-	if p := store.Permanent(err); p != nil && r.Health != nil {
+	p := store.Permanent(err)
+	switch {
+	case p != nil && r.Health != nil:
 		// The session ends with it (Consume returns it): not logged here.
 		r.Health.permanent(p)
-	} else if !r.failing {
-		code := codes.StoreOutage
-		if p != nil {
-			code = codes.StorePermanent
-		}
-		code.Log(ctx, r.Logger, r.What+" failed; retrying "+r.Retry, append(append([]any{}, r.Attrs...), "error", err)...)
+	case r.failing:
+	case p != nil:
+		codes.StorePermanent.Log(ctx, r.Logger, r.What+" failed; retrying "+r.Retry, append(append([]any{}, r.Attrs...), "error", err)...)
+	case !r.log().lost(ctx, r, err):
+		codes.StoreOutage.Log(ctx, r.Logger, r.What+" failed; retrying "+r.Retry, append(append([]any{}, r.Attrs...), "error", err)...)
 	}
 	if !r.failing {
 		r.failing = true
@@ -121,6 +140,8 @@ type Health struct {
 	recoveredAt time.Time
 	// disrupted, if set, is told of every failed store call (OnFailure).
 	disrupted func(error)
+	// log is the session's outage log (Log).
+	log Log
 	// unsure: an actor failed for the TTL or longer, so the incarnation's
 	// rows may have lapsed meanwhile. The level stays not ready, after the
 	// database is back too, until a heartbeat finds its row live (Confirm)
@@ -137,7 +158,7 @@ type Health struct {
 // its last heartbeat: it is not ready while any of its actors has been
 // failing for ttl or longer.
 func NewHealth(clk clock.Clock, ttl time.Duration) *Health {
-	return &Health{clock: clk, ttl: ttl, fatal: make(chan error, 1),
+	return &Health{clock: clk, ttl: ttl, fatal: make(chan error, 1), log: Log{clock: clk},
 		failing: map[*Reporter]time.Time{}, timers: map[*Reporter]*clock.Timer{}, watchers: map[int]func(){}}
 }
 
@@ -359,6 +380,79 @@ func (h *Health) RecoveredAt() time.Time {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.recoveredAt
+}
+
+// log is where the reporter's outages are logged: its Outages, its
+// Health's, or nil (it logs its own).
+func (r *Reporter) log() *Log {
+	if r.Outages != nil {
+		return r.Outages
+	}
+	if r.Health != nil {
+		return &r.Health.log
+	}
+	return nil
+}
+
+// Log is a session's outage log: an outage is logged (SQL0101) when the
+// first of the session's actors fails to reach the database, and again
+// when one reaches it, with the outage's length; whatever fails or
+// recovers in between is not. The zero value needs its clock (a Health's
+// is set up by NewHealth).
+type Log struct {
+	clock clock.Clock
+	mu    sync.Mutex
+	// out: an actor failed to reach the database since the last store
+	// call of any of them that did; since: when the outage began.
+	out   bool
+	since time.Time
+}
+
+// Outages returns the session's outage log, for actors that report to
+// no Health (a nil Health's is nil).
+func (h *Health) Outages() *Log {
+	if h == nil {
+		return nil
+	}
+	return &h.log
+}
+
+// lost is told of an actor's first failure of an outage; only the
+// session's first is logged. It reports whether the log took it (a nil
+// one does not: the reporter logs its own).
+func (l *Log) lost(ctx context.Context, r *Reporter, err error) bool {
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	first := !l.out
+	if first {
+		l.out, l.since = true, l.clock.Now()
+	}
+	l.mu.Unlock()
+	if first {
+		codes.StoreOutage.Log(ctx, r.Logger, "session cannot reach the database: "+r.What+" failed; its actors retry "+r.Retry,
+			append(append([]any{}, r.Attrs...), "error", err)...)
+	}
+	return true
+}
+
+// back is told of an actor's first store call that reached the database
+// after it failed to: the session's first after an outage logs the
+// outage's end and length. It reports whether the log took it.
+func (l *Log) back(ctx context.Context, r *Reporter) bool {
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	was, since := l.out, l.since
+	l.out = false
+	l.mu.Unlock()
+	if was {
+		codes.StoreOutage.Log(ctx, r.Logger, "session reached the database again after an outage", append(append([]any{}, r.Attrs...),
+			"outage", l.clock.Since(since).Round(time.Millisecond).String())...)
+	}
+	return true
 }
 
 func (h *Health) recovered(r *Reporter) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,4 +175,41 @@ func TestReachedClosesAtTheNextSuccess(t *testing.T) {
 	require.True(t, closed(again))
 	var none *Health
 	require.Nil(t, none.Reached())
+}
+
+// A session logs an outage twice, whatever its actors report meanwhile: once
+// when its first actor fails (SQL0101, naming it), once when one reaches the
+// database again, with the outage's length. A result with no store call
+// behind it (Reached did not move) is neither a failure nor a recovery.
+func TestASessionLogsAnOutageTwice(t *testing.T) {
+	ctx := context.Background()
+	s := &sink{}
+	clk := clock.NewMock()
+	h := NewHealth(clk, time.Minute)
+	var claims, beats atomic.Uint64
+	claimer := &Reporter{Logger: slog.New(s), What: "claimer store call", Retry: "with backoff", Health: h, Reached: claims.Load}
+	beat := &Reporter{Logger: slog.New(s), What: "heartbeat", Retry: "with backoff", Health: h, Reached: beats.Load}
+	manager := &Reporter{Logger: slog.New(s), What: "manager", Retry: "every heartbeat", Outages: h.Outages()}
+	down := &pgconn.PgError{Code: "57P01", Message: "terminating connection due to administrator command"}
+
+	claimer.Report(ctx, down)
+	beat.Report(ctx, down)
+	manager.Report(ctx, down)
+	for range 10 {
+		claimer.Report(ctx, nil) // an outcome that made no store call
+		beat.Report(ctx, nil)    // a beat with nothing to renew
+		claimer.Report(ctx, down)
+	}
+	require.True(t, claimer.Failing(), "no store call reached the database")
+	clk.Add(3 * time.Second)
+	claims.Add(1) // a claim that reached it
+	claimer.Report(ctx, nil)
+	require.False(t, claimer.Failing())
+	beats.Add(1)
+	beat.Report(ctx, nil)
+	manager.Report(ctx, nil)
+	require.Equal(t, []string{
+		"session cannot reach the database: claimer store call failed; its actors retry with backoff",
+		"session reached the database again after an outage",
+	}, s.msgs)
 }

@@ -193,10 +193,14 @@ func (ls *laneSet) endSession(ctx context.Context) {
 
 // db is where the group's engine statements run: its lane, or the pool.
 func (g Group) db() Querier {
-	if g.lane == nil {
-		return g.st.pool
+	var q Querier = g.st.pool
+	if g.lane != nil {
+		q = laneQ{l: g.lane, generic: !g.custom}
 	}
-	return laneQ{l: g.lane, generic: !g.custom}
+	if g.answered != nil {
+		return counted{q: q, n: g.answered}
+	}
+	return q
 }
 
 // laneQ runs statements in a lane, with its generic plans or without them.

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // streamSQL is a statement over one stream's tables, declared beside the
@@ -66,6 +67,9 @@ type Group struct {
 	// plan_cache_mode, not the lane's generic plans (the exception
 	// claimer's: decision 0052).
 	custom bool
+	// answered, if set, counts the statements the database answered
+	// (Counting).
+	answered *atomic.Uint64
 }
 
 // Group returns the handle of group groupID of stream streamID.
