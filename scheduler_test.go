@@ -18,7 +18,7 @@ func TestScheduleProducesEveryDueTimeOnceAcrossManagerCrash(t *testing.T) {
 	const ttl = 30 * time.Second
 	st.mock.Set(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
 	require.NoError(t, st.e.client.Scheduler("tick").Register(ctx, "orders", "*/5 * * * *", order{OrderID: "tick"}, &SchedulerConfig{Missed: MissedAll}))
-	ms := []*manager.Actor{st.e.client.Manager().actor(ttl, nil), st.e.client.Manager().actor(ttl, nil), st.e.client.Manager().actor(ttl, nil)}
+	ms := []*manager.Actor{st.e.client.Manager().actor(ttl, nil, nil), st.e.client.Manager().actor(ttl, nil, nil), st.e.client.Manager().actor(ttl, nil, nil)}
 	crashed := -1
 	for minute := 1; minute <= 120; minute++ {
 		for sec := 0; sec < 60; sec += 10 { // every heartbeat
@@ -78,7 +78,7 @@ func TestScheduleVerbs(t *testing.T) {
 	require.ErrorIs(t, st.e.client.Scheduler("ghost").Suspend(ctx), ErrNoSchedule)
 	require.NoError(t, sc.Register(ctx, "orders", "@hourly", order{OrderID: "h"}, &SchedulerConfig{Missed: MissedLatest}))
 
-	m := st.e.client.Manager().actor(time.Hour, nil)
+	m := st.e.client.Manager().actor(time.Hour, nil, nil)
 	require.NoError(t, sc.RunNow(ctx))
 	require.EqualValues(t, 1, st.e.count(s), "run now produces at once")
 	require.NoError(t, sc.Suspend(ctx))
