@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -62,4 +64,43 @@ func SchemaSQL(schema string) (string, error) {
 		return "", err
 	}
 	return st.SchemaSQL()
+}
+
+// Throwaway schemas: a tool or a test that works in a schema of its own
+// creates it with CreateSchema, which proves the schema is its own, and
+// drops it with DropSchema when it is done (the CLI's demo, sqlstreamstest).
+// An application's schema is created by NewClient or `sqlstreams migrate`.
+
+// ErrSchemaExists: CreateSchema found a schema of that name already there.
+var ErrSchemaExists = store.ErrSchemaExists
+
+// Conn is what the schema functions run their statement on: a
+// *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type Conn interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// SchemaExists reports whether a schema named name exists, reading the
+// catalog; it runs no DDL and name need not be valid (an invalid one does
+// not exist).
+func SchemaExists(ctx context.Context, db Conn, name string) (bool, error) {
+	return store.SchemaExists(ctx, db, name)
+}
+
+// CreateSchema creates the empty schema name (ValidateSchema's rule), and
+// fails with ErrSchemaExists when one of that name is there already: nil
+// proves the schema is the caller's, created by this call, and only then
+// may the caller drop it later with DropSchema.
+func CreateSchema(ctx context.Context, db Conn, name string) error {
+	return store.CreateSchema(ctx, db, name)
+}
+
+// DropSchema drops the schema name with everything in it (streams,
+// messages, groups, and any table of the application's there), and is not
+// an error when it is gone already. It is for throwaway schemas the caller
+// created itself (CreateSchema, or NewClient in a test's own schema): never
+// call it on a schema the caller did not make.
+func DropSchema(ctx context.Context, db Conn, name string) error {
+	return store.DropSchema(ctx, db, name)
 }

@@ -24,7 +24,6 @@ import (
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams"
-	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -67,7 +66,7 @@ func Schema(t testing.TB, url string) string {
 			return
 		}
 		defer conn.Close(ctx)
-		if err := store.DropSchema(ctx, conn, name); err != nil {
+		if err := sqlstreams.DropSchema(ctx, conn, name); err != nil {
 			t.Errorf("sqlstreamstest: %v", err)
 		}
 	})

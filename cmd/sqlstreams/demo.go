@@ -22,7 +22,6 @@ import (
 	"github.com/c1702965/sqlstreams"
 	"github.com/c1702965/sqlstreams/console"
 	"github.com/c1702965/sqlstreams/internal/pgcluster"
-	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -215,7 +214,7 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 	if schema == "" {
 		schema = demoSchemaPrefix + randomHex(4)
 	} else {
-		exists, err := store.SchemaExists(ctx, pool, schema)
+		exists, err := sqlstreams.SchemaExists(ctx, pool, schema)
 		if err != nil {
 			return fmt.Errorf("demo: %w", err)
 		}
@@ -226,8 +225,8 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 	// Created here without IF NOT EXISTS: success proves the schema is this
 	// run's, so the drop below can never destroy someone else's, even if
 	// another session created the name since the check above.
-	if err := store.CreateSchema(ctx, pool, schema); err != nil {
-		if errors.Is(err, store.ErrSchemaExists) {
+	if err := sqlstreams.CreateSchema(ctx, pool, schema); err != nil {
+		if errors.Is(err, sqlstreams.ErrSchemaExists) {
 			return schemaExistsError(schema)
 		}
 		return fmt.Errorf("demo: %w", err)
@@ -236,7 +235,7 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 		// Also after an interrupt, when ctx is already done.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		if derr := store.DropSchema(dctx, pool, schema); derr != nil {
+		if derr := sqlstreams.DropSchema(dctx, pool, schema); derr != nil {
 			derr = fmt.Errorf("demo: %w (drop it by hand)", derr)
 			if err == nil {
 				err = derr
