@@ -615,7 +615,7 @@ func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
 		h = func(ctx context.Context, msg *T) (err error) {
 			meta, _ := MetaFromContext(ctx)
 			ctx, end := tr.StartProcess(ctx, meta)
-			defer func() { end(err) }()
+			defer endSpan(end, &err)
 			return inner(ctx, msg)
 		}
 	}

@@ -341,7 +341,7 @@ func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *
 		var trace Headers
 		var end func(error)
 		ctx, trace, end = s.c.cfg.Tracer.StartSend(ctx, s.name, len(items))
-		defer func() { end(err) }()
+		defer endSpan(end, &err)
 		items = withHeaders(items, trace)
 	}
 	return s.produceItems(ctx, items, o, itemField)
