@@ -26,7 +26,8 @@ var (
 	ErrInvalidKey = errors.New("invalid key")
 	// ErrMessageTooLarge: an encoded payload over the stream's MaxMessageBytes.
 	ErrMessageTooLarge = errors.New("message too large")
-	// ErrEncode: a payload that does not encode as JSON.
+	// ErrEncode: a payload that does not encode as JSON, or encodes to JSON
+	// null (a nil pointer, RawMessage or interface is not a message).
 	ErrEncode = errors.New("payload does not encode")
 	// ErrDecode: a stored payload that does not decode into the consumer's type.
 	ErrDecode = errors.New("payload does not decode")

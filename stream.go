@@ -303,7 +303,8 @@ type BatchItem[T any] struct {
 	Headers Headers
 }
 
-// Produce writes one message.
+// Produce writes one message. A msg that encodes to JSON null (a nil
+// pointer, json.RawMessage or interface) is refused with ErrEncode.
 func (s *StreamHandle[T]) Produce(ctx context.Context, msg T, opts *ProduceOptions) (Produced, error) {
 	var o ProduceOptions
 	if opts != nil {
@@ -411,6 +412,9 @@ func (s *StreamHandle[T]) produceItems(ctx context.Context, items []BatchItem[T]
 		payload, err := enc.encode(it.Msg, len(items)-i)
 		if err != nil {
 			return nil, fmt.Errorf("produce to %q: message %d: %w: %T: %v", s.name, i, ErrEncode, it.Msg, err)
+		}
+		if err := refuseNull(payload); err != nil {
+			return nil, fmt.Errorf("produce to %q: message %d: %w", s.name, i, err)
 		}
 		if len(payload) > cfg.MaxMessageBytes {
 			return nil, fmt.Errorf("produce to %q: message %d: %w: %d bytes encoded, limit %d", s.name, i, ErrMessageTooLarge, len(payload), cfg.MaxMessageBytes)
