@@ -234,6 +234,20 @@ func TestShutdownBudgetRederivesWhenMessageMaxMoves(t *testing.T) {
 	require.Equal(t, time.Minute, fixed(), "a session's own ShutdownTimeout wins")
 }
 
+// Without a ceiling (MessageMax.Timeout) to derive from, the budget is the
+// timeout a message that sets none runs under: the group's declared
+// Message.Timeout (clamped by MessageMin), so a drain does not cut short
+// handlers the group declared long (decision 0070).
+func TestShutdownBudgetFollowsTheDeclaredMessageTimeoutWithoutACeiling(t *testing.T) {
+	snap := groupconfig.NewSnapshot(groupconfig.Declared{Message: policy.Options{Timeout: 2 * time.Minute}})
+	budget := engine.ShutdownBudget(engine.Options{TimeoutGrace: time.Second}, snap)
+	require.Equal(t, 2*time.Minute+time.Second, budget(), "the declared Message.Timeout")
+	snap.Set(groupconfig.Declared{Message: policy.Options{Timeout: time.Second}, MessageMin: policy.Options{Timeout: 10 * time.Second}})
+	require.Equal(t, 11*time.Second, budget(), "clamped by MessageMin")
+	snap.Set(groupconfig.Declared{Message: policy.Options{Timeout: 2 * time.Minute}, MessageMax: policy.Options{Timeout: 5 * time.Second}})
+	require.Equal(t, 6*time.Second, budget(), "a ceiling wins")
+}
+
 // A refresh that flips ConcurrencyOverride does not change the policy of a
 // message already claimed.
 func TestOverrideIsPinnedAtClaimAcrossARefresh(t *testing.T) {

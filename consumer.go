@@ -161,9 +161,10 @@ type ConsumeOptions struct {
 	// long after its last beat. Default 30s; at least 1s.
 	InstanceTTL time.Duration
 	// ShutdownTimeout bounds the graceful drain of in-flight handlers after
-	// ctx ends. Default: the group's MessageMax.Timeout (else the default
-	// message timeout, 30s) plus TimeoutGrace, re-derived when a refresh
-	// moves MessageMax.
+	// ctx ends. Default: the group's MessageMax.Timeout plus TimeoutGrace;
+	// without that ceiling, the timeout of a message that sets none (the
+	// group's Message.Timeout, clamped by MessageMin, else 30s) plus
+	// TimeoutGrace. Re-derived when a refresh moves them (decision 0070).
 	ShutdownTimeout time.Duration
 	// DisableManager runs no maintenance manager in this session (see
 	// Manager). Default false: the client runs one manager while it has a

@@ -71,17 +71,20 @@ type Options struct {
 }
 
 // ShutdownBudget is the drain bound in force: ShutdownTimeout when the
-// session set one, else the group's MessageMax.Timeout (or the library's
-// default timeout) plus TimeoutGrace, so a refresh that moves the ceiling
-// moves the budget with it.
+// session set one, else the group's MessageMax.Timeout plus TimeoutGrace;
+// without that ceiling, the timeout of a message that sets none (the
+// group's Message.Timeout, clamped by MessageMin, or the library's
+// default; decision 0070) plus TimeoutGrace. A refresh that moves them
+// moves the budget with them.
 func ShutdownBudget(o Options, snap *groupconfig.Snapshot) func() time.Duration {
 	return func() time.Duration {
 		if o.ShutdownTimeout > 0 {
 			return o.ShutdownTimeout
 		}
-		ceiling := snap.Group().Max.Timeout
+		g := snap.Group()
+		ceiling := g.Max.Timeout
 		if ceiling <= 0 {
-			ceiling = policy.DefaultTimeout
+			ceiling = policy.Resolve(policy.Options{}, g).Timeout
 		}
 		return ceiling + o.TimeoutGrace
 	}

@@ -174,7 +174,7 @@ var (
 		"the shutdown timeout was reached with handlers still running; their work is handed back",
 		"A graceful stop gives in-flight handlers ShutdownTimeout to finish. Those that did not are cancelled and "+
 			"their messages handed back, to be delivered again by another instance.",
-		"Raise ShutdownTimeout (or MessageMax.Timeout, which it derives from) if handlers need longer.")
+		"Raise ShutdownTimeout (or MessageMax.Timeout, or without a ceiling Message.Timeout, which it derives from) if handlers need longer.")
 	HandBackFailed = register("SQL0206", slog.LevelWarn,
 		"work in flight could not be handed back at shutdown",
 		"The hand-back writes failed (the database was unreachable) within the shutdown grace. The next Consume "+
