@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams"
 	"github.com/c1702965/sqlstreams/console"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
@@ -196,3 +197,27 @@ func TestAWaiterAppearsOnTheGroupPage(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// Ages are rounded for people, as the CLI rounds them: to the second under
+// an hour (issue 60: "4m39.652s").
+func TestPagesRoundAges(t *testing.T) {
+	ctx := context.Background()
+	mock := clock.NewMock()
+	mock.Set(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
+	client, err := sqlstreams.NewClient(ctx, pgtest.Pool(t), &sqlstreams.ClientConfig{Schema: pgtest.Schema(t), Clock: mock})
+	require.NoError(t, err)
+	s := sqlstreams.Stream[order](client, "orders")
+	require.NoError(t, s.Register(ctx, nil))
+	_, err = s.Consumer("billing").Register(ctx, nil)
+	require.NoError(t, err)
+	_, err = s.Produce(ctx, order{ID: "o-1"}, nil)
+	require.NoError(t, err)
+	mock.Add(4*time.Minute + 39652*time.Millisecond)
+	srv, c := server(t, client, &console.Options{Authorize: func(*http.Request) console.Access { return console.Access{Read: true} }})
+	for _, page := range []string{"/", "/streams/orders/groups/billing"} {
+		code, body := get(t, c, srv.URL+page)
+		require.Equal(t, http.StatusOK, code)
+		require.Contains(t, body, "<td>4m40s</td>", page)
+		require.NotContains(t, body, "4m39.652s", page)
+	}
+}

@@ -19,10 +19,10 @@ var groupsUsage = verbUsage{
 	synopsis: `groups ls [-stream S] | groups describe S [G] | groups seek S G -to-… [-execute] | groups declare S G -f FILE
                   | groups rm S G [-execute]   [-schema sqlstreams] [-o table|json]`,
 	about: `ls lists consumer groups (of one stream with -stream). describe shows one row per
-group, Kafka's columns: committed and head positions (message ids), lag (log
-positions after the committed one; ">=N" past the count's cap), the age of
-the oldest unconsumed message, ranges in flight, retrying and dead messages,
-live instances. ls and describe read only.
+group: committed and head positions (message ids), lag and what makes it up
+(available, in flight, retrying), dead letters, the age of the oldest
+unconsumed message and the live Consume sessions (see groups describe -h).
+ls and describe read only.
 
 seek moves a stopped group's cursor (it is refused while an instance is
 live): -to-beginning, -to-head, -to-time RFC3339 or -to-id N. It is a dry run
@@ -104,23 +104,25 @@ func groupsLs(ctx context.Context, args []string, out io.Writer) error {
 
 // describeRow is one group's status as `groups describe -o json` prints it.
 type describeRow struct {
-	Stream           string                `json:"stream"`
-	Group            string                `json:"group"`
-	At               time.Time             `json:"at"`
-	Committed        sqlstreams.Position   `json:"committed"`
-	Cursor           sqlstreams.Position   `json:"cursor"`
-	Head             sqlstreams.Position   `json:"head"`
-	Lag              int64                 `json:"lag"`
-	LagAtLeast       bool                  `json:"lag_at_least"`
-	LagCountsAll     bool                  `json:"lag_counts_all_positions"`
-	OldestUnconsumed *time.Time            `json:"oldest_unconsumed,omitempty"`
-	OldestAgeSeconds float64               `json:"oldest_age_seconds"`
-	InFlight         int64                 `json:"in_flight_ranges"`
-	ExpiredRanges    int64                 `json:"expired_ranges"`
-	Retrying         int64                 `json:"retrying"`
-	Quarantined      int64                 `json:"quarantined"`
-	Dead             int64                 `json:"dead"`
-	Instances        []sqlstreams.Instance `json:"instances"`
+	Stream           string              `json:"stream"`
+	Group            string              `json:"group"`
+	At               time.Time           `json:"at"`
+	Committed        sqlstreams.Position `json:"committed"`
+	Cursor           sqlstreams.Position `json:"cursor"`
+	Head             sqlstreams.Position `json:"head"`
+	Lag              int64               `json:"lag"`
+	Available        int64               `json:"available"`
+	InFlight         int64               `json:"in_flight"`
+	Retrying         int64               `json:"retrying"`
+	Quarantined      int64               `json:"quarantined"`
+	Dead             int64               `json:"dead"`
+	Estimated        bool                `json:"estimated"`
+	OldestUnconsumed *time.Time          `json:"oldest_unconsumed,omitempty"`
+	OldestAgeSeconds float64             `json:"oldest_age_seconds"`
+	Ranges           int64               `json:"ranges"`
+	ExpiredRanges    int64               `json:"expired_ranges"`
+	Sessions         int                 `json:"sessions"`
+	Members          []sqlstreams.Member `json:"members"`
 }
 
 func groupsDescribe(ctx context.Context, args []string, out io.Writer) error {
@@ -128,11 +130,7 @@ func groupsDescribe(ctx context.Context, args []string, out io.Writer) error {
 	var c common
 	c.register(fs)
 	u := verbUsage{synopsis: "groups describe STREAM [GROUP] [-schema sqlstreams] [-o table|json]",
-		about: `One row per group of STREAM (or only GROUP): committed and head message ids, lag
-(log positions after the committed one, ">=N" past the count's cap; for a group
-with bindings it counts every position, matching or not), the age of the
-oldest unconsumed message, ranges in flight, retrying, dead, live instances.
-Reads only.`}
+		about: describeAbout}
 	pos, help, err := parseVerb(fs, args, out, u, 1, 2)
 	if help || err != nil {
 		return err
@@ -157,7 +155,7 @@ Reads only.`}
 			names = append(names, g.Name)
 		}
 	}
-	var rows []describeRow
+	rows := []describeRow{}
 	for _, n := range names {
 		g, err := client.Group(ctx, pos[0], n)
 		if err != nil {
@@ -168,47 +166,50 @@ Reads only.`}
 			return fmt.Errorf("groups describe: %w", err)
 		}
 		r := describeRow{Stream: s.Stream, Group: s.Group, At: s.At, Committed: s.Committed, Cursor: s.Cursor, Head: s.Head,
-			Lag: s.Lag, LagAtLeast: s.LagAtLeast, LagCountsAll: s.LagCountsAll, OldestAgeSeconds: s.OldestAge.Seconds(),
-			InFlight: s.InFlight, ExpiredRanges: s.ExpiredRanges, Retrying: s.Retrying, Quarantined: s.Quarantined, Dead: s.Dead,
-			Instances: s.Instances}
+			Lag: s.Lag, Available: s.Available, InFlight: s.InFlight, Retrying: s.Retrying, Quarantined: s.Quarantined, Dead: s.Dead,
+			Estimated: s.Estimated, OldestAgeSeconds: s.OldestAge.Seconds(), Ranges: s.Ranges, ExpiredRanges: s.ExpiredRanges,
+			Sessions: len(s.Members), Members: s.Members}
 		if !s.OldestUnconsumed.IsZero() {
 			t := s.OldestUnconsumed
 			r.OldestUnconsumed = &t
 		}
-		if r.Instances == nil {
-			r.Instances = []sqlstreams.Instance{}
-		}
 		rows = append(rows, r)
 	}
 	if c.format == "json" {
-		if rows == nil {
-			rows = []describeRow{}
-		}
 		return writeJSON(out, rows)
 	}
 	var t [][]string
-	bound := false
+	estimated := false
 	for _, r := range rows {
-		lag := strconv.FormatInt(r.Lag, 10)
-		if r.LagAtLeast {
-			lag = ">=" + lag
+		n := func(v int64) string {
+			if r.Estimated {
+				return "~" + strconv.FormatInt(v, 10)
+			}
+			return strconv.FormatInt(v, 10)
 		}
-		if r.LagCountsAll {
-			lag += "*"
-			bound = true
-		}
-		t = append(t, []string{r.Group, r.Stream, strconv.FormatInt(r.Committed.ID, 10), strconv.FormatInt(r.Head.ID, 10), lag,
-			ago(time.Duration(r.OldestAgeSeconds * float64(time.Second))), strconv.FormatInt(r.InFlight, 10),
-			strconv.FormatInt(r.Retrying+r.Quarantined, 10), strconv.FormatInt(r.Dead, 10), strconv.Itoa(len(r.Instances))})
+		estimated = estimated || r.Estimated
+		t = append(t, []string{r.Group, r.Stream, strconv.FormatInt(r.Committed.ID, 10), strconv.FormatInt(r.Head.ID, 10), n(r.Lag),
+			n(r.Available), n(r.InFlight), strconv.FormatInt(r.Retrying+r.Quarantined, 10), strconv.FormatInt(r.Dead, 10),
+			ago(time.Duration(r.OldestAgeSeconds * float64(time.Second))), strconv.Itoa(r.Sessions)})
 	}
-	if err := table(out, []string{"GROUP", "STREAM", "COMMITTED", "HEAD", "LAG", "OLDEST-AGE", "IN-FLIGHT", "RETRYING", "DEAD", "INSTANCES"}, t); err != nil {
+	if err := table(out, []string{"GROUP", "STREAM", "COMMITTED", "HEAD", "LAG", "AVAILABLE", "IN-FLIGHT", "RETRYING", "DEAD", "OLDEST-AGE", "SESSIONS"}, t); err != nil {
 		return err
 	}
-	if bound {
-		fmt.Fprintln(out, "* the group has bindings: its lag counts every position of the stream, matching or not")
+	if estimated {
+		fmt.Fprintf(out, "~ estimated: more than %d messages, counted up to that many and estimated from the message ids after\n", sqlstreams.StatusCountBound)
 	}
 	return nil
 }
+
+// describeAbout is what `groups describe -h` says of its columns.
+var describeAbout = fmt.Sprintf(`One row per group of STREAM (or only GROUP): committed and head message ids;
+what the group has left to handle, by state: LAG is AVAILABLE (produced and
+not claimed yet; for a group with bindings, only what they match) plus
+IN-FLIGHT (claimed, not settled) plus RETRYING (waiting for a retry, or
+quarantined); DEAD counts its dead letters, which are not lag. Each count is
+exact up to %d messages and an estimate past that, marked "~". Then the
+age of the oldest unconsumed message and the live Consume sessions (one each,
+whatever rows a session holds). Reads only.`, sqlstreams.StatusCountBound)
 
 func groupsSeek(ctx context.Context, args []string, out io.Writer) error {
 	fs := newFlags("groups seek")

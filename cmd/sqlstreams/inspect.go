@@ -17,7 +17,7 @@ var inspectUsage = verbUsage{
 	synopsis: "inspect STREAM GROUP [-schema sqlstreams] [-o table|json]",
 	about: `Shows a group's config: every effective value with its source (declared,
 default or clamped), the declared document, the declaration history and the
-group's instances. The "config" object of -o json is what 'groups declare -f'
+group's Consume sessions. The "config" object of -o json is what 'groups declare -f'
 takes. Reads only.`,
 }
 
@@ -56,17 +56,18 @@ func inspectVerb(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintf(out, "\nhistory (newest first, %d):\n", len(in.Log))
 	rows = nil
 	for _, l := range in.Log {
-		rows = append(rows, []string{stamp(l.DeclaredAt), l.Worker, l.DeclaredBy, string(l.Document)})
+		doc, _ := json.Marshal(l.Config)
+		rows = append(rows, []string{stamp(l.DeclaredAt), l.DeclaredBy, string(doc)})
 	}
-	if err := table(out, []string{"DECLARED-AT", "WORKER", "BY", "DOCUMENT"}, rows); err != nil {
+	if err := table(out, []string{"DECLARED-AT", "BY", "CONFIG"}, rows); err != nil {
 		return err
 	}
-	fmt.Fprintln(out, "\ninstances:")
+	fmt.Fprintf(out, "\nsessions (%d):\n", len(in.Members))
 	rows = nil
-	for _, i := range in.Instances {
-		rows = append(rows, []string{i.ID, i.Worker, i.DeclaredBy, stamp(i.StartedAt), stamp(i.HeartbeatAt), strconv.FormatBool(i.Live)})
+	for _, m := range in.Members {
+		rows = append(rows, []string{m.DeclaredBy, stamp(m.StartedAt), stamp(m.HeartbeatAt), strconv.FormatBool(m.Live), strings.Join(m.Instances, ",")})
 	}
-	return table(out, []string{"ID", "WORKER", "BY", "STARTED", "HEARTBEAT", "LIVE"}, rows)
+	return table(out, []string{"BY", "STARTED", "HEARTBEAT", "LIVE", "INSTANCE-IDS"}, rows)
 }
 
 var bindingsUsage = verbUsage{

@@ -148,8 +148,8 @@ func TestStreamsAndGroupsVerbs(t *testing.T) {
 	require.Contains(t, out, `"name": "billing"`)
 
 	out = f.ok(t, "groups", "describe", "orders")
-	require.Regexp(t, `(?m)^GROUP\s+STREAM\s+COMMITTED\s+HEAD\s+LAG\s+OLDEST-AGE\s+IN-FLIGHT\s+RETRYING\s+DEAD\s+INSTANCES$`, out)
-	require.Regexp(t, `(?m)^billing\s+orders\s+\d+\s+\d+\s+0\s+-\s+0\s+0\s+2\s+0$`, out)
+	require.Regexp(t, `(?m)^GROUP\s+STREAM\s+COMMITTED\s+HEAD\s+LAG\s+AVAILABLE\s+IN-FLIGHT\s+RETRYING\s+DEAD\s+OLDEST-AGE\s+SESSIONS$`, out)
+	require.Regexp(t, `(?m)^billing\s+orders\s+\d+\s+\d+\s+0\s+0\s+0\s+0\s+2\s+-\s+0$`, out)
 	row := f.describe(t)
 	require.Zero(t, row.Lag)
 	require.EqualValues(t, 2, row.Dead)
@@ -311,7 +311,16 @@ func TestSeekVerb(t *testing.T) {
 		require.ErrorContains(t, err, want, args)
 	}
 
-	// Refused while an instance is live.
+	// To the head: the head, not message 0 (issue 60: "after 0 0").
+	f.ok(t, "groups", "seek", "orders", "billing", "-to-beginning", "-execute")
+	head := strconv.FormatInt(before.Head.ID, 10)
+	out = f.ok(t, "groups", "seek", "orders", "billing", "-to-head", "-execute")
+	require.Regexp(t, `(?m)^after\s+`+head+`\s+`+head+`$`, out)
+	row := f.describe(t)
+	require.Equal(t, before.Head.ID, row.Committed.ID)
+	require.Zero(t, row.Lag)
+
+	// Refused while an instance is live; the instance counts as one session.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := sqlstreams.NewReadiness()
@@ -321,6 +330,9 @@ func TestSeekVerb(t *testing.T) {
 			&sqlstreams.ConsumeOptions{Readiness: ready, DisableManager: true})
 	}()
 	require.NoError(t, ready.Wait(ctx))
+	require.Regexp(t, `(?m)^billing\s+orders\s+`+head+`\s+`+head+`\s+0\s+0\s+0\s+0\s+0\s+-\s+1$`, f.ok(t, "groups", "describe", "orders"),
+		"one session, though it holds a row per worker")
+	require.Equal(t, 1, f.describe(t).Sessions)
 	for _, exec := range []string{"", "-execute"} {
 		args := []string{"groups", "seek", "orders", "billing", "-to-beginning"}
 		if exec != "" {
@@ -442,7 +454,7 @@ func TestTheBuiltBinary(t *testing.T) {
 	}
 	out, errOut, err := cmd("groups", "describe", "orders", "billing")
 	require.NoError(t, err, errOut)
-	require.Regexp(t, `(?m)^billing\s+orders\s+\d+\s+\d+\s+0\s+-\s+0\s+0\s+1\s+0$`, out)
+	require.Regexp(t, `(?m)^billing\s+orders\s+\d+\s+\d+\s+0\s+0\s+0\s+0\s+1\s+-\s+0$`, out)
 	out, _, err = cmd("dlq", "ls", "orders", "billing", "-o", "json")
 	require.NoError(t, err)
 	require.Contains(t, out, `"last_error"`)
