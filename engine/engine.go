@@ -238,7 +238,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if ctx.Err() != nil {
 			return nil // stopped before the first read: nothing was started
 		}
-		return fmt.Errorf("consume %s: read group config: %w", cfg.GroupName, err)
+		return fmt.Errorf("consume %s: %w", cfg.GroupName, err) // the store names the read
 	}
 	s.reg = registrar.New(registrar.Config{
 		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, GroupName: cfg.GroupName,

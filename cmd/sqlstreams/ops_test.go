@@ -559,3 +559,46 @@ func TestConsoleVerb(t *testing.T) {
 	go func() { _, _ = io.Copy(io.Discard, pr) }()
 	require.NoError(t, <-done)
 }
+
+// Every verb's error names each step once (issue 60: "seek: seek (dry
+// run)", "dead letter: dead letter: message 3"): on the database, and on
+// one that cannot be reached.
+func TestNoVerbErrorRepeatsAStep(t *testing.T) {
+	f := newOpsFixture(t, 2, 1)
+	file := filepath.Join(t.TempDir(), "config.json")
+	require.NoError(t, os.WriteFile(file, []byte(`{"bindings":["orders.eu"]}`), 0o600))
+	failing := [][]string{
+		{"groups", "describe", "orders", "biling"}, {"groups", "ls", "-stream", "ordres"}, {"inspect", "orders", "biling"},
+		{"bindings", "orders", "biling"}, {"dlq", "ls", "orders", "biling"}, {"dlq", "show", "orders", "billing", "999999"},
+		{"groups", "seek", "orders", "billing", "-to-id", "999999"}, {"groups", "seek", "orders", "billing", "-to-id", "999999", "-execute"},
+		{"groups", "declare", "orders", "billing", "-f", file}, {"groups", "rm", "orders", "biling"}, {"streams", "rm", "ordres"},
+	}
+	check := func(where string) {
+		for _, args := range failing {
+			_, err := f.cli(t, args...)
+			if err == nil {
+				t.Errorf("%s: %q: no error", where, args)
+				continue
+			}
+			if step, found := repeatedStep(err.Error()); found {
+				t.Errorf("%s: %q names a step twice (%q): %v", where, args, step, err)
+			}
+		}
+	}
+	check("live")
+	t.Setenv("SQLSTREAMS_DATABASE_URL", unreachableURL)
+	check("unreachable")
+}
+
+// repeatedStep returns the first step an error message names twice in a
+// row (the root package's test has its twin).
+func repeatedStep(msg string) (string, bool) {
+	steps := strings.Split(msg, ": ")
+	for i := 1; i < len(steps); i++ {
+		a, b := steps[i-1], steps[i]
+		if a == b || strings.HasPrefix(b, a+" ") || strings.HasPrefix(a, b+" ") {
+			return a + ": " + b, true
+		}
+	}
+	return "", false
+}
