@@ -53,12 +53,30 @@ func TestNoErrorRepeatsAStep(t *testing.T) {
 	require.NoError(t, err)
 
 	paths := map[string]func(*Client, *Group, *StreamHandle[order], *Consumer[order]) error{
-		"Streams":   func(cl *Client, _ *Group, _ *StreamHandle[order], _ *Consumer[order]) error { _, err := cl.Streams(ctx); return err },
-		"Groups":    func(cl *Client, _ *Group, _ *StreamHandle[order], _ *Consumer[order]) error { _, err := cl.Groups(ctx, "orders"); return err },
-		"Group":     func(cl *Client, _ *Group, _ *StreamHandle[order], _ *Consumer[order]) error { _, err := cl.Group(ctx, "orders", "nope"); return err },
-		"Status":    func(_ *Client, g *Group, _ *StreamHandle[order], _ *Consumer[order]) error { _, err := g.Status(ctx); return err },
-		"Inspect":   func(_ *Client, g *Group, _ *StreamHandle[order], _ *Consumer[order]) error { _, err := g.Inspect(ctx); return err },
-		"Bindings":  func(_ *Client, g *Group, _ *StreamHandle[order], _ *Consumer[order]) error { _, err := g.Bindings(ctx, 0); return err },
+		"Streams": func(cl *Client, _ *Group, _ *StreamHandle[order], _ *Consumer[order]) error {
+			_, err := cl.Streams(ctx)
+			return err
+		},
+		"Groups": func(cl *Client, _ *Group, _ *StreamHandle[order], _ *Consumer[order]) error {
+			_, err := cl.Groups(ctx, "orders")
+			return err
+		},
+		"Group": func(cl *Client, _ *Group, _ *StreamHandle[order], _ *Consumer[order]) error {
+			_, err := cl.Group(ctx, "orders", "nope")
+			return err
+		},
+		"Status": func(_ *Client, g *Group, _ *StreamHandle[order], _ *Consumer[order]) error {
+			_, err := g.Status(ctx)
+			return err
+		},
+		"Inspect": func(_ *Client, g *Group, _ *StreamHandle[order], _ *Consumer[order]) error {
+			_, err := g.Inspect(ctx)
+			return err
+		},
+		"Bindings": func(_ *Client, g *Group, _ *StreamHandle[order], _ *Consumer[order]) error {
+			_, err := g.Bindings(ctx, 0)
+			return err
+		},
 		"DeadLetters": func(_ *Client, g *Group, _ *StreamHandle[order], _ *Consumer[order]) error {
 			_, err := g.DeadLetters(ctx, 0, 10)
 			return err
@@ -67,8 +85,14 @@ func TestNoErrorRepeatsAStep(t *testing.T) {
 			_, err := g.DeadLetter(ctx, 999)
 			return err
 		},
-		"Redrive":    func(_ *Client, g *Group, _ *StreamHandle[order], _ *Consumer[order]) error { _, err := g.Redrive(ctx, 999); return err },
-		"RedriveAll": func(_ *Client, g *Group, _ *StreamHandle[order], _ *Consumer[order]) error { _, err := g.RedriveAll(ctx); return err },
+		"Redrive": func(_ *Client, g *Group, _ *StreamHandle[order], _ *Consumer[order]) error {
+			_, err := g.Redrive(ctx, 999)
+			return err
+		},
+		"RedriveAll": func(_ *Client, g *Group, _ *StreamHandle[order], _ *Consumer[order]) error {
+			_, err := g.RedriveAll(ctx)
+			return err
+		},
 		"Seek dry run": func(_ *Client, g *Group, _ *StreamHandle[order], _ *Consumer[order]) error {
 			_, err := g.Seek(ctx, SeekID(999), &SeekOptions{DryRun: true})
 			return err
@@ -93,7 +117,9 @@ func TestNoErrorRepeatsAStep(t *testing.T) {
 			_, err := s.Produce(ctx, order{OrderID: "o-2"}, nil)
 			return err
 		},
-		"Register stream": func(_ *Client, _ *Group, s *StreamHandle[order], _ *Consumer[order]) error { return s.Register(ctx, nil) },
+		"Register stream": func(_ *Client, _ *Group, s *StreamHandle[order], _ *Consumer[order]) error {
+			return s.Register(ctx, nil)
+		},
 		"Register group": func(_ *Client, _ *Group, s *StreamHandle[order], _ *Consumer[order]) error {
 			_, err := s.Consumer("billing").Register(ctx, nil)
 			return err
