@@ -239,10 +239,12 @@ func (g *Group) status(ctx context.Context, bound int64) (*GroupStatus, error) {
 	return out, nil
 }
 
-// DeadLetterDetail is one dead letter with its payload (as stored, JSON)
-// and its delivery history (what the group's DeliveryLog mode recorded).
+// DeadLetterDetail is one dead letter with its headers, its payload (as
+// stored, JSON) and its delivery history (what the group's DeliveryLog mode
+// recorded).
 type DeadLetterDetail struct {
 	DeadLetter
+	Headers    Headers
 	Payload    json.RawMessage
 	Deliveries []Delivery
 }
@@ -258,7 +260,7 @@ type Delivery struct {
 // MaxDeliveriesShown bounds the delivery history DeadLetter returns.
 const MaxDeliveriesShown = 1000
 
-// DeadLetter reads one dead letter with its payload and delivery history
+// DeadLetter reads one dead letter with its headers, payload and delivery history
 // (at most MaxDeliveriesShown attempts, oldest first). A message that is
 // not a dead letter of the group is ErrNotRegistered.
 func (g *Group) DeadLetter(ctx context.Context, messageID int64) (*DeadLetterDetail, error) {
@@ -270,7 +272,7 @@ func (g *Group) DeadLetter(ctx context.Context, messageID int64) (*DeadLetterDet
 	if err != nil {
 		return nil, err
 	}
-	out := &DeadLetterDetail{DeadLetter: deadLetter(d.DeadLetter, from), Payload: json.RawMessage(d.Payload)}
+	out := &DeadLetterDetail{DeadLetter: deadLetter(d.DeadLetter, from), Headers: decodeHeaders(d.Headers), Payload: json.RawMessage(d.Payload)}
 	for _, l := range d.Deliveries {
 		out.Deliveries = append(out.Deliveries, Delivery(l))
 	}

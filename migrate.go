@@ -13,24 +13,25 @@ import (
 // SchemaMigrations is what a schema holds next to what this version of the
 // library needs.
 type SchemaMigrations struct {
-	Schema string
+	Schema string `json:"schema"`
 	// Exists is false for a schema without sqlstreams tables (or none at all).
-	Exists bool
+	Exists bool `json:"exists"`
 	// Applied is the newest shared-table version applied, Latest the newest
 	// this library carries; Applied < Latest means `sqlstreams migrate` has
 	// work to do (and a client with DisableMigrate refuses to start).
-	Applied, Latest int
+	Applied int `json:"applied"`
+	Latest  int `json:"latest"`
 	// Streams are the registered streams' own table versions; StreamLatest
 	// is this library's. A stream's tables are brought up to date when a
 	// client registers it.
-	Streams      []StreamMigration
-	StreamLatest int
+	Streams      []StreamMigration `json:"streams"`
+	StreamLatest int               `json:"stream_latest"`
 }
 
 // StreamMigration is one stream's applied table version.
 type StreamMigration struct {
-	Stream  string
-	Applied int
+	Stream  string `json:"stream"`
+	Applied int    `json:"applied"`
 }
 
 // MigrationStatus reads a schema's applied versions without changing

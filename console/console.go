@@ -39,7 +39,7 @@ import (
 // Access is what one request may do.
 type Access struct {
 	Read     bool // see streams, groups, config, dead letters (no payloads)
-	Payloads bool // see dead letters' payloads
+	Payloads bool // see dead letters' payloads and headers
 	Actions  bool // redrive
 }
 

@@ -44,7 +44,7 @@ func fixture(t *testing.T, dead int) (*sqlstreams.Client, *sqlstreams.Consumer[o
 		if i < dead {
 			id = "poison"
 		}
-		_, err := s.Produce(ctx, order{ID: id}, &sqlstreams.ProduceOptions{RoutingKey: "orders.eu"})
+		_, err := s.Produce(ctx, order{ID: id}, &sqlstreams.ProduceOptions{RoutingKey: "orders.eu", Headers: sqlstreams.Headers{"tenant": "acme"}})
 		require.NoError(t, err)
 	}
 	cctx, cancel := context.WithCancel(ctx)
@@ -124,6 +124,7 @@ func TestPagesShowWhatStatusReports(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, `id="payload-hidden"`, "payloads need Access.Payloads")
 	require.NotContains(t, body, `"poison"`)
+	require.NotContains(t, body, "acme", "nor do headers")
 	require.Regexp(t, `<td class="n">1</td><td>dead</td>`, body, "the delivery history")
 
 	code, _ = get(t, c, srv.URL+"/streams/orders/groups/biling")
@@ -141,6 +142,7 @@ func TestRedriveNeedsActionsAndACSRFToken(t *testing.T) {
 	code, body := get(t, c, srv.URL+"/streams/orders/groups/billing/dead/1")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, `<pre id="payload">{&#34;id&#34;:&#34;poison&#34;}</pre>`)
+	require.Contains(t, body, `<tr><td>tenant</td><td>acme</td></tr>`, "its headers")
 	token := regexp.MustCompile(`name="csrf" value="([0-9a-f]{32})"`).FindStringSubmatch(body)
 	require.NotNil(t, token)
 

@@ -90,12 +90,9 @@ func connect(ctx context.Context, out io.Writer) (_ *pgxpool.Pool, url string, _
 // client, whose creation migrates the schema unless cfg.DisableMigrate.
 // done closes the pool.
 func openClient(ctx context.Context, out io.Writer, verb string, cfg *sqlstreams.ClientConfig) (client *sqlstreams.Client, done func(), err error) {
-	if os.Getenv("SQLSTREAMS_DATABASE_URL") == "" {
-		return nil, nil, fmt.Errorf("%s needs SQLSTREAMS_DATABASE_URL", verb)
-	}
-	pool, _, done, err := connect(ctx, out)
+	pool, _, done, err := connectFor(ctx, out, verb)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", verb, err)
+		return nil, nil, err
 	}
 	client, err = sqlstreams.NewClient(ctx, pool, cfg)
 	if err != nil {
@@ -103,6 +100,19 @@ func openClient(ctx context.Context, out io.Writer, verb string, cfg *sqlstreams
 		return nil, nil, fmt.Errorf("%s: %w", verb, err)
 	}
 	return client, done, nil
+}
+
+// connectFor is connect for a verb that acts on the user's database: it
+// needs SQLSTREAMS_DATABASE_URL (a throwaway server would be pointless).
+func connectFor(ctx context.Context, out io.Writer, verb string) (*pgxpool.Pool, string, func(), error) {
+	if os.Getenv("SQLSTREAMS_DATABASE_URL") == "" {
+		return nil, "", nil, fmt.Errorf("%s needs SQLSTREAMS_DATABASE_URL", verb)
+	}
+	pool, url, done, err := connect(ctx, out)
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("%s: %w", verb, err)
+	}
+	return pool, url, done, nil
 }
 
 // migrateStatus prints a schema's applied versions; it writes nothing.
@@ -151,12 +161,22 @@ func migrateStatus(ctx context.Context, out io.Writer, schema, format string) er
 }
 
 // migrate is the verb that creates a schema: its client migrates.
-func migrate(ctx context.Context, out io.Writer, schema string) error {
-	_, done, err := openClient(ctx, out, "migrate", &sqlstreams.ClientConfig{Schema: schema})
+func migrate(ctx context.Context, out io.Writer, schema, format string) error {
+	pool, _, done, err := connectFor(ctx, out, "migrate")
 	if err != nil {
 		return err
 	}
 	defer done()
+	if _, err := sqlstreams.NewClient(ctx, pool, &sqlstreams.ClientConfig{Schema: schema}); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	if format == "json" {
+		m, err := sqlstreams.MigrationStatus(ctx, pool, schema)
+		if err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+		return writeJSON(out, map[string]any{"schema": schema, "applied": m.Applied, "latest": m.Latest})
+	}
 	fmt.Fprintf(out, "schema %s is up to date\n", schema)
 	return nil
 }

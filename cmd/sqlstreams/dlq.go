@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -49,7 +51,9 @@ func dlqLs(ctx context.Context, args []string, out io.Writer) error {
 	limit := fs.Int("limit", 100, "at most this many (1..1000)")
 	after := fs.Int64("after", 0, "after this message id (the last id of the page before)")
 	pos, help, err := parseVerb(fs, args, out, verbUsage{synopsis: "dlq ls STREAM GROUP [-limit 100] [-after ID] [-schema sqlstreams] [-o table|json]",
-		about: "Lists a group's dead letters in message id order, one page. Reads only."}, 2, 2)
+		about: `Lists a group's dead letters in message id order, one page. When more follow,
+the table ends with the -after that reads the next page, and -o json gives it
+as "next_after" (null on the last page). Reads only.`}, 2, 2)
 	if help || err != nil {
 		return err
 	}
@@ -68,11 +72,26 @@ func dlqLs(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("dlq ls: %w", err)
 	}
+	// A full page may be the last: one more read says whether any follow.
+	var next *int64
+	if len(dead) == *limit {
+		last := dead[len(dead)-1].MessageID
+		more, err := g.DeadLetters(ctx, last, 1)
+		if err != nil {
+			return fmt.Errorf("dlq ls: %w", err)
+		}
+		if len(more) > 0 {
+			next = &last
+		}
+	}
 	if c.format == "json" {
 		if dead == nil {
 			dead = []sqlstreams.DeadLetter{}
 		}
-		return writeJSON(out, dead)
+		return writeJSON(out, struct {
+			DeadLetters []sqlstreams.DeadLetter `json:"dead_letters"`
+			NextAfter   *int64                  `json:"next_after"`
+		}{dead, next})
 	}
 	var rows [][]string
 	for _, d := range dead {
@@ -82,8 +101,8 @@ func dlqLs(ctx context.Context, args []string, out io.Writer) error {
 	if err := table(out, []string{"ID", "ATTEMPTS", "DIED", "KEY", "ROUTING-KEY", "LAST-ERROR"}, rows); err != nil {
 		return err
 	}
-	if len(dead) == *limit {
-		fmt.Fprintf(out, "(more: -after %d)\n", dead[len(dead)-1].MessageID)
+	if next != nil {
+		fmt.Fprintf(out, "(more: -after %d)\n", *next)
 	}
 	return nil
 }
@@ -93,7 +112,7 @@ func dlqShow(ctx context.Context, args []string, out io.Writer) error {
 	var c common
 	c.register(fs)
 	pos, help, err := parseVerb(fs, args, out, verbUsage{synopsis: "dlq show STREAM GROUP ID [-schema sqlstreams] [-o table|json]",
-		about: "Prints one dead letter: its metadata, its payload (JSON, as stored) and its delivery history. Reads only."}, 3, 3)
+		about: "Prints one dead letter: its metadata and headers, its payload (JSON, as stored) and its delivery history. Reads only."}, 3, 3)
 	if help || err != nil {
 		return err
 	}
@@ -116,6 +135,7 @@ func dlqShow(ctx context.Context, args []string, out io.Writer) error {
 	if c.format == "json" {
 		type detail struct {
 			sqlstreams.DeadLetter
+			Headers    sqlstreams.Headers    `json:"headers"`
 			Payload    json.RawMessage       `json:"payload"`
 			Deliveries []sqlstreams.Delivery `json:"deliveries"`
 		}
@@ -123,14 +143,22 @@ func dlqShow(ctx context.Context, args []string, out io.Writer) error {
 		if ds == nil {
 			ds = []sqlstreams.Delivery{}
 		}
-		return writeJSON(out, detail{d.DeadLetter, d.Payload, ds})
+		hs := d.Headers
+		if hs == nil {
+			hs = sqlstreams.Headers{}
+		}
+		return writeJSON(out, detail{d.DeadLetter, hs, d.Payload, ds})
 	}
 	fmt.Fprintf(out, "message %d of stream %s, dead for group %s\n", d.MessageID, pos[0], pos[1])
-	err = table(out, []string{"FIELD", "VALUE"}, [][]string{
+	fields := [][]string{
 		{"attempts", strconv.Itoa(d.Attempts)}, {"died", stamp(d.DiedAt)}, {"produced", stamp(d.ProducedAt)},
 		{"key", orDash(d.Key)}, {"routing key", orDash(d.RoutingKey)}, {"version", strconv.Itoa(d.Version)},
 		{"last error", oneLine(d.LastError)},
-	})
+	}
+	for _, name := range slices.Sorted(maps.Keys(d.Headers)) {
+		fields = append(fields, []string{"header " + name, oneLine(d.Headers[name])})
+	}
+	err = table(out, []string{"FIELD", "VALUE"}, fields)
 	if err != nil {
 		return err
 	}

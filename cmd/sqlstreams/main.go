@@ -243,7 +243,7 @@ database (not for sql).`,
 func migrateVerb(ctx context.Context, args []string, out io.Writer) error {
 	fs := newFlags("migrate")
 	schema := fs.String("schema", "sqlstreams", "schema to create or migrate")
-	format := fs.String("o", "table", "output of status: table or json")
+	format := fs.String("o", "table", "output: table (for people) or json (for machines; sql prints {\"schema\", \"sql\"})")
 	rest, help, err := parseVerb(fs, args, out, migrateUsage, 0, 1)
 	if help || err != nil {
 		return err
@@ -260,13 +260,16 @@ func migrateVerb(ctx context.Context, args []string, out io.Writer) error {
 	}
 	switch sub {
 	case "up":
-		return migrate(ctx, out, *schema)
+		return migrate(ctx, out, *schema, *format)
 	case "status":
 		return migrateStatus(ctx, out, *schema, *format)
 	case "sql":
 		sql, err := sqlstreams.SchemaSQL(*schema)
 		if err != nil {
 			return fmt.Errorf("migrate sql: %w", err)
+		}
+		if *format == "json" {
+			return writeJSON(out, map[string]any{"schema": *schema, "sql": sql})
 		}
 		_, err = io.WriteString(out, sql)
 		return err

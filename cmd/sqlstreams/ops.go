@@ -25,8 +25,15 @@ type common struct {
 }
 
 func (c *common) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.schema, "schema", "sqlstreams", "the schema sqlstreams works in (ClientConfig.Schema)")
+	c.registerSchema(fs)
 	fs.StringVar(&c.format, "o", "table", "output: table (for people) or json (for machines)")
+}
+
+// registerSchema is register for a verb that prints nothing for machines
+// (the console serves pages): -schema only.
+func (c *common) registerSchema(fs *flag.FlagSet) {
+	c.format = "table"
+	fs.StringVar(&c.schema, "schema", "sqlstreams", "the schema sqlstreams works in (ClientConfig.Schema)")
 }
 
 func (c *common) check(verb string) error {

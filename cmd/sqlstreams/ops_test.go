@@ -60,7 +60,7 @@ func newOpsFixture(t *testing.T, n, dead int) *opsFixture {
 		if i < dead {
 			note = "poison"
 		}
-		items[i] = sqlstreams.BatchItem[order]{Msg: order{ID: i, Note: note}}
+		items[i] = sqlstreams.BatchItem[order]{Msg: order{ID: i, Note: note}, Headers: sqlstreams.Headers{"X-Tenant": "acme"}}
 	}
 	ps, err := f.stream.ProduceBatch(ctx, items, nil)
 	require.NoError(t, err)
@@ -238,10 +238,20 @@ func TestDeadLetterVerbs(t *testing.T) {
 	}
 	out = f.ok(t, "dlq", "ls", "orders", "billing", "-limit", "2")
 	require.Contains(t, out, fmt.Sprintf("(more: -after %d)", f.dead[1]))
-	var page []sqlstreams.DeadLetter
+	var page struct {
+		DeadLetters []sqlstreams.DeadLetter `json:"dead_letters"`
+		NextAfter   *int64                  `json:"next_after"`
+	}
 	require.NoError(t, json.Unmarshal([]byte(f.ok(t, "dlq", "ls", "orders", "billing", "-after", strconv.FormatInt(f.dead[1], 10), "-o", "json")), &page))
-	require.Len(t, page, 1)
-	require.Equal(t, f.dead[2], page[0].MessageID)
+	require.Len(t, page.DeadLetters, 1)
+	require.Equal(t, f.dead[2], page.DeadLetters[0].MessageID)
+	require.Nil(t, page.NextAfter, "the last page says so")
+	require.NoError(t, json.Unmarshal([]byte(f.ok(t, "dlq", "ls", "orders", "billing", "-limit", "2", "-o", "json")), &page))
+	require.Len(t, page.DeadLetters, 2)
+	require.NotNil(t, page.NextAfter, "a page with more after it gives the next page's cursor (issue 60)")
+	require.Equal(t, f.dead[1], *page.NextAfter)
+	out = f.ok(t, "dlq", "ls", "orders", "billing", "-limit", "3")
+	require.NotContains(t, out, "(more:", "three dead letters in a page of three: no more")
 
 	id := strconv.FormatInt(f.dead[0], 10)
 	out = f.ok(t, "dlq", "show", "orders", "billing", id)
@@ -249,11 +259,14 @@ func TestDeadLetterVerbs(t *testing.T) {
 	require.Regexp(t, `(?m)^1\s+dead\s+`, out, "the delivery history")
 	var d struct {
 		MessageID  int64                 `json:"message_id"`
+		Headers    sqlstreams.Headers    `json:"headers"`
 		Payload    json.RawMessage       `json:"payload"`
 		Deliveries []sqlstreams.Delivery `json:"deliveries"`
 	}
+	require.Regexp(t, `(?m)^header X-Tenant\s+acme$`, out, "its headers (issue 60: omitted)")
 	require.NoError(t, json.Unmarshal([]byte(f.ok(t, "dlq", "show", "orders", "billing", id, "-o", "json")), &d))
 	require.Equal(t, f.dead[0], d.MessageID)
+	require.Equal(t, sqlstreams.Headers{"X-Tenant": "acme"}, d.Headers)
 	require.JSONEq(t, `{"id":0,"note":"poison"}`, string(d.Payload))
 	require.Len(t, d.Deliveries, 1)
 	_, err := f.cli(t, "dlq", "show", "orders", "billing", "999999")

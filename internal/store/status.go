@@ -142,6 +142,7 @@ SELECT name, id FROM %[1]s.worker_config WHERE consumer_group_id = $1 ORDER BY n
 type DeadLetterRow struct {
 	DeadLetter
 	Payload    []byte
+	Headers    []byte // the message's headers document (nil: none)
 	Deliveries []DeliveryRow
 }
 
@@ -160,7 +161,7 @@ func (g Group) DeadLetter(ctx context.Context, messageID int64, maxDeliveries in
 	var d DeadLetterRow
 	err := g.st.readOnly(ctx, "dead letter", func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, g.sql(deadLetterSQL), g.GroupID, messageID).Scan(&d.MessageID, &d.Attempts, &d.LastError,
-			&d.DiedAt, &d.Key, &d.RoutingKey, &d.Version, &d.ProducedAt, &d.Payload)
+			&d.DiedAt, &d.Key, &d.RoutingKey, &d.Version, &d.ProducedAt, &d.Payload, &d.Headers)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("message %d: %w (not a dead letter of this group)", messageID, ErrNotFound)
 		}
@@ -183,7 +184,7 @@ func (g Group) DeadLetter(ctx context.Context, messageID int64, maxDeliveries in
 
 var deadLetterSQL = perStream(`-- store.DeadLetter
 SELECT x.message_id, x.attempts, x.last_error, x.updated_at, coalesce(x.message_key, ''),
-       coalesce(m.routing_key, ''), m.version, m.produced_at, m.payload
+       coalesce(m.routing_key, ''), m.version, m.produced_at, m.payload, m.headers::text
 FROM {s}.{t}_exception x JOIN {s}.{t}_log m ON m.xid = x.message_xid AND m.id = x.message_id
 WHERE x.group_id = $1 AND x.status = 'dead' AND x.message_id = $2`)
 
