@@ -305,6 +305,9 @@ type BatchItem[T any] struct {
 
 // Produce writes one message. A msg that encodes to JSON null (a nil
 // pointer, json.RawMessage or interface) is refused with ErrEncode.
+// Produce does not retry: while the database cannot be reached it fails at
+// once with an error wrapping ErrUnavailable and the cause (retry it, with
+// an IdempotencyKey if a lost reply must not produce twice).
 func (s *StreamHandle[T]) Produce(ctx context.Context, msg T, opts *ProduceOptions) (Produced, error) {
 	var o ProduceOptions
 	if opts != nil {
@@ -376,7 +379,7 @@ func (s *StreamHandle[T]) produceItems(ctx context.Context, items []BatchItem[T]
 	}
 	row, cfg, err := s.resolve(ctx, q)
 	if err != nil {
-		return nil, fmt.Errorf("produce to %q: %w", s.name, err)
+		return nil, fmt.Errorf("produce to %q: %w", s.name, unavailable(err))
 	}
 	if err := o.Message.validate("BatchOptions.Message"); err != nil {
 		return nil, err
@@ -434,7 +437,7 @@ func (s *StreamHandle[T]) produceItems(ctx context.Context, items []BatchItem[T]
 		s.forget()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("produce to %q: %w", s.name, err)
+		return nil, fmt.Errorf("produce to %q: %w", s.name, unavailable(err))
 	}
 	if q == nil { // on a caller's transaction the wake-up rode it
 		s.c.wake(ctx, s.name, row.ID, msgs)
