@@ -356,12 +356,12 @@ func (c *Consumer[T]) declared() {
 // returns the typed consumer. The group's cursor is created on first Register,
 // placed by cfg.Start.
 func (h *ConsumerHandle[T]) Register(ctx context.Context, cfg *ConsumerConfig) (*Consumer[T], error) {
-	return h.register(ctx, cfg, false)
+	return h.register(ctx, cfg, declareAlways)
 }
 
-// register is Register; seed declares the group config only over the empty
-// document (the library's own groups: an operator's config is kept).
-func (h *ConsumerHandle[T]) register(ctx context.Context, cfg *ConsumerConfig, seed bool) (*Consumer[T], error) {
+// register is Register, Attach, and the library's own groups' registration,
+// by how the config document is declared (mode).
+func (h *ConsumerHandle[T]) register(ctx context.Context, cfg *ConsumerConfig, mode declareMode) (*Consumer[T], error) {
 	if err := validateName("consumer group", h.name); err != nil {
 		return nil, err
 	}
@@ -391,12 +391,18 @@ func (h *ConsumerHandle[T]) register(ctx context.Context, cfg *ConsumerConfig, s
 		return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
 	}
 	declare := h.s.c.store.DeclareGroupConfig
-	if seed {
+	switch {
+	case mode == declareSeed:
 		declare = h.s.c.store.SeedGroupConfig
+	case mode == declareAtCreation && !g.Created:
+		declare = nil // an existing group keeps its stored config
 	}
-	old, changed, err := declare(ctx, g.ID, docs, declaredBy(), h.s.c.dbNow())
-	if err != nil {
-		return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
+	var old map[string][]byte
+	var changed bool
+	if declare != nil {
+		if old, changed, err = declare(ctx, g.ID, docs, declaredBy(), h.s.c.dbNow()); err != nil {
+			return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
+		}
 	}
 	if changed && !g.Created {
 		changes, err := groupconfig.Diff(old, docs)

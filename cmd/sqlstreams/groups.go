@@ -30,8 +30,9 @@ that prints before and after unless -execute is given.
 
 declare stores a whole consumer config document (-f FILE, or - for stdin):
 the "config" object of 'sqlstreams inspect -o json', in ConsumerConfig's
-JSON shape; it prints the fields it changed (SQL0059). It does not change
-the binding set.
+JSON shape; it prints the fields it changed (SQL0059). It never changes the
+binding set. An application keeps it by registering with Attach, not
+Register (see groups declare -h).
 
 rm removes a group with its cursor, retries, dead letters, delivery log,
 bindings, config and history, leaving the stream and its other groups: a dry
@@ -298,7 +299,13 @@ changed. FILE is ConsumerConfig's JSON, the "config" object 'sqlstreams
 inspect -o json' prints, for example:
   {"message": {"timeout": "10s", "retry": {"max_retries": 3}}, "delivery_log": "all"}
 Unknown fields are errors. "bindings", if present, must be the installed set:
-a set changes through the code that consumes.`}
+a set changes through the code that consumes, never here.
+
+An application that registers the group with Consumer(name).Register declares
+its own config again at its next start (newest wins), undoing this one. For a
+group an operator manages, the application calls Consumer(name).Attach(ctx,
+initial) instead: it declares initial only when it creates the group, and
+otherwise consumes with what is stored here.`}
 	pos, help, err := parseVerb(fs, args, out, u, 2, 2)
 	if help || err != nil {
 		return err
