@@ -110,3 +110,31 @@ func TestEveryVerbsJSONIsSnakeCase(t *testing.T) {
 		}
 	}
 }
+
+// `sqlstreams -h` names every subcommand of every verb (issue 60: it left
+// out streams rm and groups rm).
+func TestUsageNamesEverySubcommand(t *testing.T) {
+	var out bytes.Buffer
+	require.NoError(t, runCtx(context.Background(), []string{"-h"}, &out))
+	lines := map[string]string{} // a verb's line, with the lines that continue it ("| ...")
+	last := ""
+	for _, l := range strings.Split(out.String(), "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) >= 2 && f[0] == "sqlstreams":
+			last = f[1]
+			lines[last] = l
+		case len(f) > 0 && f[0] == "|" && last != "":
+			lines[last] += " " + l
+		default:
+			last = ""
+		}
+	}
+	for _, verb := range verbs {
+		line, ok := lines[verb]
+		require.True(t, ok, "usage has no line for %s", verb)
+		for _, sub := range subcommands(t, verb) {
+			require.Regexp(t, `(^|[\s|\[])`+regexp.QuoteMeta(sub)+`([\s|\]]|$)`, line, "usage's %s line names %s", verb, sub)
+		}
+	}
+}
