@@ -12,6 +12,7 @@ import (
 	"net/http"
 	neturl "net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -267,8 +268,9 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 		fmt.Fprintf(out, "dropped schema %s\n", schema)
 	}()
 	fmt.Fprintf(out, "schema %s (created by this run, dropped when it ends)\n", schema)
-	fmt.Fprintf(out, "watch it from another terminal while it runs:\n  SQLSTREAMS_DATABASE_URL='%s' sqlstreams groups describe orders.placed -schema %s\n",
-		redactURL(url), schema)
+	exe, _ := os.Executable()
+	fmt.Fprintf(out, "watch it from another terminal while it runs:\n  SQLSTREAMS_DATABASE_URL='%s' %s groups describe orders.placed -schema %s\n",
+		redactURL(url), selfCommand(exe, os.Args[0]), schema)
 	clk := clock.New()
 	client, err := sqlstreams.NewClient(ctx, pool, &sqlstreams.ClientConfig{Schema: schema, Logger: logger, Clock: clk})
 	if err != nil {
@@ -427,6 +429,22 @@ func produce(ctx context.Context, stop <-chan struct{}, clk clock.Clock, s *sqls
 func schemaExistsError(schema string) error {
 	return fmt.Errorf("demo: -schema: schema %q already exists, and the demo only works in a schema it creates (and drops at its end): "+
 		"name one that does not exist, or leave -schema out for a fresh %s<random> schema", schema, demoSchemaPrefix)
+}
+
+// selfCommand is how another terminal runs this command: under `go run`
+// (make demo; the binary is in a go-build directory) `go run
+// ./cmd/sqlstreams` from the module's root; started by its bare name, that
+// name (the shell found it on the PATH); else the binary's own path.
+func selfCommand(exe, arg0 string) string {
+	switch {
+	case strings.Contains(filepath.ToSlash(exe), "/go-build"):
+		return "go run ./cmd/sqlstreams"
+	case arg0 != "" && !strings.ContainsRune(arg0, filepath.Separator):
+		return arg0
+	case exe != "":
+		return exe
+	}
+	return "sqlstreams"
 }
 
 // randomHex returns n random bytes in hex.
