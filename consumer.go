@@ -195,9 +195,10 @@ type ConsumeOptions struct {
 
 	// Readiness, if set, carries this session's readiness level: ready
 	// while it consumes and reaches its database, not ready while its
-	// binding set waits, while its store calls have failed for longer than
-	// InstanceTTL, and after Consume returns (see Readiness.Handler for an
-	// HTTP readiness probe).
+	// binding set waits, once a store call has failed and none has
+	// succeeded for InstanceTTL (within InstanceTTL of an outage's start:
+	// the heartbeat calls every third of it), and after Consume returns
+	// (see Readiness.Handler for an HTTP readiness probe).
 	Readiness *Readiness
 	// Session, if set, is this call's own view: its Stats count from zero
 	// (Consumer.Stats adds up every session). A Session serves one call.

@@ -119,7 +119,7 @@ var (
 			"(57P01-57P03), too many connections (53300), a serialization failure or deadlock (40001, 40P01), or a "+
 			"read-only transaction as right after a failover (25006). The actor keeps its state and retries with "+
 			"ClientConfig.Retry's backoff; this line is logged once per outage and a recovery line follows. "+
-			"A session whose store calls have failed for longer than its InstanceTTL is not ready.",
+			"A session that has not reached its database for its InstanceTTL (a call failed, none succeeded since) is not ready.",
 		"Check the database's availability. If it stays down for longer than InstanceTTL, other instances take over "+
 			"this instance's leases once it lapses; nothing is lost.")
 	StorePermanent = register("SQL0105", slog.LevelWarn,
