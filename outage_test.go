@@ -320,8 +320,11 @@ func TestProduceDuringAnOutageIsErrUnavailable(t *testing.T) {
 	fresh := Stream[order](e.client, "orders") // its row not read yet
 	start := pgtest.StopFor(t, "fast")
 	for name, produce := range map[string]func() error{
-		"Produce":                  func() error { _, err := s.Produce(ctx, order{OrderID: "during"}, nil); return err },
-		"ProduceBatch":             func() error { _, err := s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "during"}}}, nil); return err },
+		"Produce": func() error { _, err := s.Produce(ctx, order{OrderID: "during"}, nil); return err },
+		"ProduceBatch": func() error {
+			_, err := s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "during"}}}, nil)
+			return err
+		},
 		"Produce, the row unknown": func() error { _, err := fresh.Produce(ctx, order{OrderID: "during"}, nil); return err },
 	} {
 		err := produce()
