@@ -105,3 +105,36 @@ func TestEveryPackageSaysWhoItIsFor(t *testing.T) {
 			"package %s: its doc comment must say whether it is an API for users or the engine's inside", dir)
 	}
 }
+
+// TestToolsUseThePublicAPIOnly: the tools users touch — the CLI, the
+// console, sqlstreamstest, the examples and the optional modules — are
+// built on the public API (DESIGN §3): none imports internal/store, an
+// actor, the engine or the supervisor. The CLI's demo may use the test
+// harness's private cluster (internal/pgcluster), and every tool the code
+// registry (internal/codes), which only describe.
+func TestToolsUseThePublicAPIOnly(t *testing.T) {
+	const module = "github.com/c1702965/sqlstreams/"
+	forbidden := []string{module + "internal/store", module + "actors/", module + "engine", module + "supervisor"}
+	fset := token.NewFileSet()
+	for _, root := range []string{"cmd", "console", "sqlstreamstest", "examples", "prometheus", "otel", "browsertest"} {
+		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+			if err != nil {
+				return err
+			}
+			for _, imp := range f.Imports {
+				p := strings.Trim(imp.Path.Value, `"`)
+				for _, bad := range forbidden {
+					if p == bad || strings.HasPrefix(p, bad) && (strings.HasSuffix(bad, "/") || strings.HasPrefix(p, bad+"/")) {
+						t.Errorf("%s imports %s: a tool reaches the engine only through the public API", path, p)
+					}
+				}
+			}
+			return nil
+		})
+		require.NoError(t, err)
+	}
+}

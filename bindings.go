@@ -49,12 +49,12 @@ func (g *Group) Bindings(ctx context.Context, staleAfter time.Duration) (*Bindin
 		inst  *store.LedgerRow
 		waits []store.LedgerRow
 	)
-	from, err := g.read(ctx, "bindings", func(_ store.View, v store.ViewGroup) (err error) {
+	from, err := g.read(ctx, fmt.Sprintf("bindings of %q", g.row.Name), func(_ store.View, v store.ViewGroup) (err error) {
 		inst, waits, err = v.BindingLedger(ctx)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("bindings of %q: %w", g.row.Name, err)
+		return nil, err
 	}
 	out := &BindingListing{ReadFrom: from}
 	if inst != nil {

@@ -604,9 +604,9 @@ func TestSystemRegisterKeepsAnAlertGroupsConfig(t *testing.T) {
 	}
 	after, err := c.Inspect(ctx)
 	require.NoError(t, err)
-	require.Equal(t, before.Declared, after.Declared, "the operator's config stays")
+	require.Equal(t, before.Config, after.Config, "the operator's config stays")
 	require.Len(t, after.Log, len(before.Log), "nothing was redeclared")
-	require.Contains(t, string(after.Declared[store.WorkerMessageConsumer]), `"max_retries": 7`)
+	require.Equal(t, 7, after.Config.Message.Retry.MaxRetries)
 	for _, m := range e.logs.messages(slog.LevelWarn)[warned:] {
 		require.NotContains(t, m, "redeclared")
 	}

@@ -2,6 +2,7 @@ package sqlstreams
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync/atomic"
@@ -202,8 +203,8 @@ func TestRedeclarationWarnsSQL0059NamingEachChange(t *testing.T) {
 	require.NoError(t, err)
 	w := warnings()
 	require.Len(t, w, 2)
-	require.Contains(t, w[1], "message_consumer message.retry.max_retries: 3 → 5")
-	require.Contains(t, w[1], "exception_consumer exception_initial_backoff: (unset) → 2s")
+	require.Contains(t, w[1], "message.retry.max_retries: 3 → 5")
+	require.Contains(t, w[1], "exception_initial_backoff: (unset) → 2s")
 
 	// Two services alternating: every restart overwrites, every time visibly.
 	for i := range 4 {
@@ -221,7 +222,7 @@ func TestRedeclarationWarnsSQL0059NamingEachChange(t *testing.T) {
 	_, err = s.Consumer("g").Register(ctx, nil)
 	require.NoError(t, err)
 	w = warnings()
-	require.Contains(t, w[len(w)-1], "message_consumer message.timeout: 10s → (unset)")
+	require.Contains(t, w[len(w)-1], "message.timeout: 10s → (unset)")
 }
 
 func TestShutdownBudgetRederivesWhenMessageMaxMoves(t *testing.T) {
@@ -232,6 +233,20 @@ func TestShutdownBudgetRederivesWhenMessageMaxMoves(t *testing.T) {
 	require.Equal(t, 6*time.Second, budget(), "a refreshed ceiling moves the budget")
 	fixed := engine.ShutdownBudget(engine.Options{ShutdownTimeout: time.Minute, TimeoutGrace: time.Second}, snap)
 	require.Equal(t, time.Minute, fixed(), "a session's own ShutdownTimeout wins")
+}
+
+// Without a ceiling (MessageMax.Timeout) to derive from, the budget is the
+// timeout a message that sets none runs under: the group's declared
+// Message.Timeout (clamped by MessageMin), so a drain does not cut short
+// handlers the group declared long (decision 0070).
+func TestShutdownBudgetFollowsTheDeclaredMessageTimeoutWithoutACeiling(t *testing.T) {
+	snap := groupconfig.NewSnapshot(groupconfig.Declared{Message: policy.Options{Timeout: 2 * time.Minute}})
+	budget := engine.ShutdownBudget(engine.Options{TimeoutGrace: time.Second}, snap)
+	require.Equal(t, 2*time.Minute+time.Second, budget(), "the declared Message.Timeout")
+	snap.Set(groupconfig.Declared{Message: policy.Options{Timeout: time.Second}, MessageMin: policy.Options{Timeout: 10 * time.Second}})
+	require.Equal(t, 11*time.Second, budget(), "clamped by MessageMin")
+	snap.Set(groupconfig.Declared{Message: policy.Options{Timeout: 2 * time.Minute}, MessageMax: policy.Options{Timeout: 5 * time.Second}})
+	require.Equal(t, 6*time.Second, budget(), "a ceiling wins")
 }
 
 // A refresh that flips ConcurrencyOverride does not change the policy of a
@@ -295,16 +310,15 @@ func TestInspectShowsDeclaredAndDefaults(t *testing.T) {
 	require.Equal(t, Setting{"message.retry.max_delay", "1h0m0s", "default"}, got["message.retry.max_delay"])
 	require.Equal(t, Setting{"exception_initial_backoff", "1s", "default"}, got["exception_initial_backoff"])
 	require.Equal(t, "declared", got["message_max"].Source)
+	declared, err := json.Marshal(in.Config)
+	require.NoError(t, err)
 	require.JSONEq(t, `{"message":{"timeout":"10s","retry":{"max_retries":7}},"message_max":{"retry":{"base_delay":"100ms"}}}`,
-		string(in.Declared["message_consumer"]))
+		string(declared))
 	require.NotEmpty(t, in.Log)
-	live := 0
-	for _, i := range in.Instances {
-		if i.Live {
-			live++
-		}
-	}
-	require.Equal(t, 2, live, "the session's message and exception consumers")
+	require.Equal(t, in.Config, in.Log[0].Config, "the newest declaration is the one in force")
+	require.Len(t, in.Members, 1, "one session")
+	require.True(t, in.Members[0].Live)
+	require.Len(t, in.Members[0].Instances, 2, "its message and exception consumers' rows")
 	require.NoError(t, sess.stop(t))
 	_ = e
 }

@@ -163,9 +163,10 @@ type ConsumeOptions struct {
 	// long after its last beat. Default 30s; at least 1s.
 	InstanceTTL time.Duration
 	// ShutdownTimeout bounds the graceful drain of in-flight handlers after
-	// ctx ends. Default: the group's MessageMax.Timeout (else the default
-	// message timeout, 30s) plus TimeoutGrace, re-derived when a refresh
-	// moves MessageMax.
+	// ctx ends. Default: the group's MessageMax.Timeout plus TimeoutGrace;
+	// without that ceiling, the timeout of a message that sets none (the
+	// group's Message.Timeout, clamped by MessageMin, else 30s) plus
+	// TimeoutGrace. Re-derived when a refresh moves them (decision 0070).
 	ShutdownTimeout time.Duration
 	// DisableManager runs no maintenance manager in this session (see
 	// Manager). Default false: the client runs one manager while it has a
@@ -197,9 +198,10 @@ type ConsumeOptions struct {
 
 	// Readiness, if set, carries this session's readiness level: ready
 	// while it consumes and reaches its database, not ready while its
-	// binding set waits, while its store calls have failed for longer than
-	// InstanceTTL, and after Consume returns (see Readiness.Handler for an
-	// HTTP readiness probe).
+	// binding set waits, once a store call has failed and none has
+	// succeeded for InstanceTTL (within InstanceTTL of an outage's start:
+	// the heartbeat calls every third of it), and after Consume returns
+	// (see Readiness.Handler for an HTTP readiness probe).
 	Readiness *Readiness
 	// Session, if set, is this call's own view: its Stats count from zero
 	// (Consumer.Stats adds up every session). A Session serves one call.
@@ -358,12 +360,12 @@ func (c *Consumer[T]) declared() {
 // returns the typed consumer. The group's cursor is created on first Register,
 // placed by cfg.Start.
 func (h *ConsumerHandle[T]) Register(ctx context.Context, cfg *ConsumerConfig) (*Consumer[T], error) {
-	return h.register(ctx, cfg, false)
+	return h.register(ctx, cfg, declareAlways)
 }
 
-// register is Register; seed declares the group config only over the empty
-// document (the library's own groups: an operator's config is kept).
-func (h *ConsumerHandle[T]) register(ctx context.Context, cfg *ConsumerConfig, seed bool) (*Consumer[T], error) {
+// register is Register, Attach, and the library's own groups' registration,
+// by how the config document is declared (mode).
+func (h *ConsumerHandle[T]) register(ctx context.Context, cfg *ConsumerConfig, mode declareMode) (*Consumer[T], error) {
 	if err := validateName("consumer group", h.name); err != nil {
 		return nil, err
 	}
@@ -393,12 +395,18 @@ func (h *ConsumerHandle[T]) register(ctx context.Context, cfg *ConsumerConfig, s
 		return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
 	}
 	declare := h.s.c.store.DeclareGroupConfig
-	if seed {
+	switch {
+	case mode == declareSeed:
 		declare = h.s.c.store.SeedGroupConfig
+	case mode == declareAtCreation && !g.Created:
+		declare = nil // an existing group keeps its stored config
 	}
-	old, changed, err := declare(ctx, g.ID, docs, declaredBy(), h.s.c.dbNow())
-	if err != nil {
-		return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
+	var old map[string][]byte
+	var changed bool
+	if declare != nil {
+		if old, changed, err = declare(ctx, g.ID, docs, declaredBy(), h.s.c.dbNow()); err != nil {
+			return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
+		}
 	}
 	if changed && !g.Created {
 		changes, err := groupconfig.Diff(old, docs)
@@ -620,7 +628,7 @@ func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
 		h = func(ctx context.Context, msg *T) (err error) {
 			meta, _ := MetaFromContext(ctx)
 			ctx, end := tr.StartProcess(ctx, meta)
-			defer func() { end(err) }()
+			defer endSpan(end, &err)
 			return inner(ctx, msg)
 		}
 	}

@@ -3,6 +3,7 @@ package sqlstreams
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"sync"
 
 	"github.com/c1702965/sqlstreams/internal/store"
@@ -68,4 +69,18 @@ func (e *payloadEncoder) finish(msgs []store.NewMessage) {
 	for i, sp := range e.spans {
 		msgs[i].Payload = b[sp[0]:sp[1]:sp[1]]
 	}
+}
+
+// nullPayload is the JSON a nil pointer, a nil json.RawMessage or a nil any
+// encodes to. It is not a message: a consumer of a struct type would be
+// handed a zero value. Produce and a schedule's payload refuse it (ErrEncode).
+var nullPayload = []byte("null")
+
+// refuseNull returns the error for a payload that encoded to JSON null, or
+// nil for any other.
+func refuseNull(payload []byte) error {
+	if bytes.Equal(payload, nullPayload) {
+		return fmt.Errorf("%w: a JSON null is not a message (the value is a nil pointer, RawMessage or interface)", ErrEncode)
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package sqlstreams
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -26,7 +27,8 @@ var (
 	ErrInvalidKey = errors.New("invalid key")
 	// ErrMessageTooLarge: an encoded payload over the stream's MaxMessageBytes.
 	ErrMessageTooLarge = errors.New("message too large")
-	// ErrEncode: a payload that does not encode as JSON.
+	// ErrEncode: a payload that does not encode as JSON, or encodes to JSON
+	// null (a nil pointer, RawMessage or interface is not a message).
 	ErrEncode = errors.New("payload does not encode")
 	// ErrDecode: a stored payload that does not decode into the consumer's type.
 	ErrDecode = errors.New("payload does not decode")
@@ -48,7 +50,24 @@ var (
 	// handle resolved, because the schema was dropped and recreated under
 	// the client. Nothing was written; make new handles.
 	ErrStreamChanged = store.ErrStreamChanged
+	// ErrUnavailable: the database could not be reached (a refused or cut
+	// connection, a server shutting down, starting up or failing over, a
+	// standby that took over read-only). Produce does not retry: it returns
+	// this at once, wrapping the cause, and wrote nothing unless its
+	// transaction committed before the connection was cut (an idempotency
+	// key makes a retry safe).
+	ErrUnavailable = errors.New("database unavailable")
 )
+
+// unavailable wraps err with ErrUnavailable when it shows the database out
+// of reach; other errors pass through.
+func unavailable(err error) error {
+	var pg *pgconn.PgError
+	if store.Unreachable(err) || errors.As(err, &pg) && pg.Code == "25006" { // read_only_sql_transaction: a standby
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return err
+}
 
 // ownerOnly turns a missing privilege (SQLSTATE 42501) met by a step that
 // runs DDL into a permanent error saying who may run it; other errors pass

@@ -262,11 +262,12 @@ func Example_groupStatus() {
 	check(err)
 	st, err := g.Status(ctx)
 	check(err)
-	fmt.Printf("lag %d, in flight %d, dead %d, live instances %d\n", st.Lag, st.InFlight, st.Dead, len(st.Instances))
+	fmt.Printf("lag %d: available %d, in flight %d, retrying %d; dead %d; sessions %d\n",
+		st.Lag, st.Available, st.InFlight, st.Retrying, st.Dead, len(st.Members))
 	_, err = client.Group(ctx, "orders", "biling")
 	fmt.Println(errors.Is(err, sqlstreams.ErrNotRegistered))
 	// Output:
-	// lag 3, in flight 0, dead 0, live instances 0
+	// lag 3: available 3, in flight 0, retrying 0; dead 0; sessions 0
 	// true
 }
 

@@ -304,11 +304,11 @@ func checkFailover(t *testing.T, client *Client, sink *logSink, ledger *failover
 	st, err := g.Status(ctx)
 	require.NoError(t, err)
 	t.Logf("failover: the group after it: committed %v, cursor %v, head %v, lag %d, ranges %d, retrying %d, quarantined %d, dead %d",
-		st.Committed, st.Cursor, st.Head, st.Lag, st.InFlight, st.Retrying, st.Quarantined, st.Dead)
+		st.Committed, st.Cursor, st.Head, st.Lag, st.Ranges, st.Retrying, st.Quarantined, st.Dead)
 	assert.Equal(t, st.Head, st.Committed, "every message up to the head is settled")
 	assert.Equal(t, st.Head, st.Cursor, "the cursor is at the head")
 	assert.Zero(t, st.Lag)
-	assert.Zero(t, st.InFlight, "no range left outstanding")
+	assert.Zero(t, st.Ranges, "no range left outstanding")
 	assert.Zero(t, st.Retrying+st.Quarantined+st.Dead, "no exception row and no dead letter")
 
 	ledger.mu.Lock()

@@ -21,10 +21,12 @@ import (
 // MaxListed bounds Streams and Groups: at most this many rows, in name order.
 const MaxListed = 10000
 
-// DefaultLagCap is how many log positions Status counts before it reports
-// the lag as "at least" (LagAtLeast). Counting costs one index probe per
-// position, so the cap bounds what a status read costs.
-const DefaultLagCap = 100000
+// StatusCountBound bounds what one Status read counts: at most this many
+// log positions for the available messages, and as many for those in
+// flight. Each costs an index probe (and, for a group with bindings, a
+// heap row); past the bound the count is an estimate from the message ids,
+// and GroupStatus.Estimated says so.
+const StatusCountBound = 100000
 
 // ErrGroupActive: an action refused because the group has live instances
 // (or leases of stopped ones that have not lapsed yet). Stop its consumers
@@ -59,7 +61,7 @@ type StreamInfo struct {
 // It writes nothing.
 func (c *Client) Streams(ctx context.Context) ([]StreamInfo, error) {
 	var rows []store.StreamInfoRow
-	from, err := c.read(ctx, "streams", func(v store.View) (err error) {
+	from, err := c.read(ctx, "list streams", func(v store.View) (err error) {
 		rows, err = v.ListStreams(ctx, "", MaxListed)
 		return err
 	})
@@ -97,7 +99,7 @@ func (c *Client) Groups(ctx context.Context, stream string) ([]GroupInfo, error)
 		}
 	}
 	var rows []store.GroupInfoRow
-	from, err := c.read(ctx, "groups", func(v store.View) error {
+	from, err := c.read(ctx, "list groups", func(v store.View) error {
 		if stream != "" {
 			if _, err := v.LookupStream(ctx, stream); err != nil {
 				return err
@@ -166,39 +168,47 @@ func (g *Group) read(ctx context.Context, what string, f func(store.View, store.
 	return g.c.read(ctx, what, func(v store.View) error { return f(v, v.Group(g.row.StreamID, g.row.ID)) })
 }
 
-// GroupStatus is a group's progress at one snapshot, in the columns of
-// Kafka's `kafka-consumer-groups --describe`.
+// GroupStatus is a group's progress at one snapshot: its positions, in the
+// columns of Kafka's `kafka-consumer-groups --describe`, and the messages
+// it has left by state, as RabbitMQ counts a queue's (ready, unacked).
 type GroupStatus struct {
 	Stream, Group string
 	// At is the database's time of the snapshot.
 	At time.Time
-	// Committed is the group's committed position: every message at or
-	// below it is settled (dead letters do not hold it back).
+	// Committed is the group's committed position, as the last message at
+	// or before it: every message at or below it is settled (dead letters
+	// do not hold it back).
 	Committed Position
-	// Cursor is the highest position claimed into a range.
+	// Cursor is the last message at or before the highest position claimed
+	// into a range.
 	Cursor Position
 	// Head is the stream's newest position (zero for an empty log).
 	Head Position
-	// Lag counts the log positions after Committed: exact up to the cap
-	// (DefaultLagCap), then LagAtLeast is set and the lag is at least Lag.
-	// For a group with bindings it counts every position, matching or not
-	// (LagCountsAll): which ones match is known only by reading them.
-	Lag          int64
-	LagAtLeast   bool
-	LagCountsAll bool
+	// Available counts the messages after the cursor that the group will
+	// be handed (for a group with bindings, those they match); InFlight the
+	// messages claimed and not settled yet (in outstanding ranges, or a
+	// retry being attempted); Retrying the failed, delayed or parked
+	// messages waiting for their next attempt; Quarantined those split out
+	// of a range reclaimed too often and not attempted yet; Dead the dead
+	// letters.
+	Available, InFlight, Retrying, Quarantined, Dead int64
+	// Lag is what the group has left to handle: Available + InFlight +
+	// Retrying + Quarantined. Dead letters are not lag: nothing handles
+	// them until a redrive, which adds them back.
+	Lag int64
+	// Estimated: Available or InFlight passed StatusCountBound, and is an
+	// estimate from the message ids (exact below the bound).
+	Estimated bool
 	// OldestUnconsumed is when the first message after Committed was
 	// produced (zero when there is none), and OldestAge how long ago.
 	OldestUnconsumed time.Time
 	OldestAge        time.Duration
-	// InFlight counts outstanding range leases, ExpiredRanges those of them
+	// Ranges counts outstanding range leases, ExpiredRanges those of them
 	// whose lease lapsed (a reclaimer takes them).
-	InFlight, ExpiredRanges int64
-	// Retrying counts exception rows on their retry curve (or parked behind
-	// a key), Quarantined those split out of a reclaimed range and not yet
-	// attempted, Dead the dead letters.
-	Retrying, Quarantined, Dead int64
-	// Instances are the live instances of the group's workers.
-	Instances []Instance
+	Ranges, ExpiredRanges int64
+	// Members are the group's live Consume sessions (Kafka's group
+	// members), one each however many worker rows it holds.
+	Members []Member
 	// ReadFrom says whether a replica served the snapshot (ReadPool), and
 	// how far behind the primary it was.
 	ReadFrom
@@ -206,31 +216,35 @@ type GroupStatus struct {
 
 // Status reads the group's progress in one READ ONLY snapshot.
 func (g *Group) Status(ctx context.Context) (*GroupStatus, error) {
+	return g.status(ctx, StatusCountBound)
+}
+
+// status is Status with the count bound (tests lower it).
+func (g *Group) status(ctx context.Context, bound int64) (*GroupStatus, error) {
 	var s store.StatusRow
-	from, err := g.read(ctx, "status", func(_ store.View, v store.ViewGroup) (err error) {
-		s, err = v.Status(ctx, DefaultLagCap, g.c.dbNow())
+	from, err := g.read(ctx, fmt.Sprintf("status of %q", g.row.Name), func(_ store.View, v store.ViewGroup) (err error) {
+		s, err = v.Status(ctx, bound, g.c.dbNow())
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("status of %q: %w", g.row.Name, err)
+		return nil, err
 	}
 	out := &GroupStatus{Stream: g.stream, Group: g.row.Name, At: s.Now, Committed: Position(s.Committed), Cursor: Position(s.Cursor),
-		Head: Position(s.Head), Lag: s.Lag, LagAtLeast: s.LagCapped, LagCountsAll: s.Bindings > 0,
-		OldestUnconsumed: s.Oldest, InFlight: s.Ranges, ExpiredRanges: s.ExpiredRanges,
-		Retrying: s.Retrying, Quarantined: s.Quarantined, Dead: s.Dead, ReadFrom: from}
+		Head: Position(s.Head), Available: s.Available, InFlight: s.InFlight, Retrying: s.Retrying, Quarantined: s.Quarantined,
+		Dead: s.Dead, Lag: s.Available + s.InFlight + s.Retrying + s.Quarantined, Estimated: s.Estimated,
+		OldestUnconsumed: s.Oldest, Ranges: s.Ranges, ExpiredRanges: s.ExpiredRanges, Members: members(s.Instances), ReadFrom: from}
 	if !s.Oldest.IsZero() {
 		out.OldestAge = max(0, s.Now.Sub(s.Oldest))
-	}
-	for _, i := range s.Instances {
-		out.Instances = append(out.Instances, Instance(i))
 	}
 	return out, nil
 }
 
-// DeadLetterDetail is one dead letter with its payload (as stored, JSON)
-// and its delivery history (what the group's DeliveryLog mode recorded).
+// DeadLetterDetail is one dead letter with its headers, its payload (as
+// stored, JSON) and its delivery history (what the group's DeliveryLog mode
+// recorded).
 type DeadLetterDetail struct {
 	DeadLetter
+	Headers    Headers
 	Payload    json.RawMessage
 	Deliveries []Delivery
 }
@@ -246,19 +260,19 @@ type Delivery struct {
 // MaxDeliveriesShown bounds the delivery history DeadLetter returns.
 const MaxDeliveriesShown = 1000
 
-// DeadLetter reads one dead letter with its payload and delivery history
+// DeadLetter reads one dead letter with its headers, payload and delivery history
 // (at most MaxDeliveriesShown attempts, oldest first). A message that is
 // not a dead letter of the group is ErrNotRegistered.
 func (g *Group) DeadLetter(ctx context.Context, messageID int64) (*DeadLetterDetail, error) {
 	var d store.DeadLetterRow
-	from, err := g.read(ctx, "dead letter", func(_ store.View, v store.ViewGroup) (err error) {
+	from, err := g.read(ctx, fmt.Sprintf("dead letter of %q", g.row.Name), func(_ store.View, v store.ViewGroup) (err error) {
 		d, err = v.DeadLetter(ctx, messageID, MaxDeliveriesShown)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("dead letter of %q: %w", g.row.Name, err)
+		return nil, err
 	}
-	out := &DeadLetterDetail{DeadLetter: deadLetter(d.DeadLetter, from), Payload: json.RawMessage(d.Payload)}
+	out := &DeadLetterDetail{DeadLetter: deadLetter(d.DeadLetter, from), Headers: decodeHeaders(d.Headers), Payload: json.RawMessage(d.Payload)}
 	for _, l := range d.Deliveries {
 		out.Deliveries = append(out.Deliveries, Delivery(l))
 	}
@@ -272,12 +286,12 @@ func (g *Group) DeadLetters(ctx context.Context, afterID int64, limit int) ([]De
 		return nil, fmt.Errorf("%w: DeadLetters limit %d outside 1..1000", ErrInvalidConfig, limit)
 	}
 	var rows []store.DeadLetter
-	from, err := g.read(ctx, "dead letters", func(_ store.View, v store.ViewGroup) (err error) {
+	from, err := g.read(ctx, fmt.Sprintf("dead letters of %q", g.row.Name), func(_ store.View, v store.ViewGroup) (err error) {
 		rows, err = v.ListDead(ctx, afterID, limit)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("dead letters of %q: %w", g.row.Name, err)
+		return nil, err
 	}
 	out := make([]DeadLetter, len(rows))
 	for i, r := range rows {

@@ -2,6 +2,7 @@ package sqlstreams
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/c1702965/sqlstreams/internal/observe"
 )
@@ -56,6 +57,19 @@ const (
 // observer is the client's Observer, never nil.
 func (c *Client) observer() Observer { return observe.Or(c.cfg.Observer) }
 
+// endSpan ends a Tracer span with the call's error, or with the panic
+// unwinding through the call, which it then lets go on: deferred as
+// `defer endSpan(end, &err)`. A plain `defer func() { end(err) }()` sees
+// err == nil while a panic unwinds, and traced a panicking handler (a
+// failure) and a produce whose payload panicked as successes.
+func endSpan(end func(error), err *error) {
+	if p := recover(); p != nil {
+		end(fmt.Errorf("panic: %v", p))
+		panic(p)
+	}
+	end(*err)
+}
+
 // Tracer opens spans around produces and handler attempts, carrying the
 // producer's trace context to the consumer in the message's headers. Set
 // it on ClientConfig.Tracer; the OpenTelemetry module
@@ -70,6 +84,7 @@ type Tracer interface {
 	// StartProcess runs before each handler attempt, with the message's
 	// Meta (its Headers carry the producer's context): it returns the
 	// handler's context and the function that ends the span with the
-	// attempt's result.
+	// attempt's result. A panic (in a handler, or in a payload's
+	// MarshalJSON during a produce) ends the span with an error naming it.
 	StartProcess(ctx context.Context, meta Meta) (context.Context, func(error))
 }

@@ -154,7 +154,9 @@ func TestReadinessIsALevel(t *testing.T) {
 	down := time.Now()
 	start := pgtest.StopFor(t, "fast")
 	waitLevel(t, ready, false, "not ready once the database has been unreachable for longer than InstanceTTL")
-	require.GreaterOrEqual(t, time.Since(down), time.Second, "an outage shorter than InstanceTTL keeps it ready")
+	// Counted from the last store call that succeeded, at most a heartbeat
+	// interval (a third of the TTL) before the stop.
+	require.GreaterOrEqual(t, time.Since(down), 2*time.Second/3, "an outage shorter than InstanceTTL keeps it ready")
 	start()
 	waitLevel(t, ready, true, "ready again once the database is back")
 
@@ -303,4 +305,36 @@ func TestMissingPrivilegeEndsConsume(t *testing.T) {
 	require.ErrorIs(t, err, ErrPermanent)
 	require.Contains(t, err.Error(), "42501")
 	require.Contains(t, err.Error(), "GRANT")
+}
+
+// Produce does not retry: while the database cannot be reached it fails at
+// once with ErrUnavailable, wrapping the cause, which errors.Is can test
+// (issue 60: a raw connection error), whether the stream's row was read
+// already or not. Nothing is written, and the next produce once the
+// database is back succeeds.
+func TestProduceDuringAnOutageIsErrUnavailable(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	s := e.stream("orders")
+	_, err := s.Produce(ctx, order{OrderID: "before"}, nil)
+	require.NoError(t, err)
+	fresh := Stream[order](e.client, "orders") // its row not read yet
+	start := pgtest.StopFor(t, "fast")
+	for name, produce := range map[string]func() error{
+		"Produce": func() error { _, err := s.Produce(ctx, order{OrderID: "during"}, nil); return err },
+		"ProduceBatch": func() error {
+			_, err := s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "during"}}}, nil)
+			return err
+		},
+		"Produce, the row unknown": func() error { _, err := fresh.Produce(ctx, order{OrderID: "during"}, nil); return err },
+	} {
+		err := produce()
+		require.ErrorIs(t, err, ErrUnavailable, name)
+		require.ErrorContains(t, err, `produce to "orders"`, name)
+		require.NotEqual(t, ErrUnavailable.Error(), err.Error(), "%s: the cause is kept", name)
+	}
+	start()
+	_, err = s.Produce(ctx, order{OrderID: "after"}, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, e.count(s), "nothing was written during the outage")
 }

@@ -2,6 +2,7 @@ package sqlstreams
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strconv"
 	"strings"
@@ -203,4 +204,41 @@ func TestProduceInCallerTransaction(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.EqualValues(t, 2, e.count(s))
+}
+
+// A JSON null is not a message: Produce refuses it with ErrEncode, whatever
+// the stream's type lets through (a nil pointer, a nil or "null"
+// RawMessage, a nil any), and writes nothing of its batch. A consumer of a
+// struct type would otherwise be handed a zero value.
+func TestANullPayloadIsRefused(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	counted := e.stream("orders")
+	ptr := Stream[*order](e.client, "orders")
+	raw := Stream[json.RawMessage](e.client, "orders")
+	anything := Stream[any](e.client, "orders")
+	for name, produce := range map[string]func() error{
+		"nil pointer":   func() error { _, err := ptr.Produce(ctx, nil, nil); return err },
+		"nil raw":       func() error { _, err := raw.Produce(ctx, nil, nil); return err },
+		"raw null":      func() error { _, err := raw.Produce(ctx, json.RawMessage(" null "), nil); return err },
+		"nil any":       func() error { _, err := anything.Produce(ctx, nil, nil); return err },
+		"typed nil any": func() error { _, err := anything.Produce(ctx, (*order)(nil), nil); return err },
+		"a schedule's payload": func() error {
+			return e.client.Scheduler("nightly").Register(ctx, "orders", "@daily", (*order)(nil), nil)
+		},
+		"a batch's second item": func() error {
+			_, err := ptr.ProduceBatch(ctx, []BatchItem[*order]{{Msg: &order{OrderID: "a"}}, {Msg: nil}}, nil)
+			return err
+		},
+	} {
+		err := produce()
+		require.ErrorIs(t, err, ErrEncode, name)
+		require.ErrorContains(t, err, "JSON null", name)
+	}
+	require.Zero(t, e.count(counted), "nothing written")
+	_, err := ptr.Produce(ctx, &order{OrderID: "a"}, nil)
+	require.NoError(t, err, "a pointer to a message is one")
+	_, err = raw.Produce(ctx, json.RawMessage(`{"order_id":"b"}`), nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, e.count(counted))
 }

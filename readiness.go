@@ -13,8 +13,9 @@ import (
 // (ConsumeOptions.Readiness), for an orchestrator's readiness probe. It is a
 // level, not a one-shot: ready while every such session consumes (its
 // binding set is in force and its actors run) and reaches its database;
-// not ready while a session waits on a binding change, while its store
-// calls have been failing for longer than its InstanceTTL (and after such
+// not ready while a session waits on a binding change, once a store call
+// has failed and none has succeeded for its InstanceTTL (within that of an
+// outage's start, as its heartbeat calls every third of it; and after such
 // an outage until a heartbeat finds the session's instance row live, or the
 // session registers again: the level does not turn ready and back while a
 // lapsed incarnation is found out), and once its Consume has returned. A Readiness no session was handed to is not ready.

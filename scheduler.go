@@ -86,6 +86,9 @@ func (s *Scheduler) Register(ctx context.Context, stream, expression string, pay
 	if err != nil {
 		return fmt.Errorf("%w: schedule %q: payload: %v", ErrEncode, s.name, err)
 	}
+	if err := refuseNull(doc); err != nil {
+		return fmt.Errorf("schedule %q: payload: %w", s.name, err)
+	}
 	row, err := s.c.store.LookupStream(ctx, nil, stream)
 	if err != nil {
 		return fmt.Errorf("schedule %q: %w", s.name, err)

@@ -303,7 +303,11 @@ type BatchItem[T any] struct {
 	Headers Headers
 }
 
-// Produce writes one message.
+// Produce writes one message. A msg that encodes to JSON null (a nil
+// pointer, json.RawMessage or interface) is refused with ErrEncode.
+// Produce does not retry: while the database cannot be reached it fails at
+// once with an error wrapping ErrUnavailable and the cause (retry it, with
+// an IdempotencyKey if a lost reply must not produce twice).
 func (s *StreamHandle[T]) Produce(ctx context.Context, msg T, opts *ProduceOptions) (Produced, error) {
 	var o ProduceOptions
 	if opts != nil {
@@ -341,7 +345,7 @@ func (s *StreamHandle[T]) produce(ctx context.Context, items []BatchItem[T], o *
 		var trace Headers
 		var end func(error)
 		ctx, trace, end = s.c.cfg.Tracer.StartSend(ctx, s.name, len(items))
-		defer func() { end(err) }()
+		defer endSpan(end, &err)
 		items = withHeaders(items, trace)
 	}
 	return s.produceItems(ctx, items, o, itemField)
@@ -375,7 +379,7 @@ func (s *StreamHandle[T]) produceItems(ctx context.Context, items []BatchItem[T]
 	}
 	row, cfg, err := s.resolve(ctx, q)
 	if err != nil {
-		return nil, fmt.Errorf("produce to %q: %w", s.name, err)
+		return nil, fmt.Errorf("produce to %q: %w", s.name, unavailable(err))
 	}
 	if err := o.Message.validate("BatchOptions.Message"); err != nil {
 		return nil, err
@@ -412,6 +416,9 @@ func (s *StreamHandle[T]) produceItems(ctx context.Context, items []BatchItem[T]
 		if err != nil {
 			return nil, fmt.Errorf("produce to %q: message %d: %w: %T: %v", s.name, i, ErrEncode, it.Msg, err)
 		}
+		if err := refuseNull(payload); err != nil {
+			return nil, fmt.Errorf("produce to %q: message %d: %w", s.name, i, err)
+		}
 		if len(payload) > cfg.MaxMessageBytes {
 			return nil, fmt.Errorf("produce to %q: message %d: %w: %d bytes encoded, limit %d", s.name, i, ErrMessageTooLarge, len(payload), cfg.MaxMessageBytes)
 		}
@@ -430,7 +437,7 @@ func (s *StreamHandle[T]) produceItems(ctx context.Context, items []BatchItem[T]
 		s.forget()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("produce to %q: %w", s.name, err)
+		return nil, fmt.Errorf("produce to %q: %w", s.name, unavailable(err))
 	}
 	if q == nil { // on a caller's transaction the wake-up rode it
 		s.c.wake(ctx, s.name, row.ID, msgs)

@@ -69,7 +69,7 @@ func (h *SystemHandle) Register(ctx context.Context) error {
 		return fmt.Errorf("register system: %w", err)
 	}
 	for _, name := range []string{AlertGroupBindings, AlertGroupDelivery} {
-		if _, err := alerts.Consumer(name).register(ctx, &ConsumerConfig{Bindings: AlertBindings(name)}, true); err != nil {
+		if _, err := alerts.Consumer(name).register(ctx, &ConsumerConfig{Bindings: AlertBindings(name)}, declareSeed); err != nil {
 			return fmt.Errorf("register system: %w", err)
 		}
 	}

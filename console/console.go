@@ -1,7 +1,8 @@
 // Package console is sqlstreams' web console: an http.Handler to mount in
 // an application (River UI's shape), or to run with `sqlstreams console`.
-// It shows streams, each group's progress (lag, oldest age, in flight,
-// retrying, dead, live instances), its binding set with waiters, its
+// It shows streams, each group's progress (lag, and what it has available,
+// in flight and retrying, dead letters, oldest age, sessions), its binding
+// set with waiters, its
 // declared and effective config with history, and its dead letters with
 // their delivery history; it redrives dead letters (one, selected, all).
 // It is server-rendered HTML with a few lines of JavaScript for live
@@ -22,6 +23,7 @@ import (
 	"crypto/subtle"
 	"embed"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
@@ -37,7 +39,7 @@ import (
 // Access is what one request may do.
 type Access struct {
 	Read     bool // see streams, groups, config, dead letters (no payloads)
-	Payloads bool // see dead letters' payloads
+	Payloads bool // see dead letters' payloads and headers
 	Actions  bool // redrive
 }
 
@@ -57,11 +59,14 @@ type Options struct {
 var templates embed.FS
 
 var pages = template.Must(template.New("").Funcs(template.FuncMap{
-	"ago": func(d time.Duration) string {
-		if d <= 0 {
-			return "-"
+	"ago": ago,
+	// json is a value as one line of JSON (a declared config).
+	"json": func(v any) string {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return err.Error()
 		}
-		return d.Round(time.Millisecond).String()
+		return string(b)
 	},
 	"stamp": func(t time.Time) string {
 		if t.IsZero() {
@@ -69,8 +74,23 @@ var pages = template.Must(template.New("").Funcs(template.FuncMap{
 		}
 		return t.UTC().Format(time.RFC3339)
 	},
-	"path": url.PathEscape,
+	"path":  url.PathEscape,
+	"bound": func() int { return sqlstreams.StatusCountBound },
 }).ParseFS(templates, "templates/*.html"))
+
+// ago rounds an age for people, as the CLI does: milliseconds under a
+// second, seconds under an hour, minutes past it.
+func ago(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "-"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	}
+	return d.Round(time.Minute).String()
+}
 
 // Handler is the console.
 type Handler struct {

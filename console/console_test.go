@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams"
 	"github.com/c1702965/sqlstreams/console"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
@@ -43,7 +44,7 @@ func fixture(t *testing.T, dead int) (*sqlstreams.Client, *sqlstreams.Consumer[o
 		if i < dead {
 			id = "poison"
 		}
-		_, err := s.Produce(ctx, order{ID: id}, &sqlstreams.ProduceOptions{RoutingKey: "orders.eu"})
+		_, err := s.Produce(ctx, order{ID: id}, &sqlstreams.ProduceOptions{RoutingKey: "orders.eu", Headers: sqlstreams.Headers{"tenant": "acme"}})
 		require.NoError(t, err)
 	}
 	cctx, cancel := context.WithCancel(ctx)
@@ -123,6 +124,7 @@ func TestPagesShowWhatStatusReports(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, `id="payload-hidden"`, "payloads need Access.Payloads")
 	require.NotContains(t, body, `"poison"`)
+	require.NotContains(t, body, "acme", "nor do headers")
 	require.Regexp(t, `<td class="n">1</td><td>dead</td>`, body, "the delivery history")
 
 	code, _ = get(t, c, srv.URL+"/streams/orders/groups/biling")
@@ -140,6 +142,7 @@ func TestRedriveNeedsActionsAndACSRFToken(t *testing.T) {
 	code, body := get(t, c, srv.URL+"/streams/orders/groups/billing/dead/1")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, `<pre id="payload">{&#34;id&#34;:&#34;poison&#34;}</pre>`)
+	require.Contains(t, body, `<tr><td>tenant</td><td>acme</td></tr>`, "its headers")
 	token := regexp.MustCompile(`name="csrf" value="([0-9a-f]{32})"`).FindStringSubmatch(body)
 	require.NotNil(t, token)
 
@@ -196,3 +199,27 @@ func TestAWaiterAppearsOnTheGroupPage(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// Ages are rounded for people, as the CLI rounds them: to the second under
+// an hour (issue 60: "4m39.652s").
+func TestPagesRoundAges(t *testing.T) {
+	ctx := context.Background()
+	mock := clock.NewMock()
+	mock.Set(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
+	client, err := sqlstreams.NewClient(ctx, pgtest.Pool(t), &sqlstreams.ClientConfig{Schema: pgtest.Schema(t), Clock: mock})
+	require.NoError(t, err)
+	s := sqlstreams.Stream[order](client, "orders")
+	require.NoError(t, s.Register(ctx, nil))
+	_, err = s.Consumer("billing").Register(ctx, nil)
+	require.NoError(t, err)
+	_, err = s.Produce(ctx, order{ID: "o-1"}, nil)
+	require.NoError(t, err)
+	mock.Add(4*time.Minute + 39652*time.Millisecond)
+	srv, c := server(t, client, &console.Options{Authorize: func(*http.Request) console.Access { return console.Access{Read: true} }})
+	for _, page := range []string{"/", "/streams/orders/groups/billing"} {
+		code, body := get(t, c, srv.URL+page)
+		require.Equal(t, http.StatusOK, code)
+		require.Contains(t, body, "<td>4m40s</td>", page)
+		require.NotContains(t, body, "4m39.652s", page)
+	}
+}

@@ -69,17 +69,20 @@ type Options struct {
 }
 
 // ShutdownBudget is the drain bound in force: ShutdownTimeout when the
-// session set one, else the group's MessageMax.Timeout (or the library's
-// default timeout) plus TimeoutGrace, so a refresh that moves the ceiling
-// moves the budget with it.
+// session set one, else the group's MessageMax.Timeout plus TimeoutGrace;
+// without that ceiling, the timeout of a message that sets none (the
+// group's Message.Timeout, clamped by MessageMin, or the library's
+// default; decision 0070) plus TimeoutGrace. A refresh that moves them
+// moves the budget with them.
 func ShutdownBudget(o Options, snap *groupconfig.Snapshot) func() time.Duration {
 	return func() time.Duration {
 		if o.ShutdownTimeout > 0 {
 			return o.ShutdownTimeout
 		}
-		ceiling := snap.Group().Max.Timeout
+		g := snap.Group()
+		ceiling := g.Max.Timeout
 		if ceiling <= 0 {
-			ceiling = policy.DefaultTimeout
+			ceiling = policy.Resolve(policy.Options{}, g).Timeout
 		}
 		return ceiling + o.TimeoutGrace
 	}
@@ -227,7 +230,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if ctx.Err() != nil {
 			return nil // stopped before the first read: nothing was started
 		}
-		return fmt.Errorf("consume %s: read group config: %w", cfg.GroupName, err)
+		return fmt.Errorf("consume %s: %w", cfg.GroupName, err) // the store names the read
 	}
 	s.reg = registrar.New(registrar.Config{
 		Store: cfg.Store, StreamID: cfg.StreamID, GroupID: cfg.GroupID, GroupName: cfg.GroupName,

@@ -157,3 +157,73 @@ func TestTraceContextRidesTheHeaders(t *testing.T) {
 	require.Equal(t, got["a"]["traceparent"], got["b"]["traceparent"], "one send span for the call")
 	require.Equal(t, "mine=1", got["b"]["tracestate"], "the message's own header wins")
 }
+
+// explosive's payload panics while it is encoded.
+type explosive struct{}
+
+func (explosive) MarshalJSON() ([]byte, error) { panic("encoder exploded") }
+
+// A handler that panics is a failed attempt, and its process span says
+// so: status Error with an exception event, as for a returned error. So
+// does the send span of a produce whose payload panicked while encoding.
+func TestAPanicEndsItsSpanWithAnError(t *testing.T) {
+	ctx := context.Background()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer func() { _ = tp.Shutdown(ctx) }()
+	client, err := sqlstreams.NewClient(ctx, pgtest.Pool(t), &sqlstreams.ClientConfig{Schema: pgtest.Schema(t),
+		Tracer: NewTracer(&Options{TracerProvider: tp})})
+	require.NoError(t, err)
+	orders := sqlstreams.Stream[order](client, "orders")
+	require.NoError(t, orders.Register(ctx, nil))
+	billing, err := orders.Consumer("billing").Register(ctx, &sqlstreams.ConsumerConfig{ExceptionInitialBackoff: time.Millisecond})
+	require.NoError(t, err)
+	_, err = orders.Produce(ctx, order{ID: "o-1"}, nil)
+	require.NoError(t, err)
+
+	done := make(chan struct{})
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, 1)
+	go func() {
+		errs <- billing.Consume(cctx, func(ctx context.Context, _ *order) error {
+			if meta, _ := sqlstreams.MetaFromContext(ctx); meta.Attempt == 1 {
+				panic("handler exploded")
+			}
+			close(done)
+			return nil
+		}, &sqlstreams.ConsumeOptions{ClaimPollRate: 10 * time.Millisecond, DisableManager: true})
+	}()
+	select {
+	case <-done:
+	case err := <-errs:
+		t.Fatalf("Consume returned: %v", err)
+	}
+	cancel()
+	require.NoError(t, <-errs)
+
+	exploding := sqlstreams.Stream[explosive](client, "orders")
+	require.PanicsWithValue(t, "encoder exploded", func() { _, _ = exploding.Produce(ctx, explosive{}, nil) },
+		"the payload's panic reaches the caller unchanged")
+
+	statuses := map[int64]string{}
+	var sends []sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		switch s.Name() {
+		case "process orders":
+			statuses[attr(s, "sqlstreams.attempt").AsInt64()] = s.Status().Code.String()
+			if attr(s, "sqlstreams.attempt").AsInt64() == 1 {
+				require.Contains(t, s.Status().Description, "handler exploded")
+				require.NotEmpty(t, s.Events(), "an exception event")
+				require.Equal(t, "exception", s.Events()[0].Name)
+			}
+		case "send orders":
+			sends = append(sends, s)
+		}
+	}
+	require.Equal(t, map[int64]string{1: "Error", 2: "Unset"}, statuses, "the panicking attempt's span is an error, the next a success")
+	require.Len(t, sends, 2)
+	require.Equal(t, "Unset", sends[0].Status().Code.String())
+	require.Equal(t, "Error", sends[1].Status().Code.String(), "the send span of the produce that panicked")
+	require.Contains(t, sends[1].Status().Description, "encoder exploded")
+}

@@ -8,13 +8,14 @@
 //	prometheus.MustRegister(obs)
 //
 // Counters and histograms come from the client's events (Observer);
-// gauges — lag, oldest-unconsumed age, dead letters, live instances and
-// waiting declarers per group — are read on scrape through the read-only
-// group handle and cached for Options.CacheFor, so that however often
-// Prometheus scrapes, the database pays one status read per group per
-// CacheFor (a handful of index reads each; the lag count reads at most
-// sqlstreams.DefaultLagCap index entries). Labels are stream and group
-// names only.
+// gauges — lag and the messages behind it by state, oldest-unconsumed age,
+// dead letters, sessions and waiting declarers per group — are read on
+// scrape through the read-only group handle and cached for
+// Options.CacheFor, so that however often Prometheus scrapes, the database
+// pays one status read per group per CacheFor (a handful of index reads
+// each; the counts read at most sqlstreams.StatusCountBound log positions).
+// Labels are stream and group names, and a handful of fixed values
+// (outcome, state).
 //
 // It is an API for users.
 package sqlstreamsprom
@@ -49,7 +50,7 @@ type Collector struct {
 	reconnects                                                                                  prometheus.Counter
 	handlerDuration, latency, claimDuration                                                     *prometheus.HistogramVec
 
-	lag, oldest, deadNow, instances, waiters *prometheus.Desc
+	lag, messages, estimated, oldest, deadNow, sessions, waiters *prometheus.Desc
 
 	seen sync.Map // "stream\x00group" → struct{}: label sets whose families exist
 
@@ -104,11 +105,15 @@ func New(opts *Options) *Collector {
 		handlerDuration: histogram("handler_duration_seconds", "How long handler attempts ran.", prometheus.ExponentialBuckets(0.001, 4, 10)),
 		latency:         histogram("produce_to_handler_seconds", "Time from a message's produce to the start of a handler attempt.", prometheus.ExponentialBuckets(0.001, 4, 12)),
 		claimDuration:   histogram("claim_duration_seconds", "How long claim statements took.", prometheus.ExponentialBuckets(0.0005, 4, 10)),
-		lag:             desc("group_lag", "Log positions after the group's committed position (at least this many when the count reached its cap)."),
-		oldest:          desc("group_oldest_unconsumed_age_seconds", "Age of the oldest message after the committed position (0: none)."),
-		deadNow:         desc("group_dead_letters", "Dead letters the group holds now."),
-		instances:       desc("group_live_instances", "Live instances of the group's workers."),
-		waiters:         desc("group_waiting_declarers", "Declarers waiting to change the group's binding set."),
+		lag:             desc("group_lag", "Messages the group has left to handle: available, in flight, retrying and quarantined (dead letters are not lag)."),
+		messages: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "group_messages"),
+			"Messages the group has left, by state: available (not claimed yet), in_flight (claimed, not settled), retrying, quarantined.",
+			append(append([]string{}, groupLabels...), "state"), nil),
+		estimated: desc("group_counts_estimated", "1 when the available or in-flight count passed sqlstreams.StatusCountBound and is an estimate from the message ids."),
+		oldest:    desc("group_oldest_unconsumed_age_seconds", "Age of the oldest message after the committed position (0: none)."),
+		deadNow:   desc("group_dead_letters", "Dead letters the group holds now."),
+		sessions:  desc("group_sessions", "Live Consume sessions of the group (each holds one instance row per worker)."),
+		waiters:   desc("group_waiting_declarers", "Declarers waiting to change the group's binding set."),
 	}
 }
 
@@ -205,7 +210,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, v := range c.vecs() {
 		v.Describe(ch)
 	}
-	for _, d := range []*prometheus.Desc{c.lag, c.oldest, c.deadNow, c.instances, c.waiters} {
+	for _, d := range []*prometheus.Desc{c.lag, c.messages, c.estimated, c.oldest, c.deadNow, c.sessions, c.waiters} {
 		ch <- d
 	}
 }
@@ -252,11 +257,22 @@ func (c *Collector) gauges() []prometheus.Metric {
 		}
 		c.touch(gi.Stream, gi.Name)
 		labels := []string{gi.Stream, gi.Name}
+		estimated := 0.0
+		if s.Estimated {
+			estimated = 1
+		}
 		out = append(out,
 			prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(s.Lag), labels...),
+			prometheus.MustNewConstMetric(c.estimated, prometheus.GaugeValue, estimated, labels...),
 			prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, s.OldestAge.Seconds(), labels...),
 			prometheus.MustNewConstMetric(c.deadNow, prometheus.GaugeValue, float64(s.Dead), labels...),
-			prometheus.MustNewConstMetric(c.instances, prometheus.GaugeValue, float64(len(s.Instances)), labels...))
+			prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(len(s.Members)), labels...))
+		for _, m := range []struct {
+			state string
+			n     int64
+		}{{"available", s.Available}, {"in_flight", s.InFlight}, {"retrying", s.Retrying}, {"quarantined", s.Quarantined}} {
+			out = append(out, prometheus.MustNewConstMetric(c.messages, prometheus.GaugeValue, float64(m.n), gi.Stream, gi.Name, m.state))
+		}
 		if b, err := g.Bindings(ctx, 0); err == nil {
 			waiting := 0
 			for _, w := range b.Waiting {

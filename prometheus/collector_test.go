@@ -206,7 +206,9 @@ func TestEveryFamilyAfterFailuresARetryADeadLetterAndARedrive(t *testing.T) {
 		"sqlstreams_group_lag":                           0,
 		"sqlstreams_group_oldest_unconsumed_age_seconds": 0,
 		"sqlstreams_group_dead_letters":                  0,
-		"sqlstreams_group_live_instances":                0,
+		"sqlstreams_group_sessions":                      0,
+		"sqlstreams_group_messages":                      0,
+		"sqlstreams_group_counts_estimated":              0,
 		"sqlstreams_group_waiting_declarers":             0,
 	} {
 		require.Equal(t, want, value(t, fs, name, labels), name)
@@ -217,7 +219,7 @@ func TestEveryFamilyAfterFailuresARetryADeadLetterAndARedrive(t *testing.T) {
 	for name, f := range fs {
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
-				require.Contains(t, []string{"stream", "group", "outcome"}, l.GetName(), "%s has a label beyond stream, group and outcome", name)
+				require.Contains(t, []string{"stream", "group", "outcome", "state"}, l.GetName(), "%s has a label beyond stream, group, outcome and state", name)
 			}
 		}
 	}
@@ -261,4 +263,53 @@ func TestDashboardReferencesOnlyExportedMetrics(t *testing.T) {
 		}
 	}
 	require.Greater(t, refs, 10)
+}
+
+// The gauges count a group's Consume sessions, not its worker rows (two a
+// session), and its messages by state (issue 60).
+func TestGaugesCountSessionsAndMessagesByState(t *testing.T) {
+	ctx := context.Background()
+	obs := New(&Options{CacheFor: time.Nanosecond})
+	client, err := sqlstreams.NewClient(ctx, pgtest.Pool(t), &sqlstreams.ClientConfig{Schema: pgtest.Schema(t), Observer: obs})
+	require.NoError(t, err)
+	obs.Watch(client)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(obs)
+	orders := sqlstreams.Stream[order](client, "orders")
+	require.NoError(t, orders.Register(ctx, nil))
+	billing, err := orders.Consumer("billing").Register(ctx, nil)
+	require.NoError(t, err)
+	for range 3 {
+		_, err := orders.Produce(ctx, order{ID: "o"}, nil)
+		require.NoError(t, err)
+	}
+	started := make(chan struct{}, 3)
+	release := make(chan struct{})
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- billing.Consume(cctx, func(context.Context, *order) error {
+			started <- struct{}{}
+			<-release
+			return nil
+		}, &sqlstreams.ConsumeOptions{ClaimPollRate: 10 * time.Millisecond, DisableManager: true})
+	}()
+	for range 3 {
+		<-started
+	}
+	fs := families(t, reg)
+	labels := map[string]string{"stream": "orders", "group": "billing"}
+	state := func(s string) map[string]string {
+		return map[string]string{"stream": "orders", "group": "billing", "state": s}
+	}
+	require.EqualValues(t, 1, value(t, fs, "sqlstreams_group_sessions", labels), "one session, though it holds two worker rows")
+	require.EqualValues(t, 3, value(t, fs, "sqlstreams_group_messages", state("in_flight")))
+	require.EqualValues(t, 0, value(t, fs, "sqlstreams_group_messages", state("available")))
+	require.EqualValues(t, 0, value(t, fs, "sqlstreams_group_messages", state("retrying")))
+	require.EqualValues(t, 3, value(t, fs, "sqlstreams_group_lag", labels))
+	require.EqualValues(t, 0, value(t, fs, "sqlstreams_group_counts_estimated", labels))
+	close(release)
+	cancel()
+	require.NoError(t, <-done)
 }

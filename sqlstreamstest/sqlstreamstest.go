@@ -24,7 +24,6 @@ import (
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams"
-	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -67,7 +66,7 @@ func Schema(t testing.TB, url string) string {
 			return
 		}
 		defer conn.Close(ctx)
-		if err := store.DropSchema(ctx, conn, name); err != nil {
+		if err := sqlstreams.DropSchema(ctx, conn, name); err != nil {
 			t.Errorf("sqlstreamstest: %v", err)
 		}
 	})
@@ -141,7 +140,7 @@ func DrainWith[T any](ctx context.Context, t testing.TB, consumer *sqlstreams.Co
 	var last *sqlstreams.GroupStatus
 	for {
 		s, err := consumer.Status(ctx)
-		if err == nil && s.Lag == 0 && !s.LagAtLeast {
+		if err == nil && s.Lag == 0 && !s.Estimated {
 			break
 		}
 		if err == nil {
@@ -166,7 +165,7 @@ func DrainWith[T any](ctx context.Context, t testing.TB, consumer *sqlstreams.Co
 		<-done
 		msg := "no status read"
 		if last != nil {
-			msg = fmt.Sprintf("lag %d, %d retrying, %d in flight", last.Lag, last.Retrying+last.Quarantined, last.InFlight)
+			msg = fmt.Sprintf("lag %d: %d available, %d in flight, %d retrying", last.Lag, last.Available, last.InFlight, last.Retrying+last.Quarantined)
 		}
 		t.Fatalf("sqlstreamstest: Drain: the backlog of %q was not empty when the context ended (%s): %v", consumer.Name(), msg, ctx.Err())
 		return

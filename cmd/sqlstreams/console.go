@@ -28,7 +28,7 @@ must name the database.`,
 func consoleVerb(ctx context.Context, args []string, out io.Writer) error {
 	fs := newFlags("console")
 	var c common
-	c.register(fs)
+	c.registerSchema(fs)
 	addr := fs.String("http", "127.0.0.1:8080", "the loopback address to listen on (port 0: any free one)")
 	payloads := fs.Bool("allow-payloads", false, "show dead letters' payloads")
 	actions := fs.Bool("allow-actions", false, "allow redrives")

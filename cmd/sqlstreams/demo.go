@@ -12,6 +12,7 @@ import (
 	"net/http"
 	neturl "net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -22,7 +23,6 @@ import (
 	"github.com/c1702965/sqlstreams"
 	"github.com/c1702965/sqlstreams/console"
 	"github.com/c1702965/sqlstreams/internal/pgcluster"
-	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -91,12 +91,9 @@ func connect(ctx context.Context, out io.Writer) (_ *pgxpool.Pool, url string, _
 // client, whose creation migrates the schema unless cfg.DisableMigrate.
 // done closes the pool.
 func openClient(ctx context.Context, out io.Writer, verb string, cfg *sqlstreams.ClientConfig) (client *sqlstreams.Client, done func(), err error) {
-	if os.Getenv("SQLSTREAMS_DATABASE_URL") == "" {
-		return nil, nil, fmt.Errorf("%s needs SQLSTREAMS_DATABASE_URL", verb)
-	}
-	pool, _, done, err := connect(ctx, out)
+	pool, _, done, err := connectFor(ctx, out, verb)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", verb, err)
+		return nil, nil, err
 	}
 	client, err = sqlstreams.NewClient(ctx, pool, cfg)
 	if err != nil {
@@ -104,6 +101,19 @@ func openClient(ctx context.Context, out io.Writer, verb string, cfg *sqlstreams
 		return nil, nil, fmt.Errorf("%s: %w", verb, err)
 	}
 	return client, done, nil
+}
+
+// connectFor is connect for a verb that acts on the user's database: it
+// needs SQLSTREAMS_DATABASE_URL (a throwaway server would be pointless).
+func connectFor(ctx context.Context, out io.Writer, verb string) (*pgxpool.Pool, string, func(), error) {
+	if os.Getenv("SQLSTREAMS_DATABASE_URL") == "" {
+		return nil, "", nil, fmt.Errorf("%s needs SQLSTREAMS_DATABASE_URL", verb)
+	}
+	pool, url, done, err := connect(ctx, out)
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("%s: %w", verb, err)
+	}
+	return pool, url, done, nil
 }
 
 // migrateStatus prints a schema's applied versions; it writes nothing.
@@ -152,12 +162,22 @@ func migrateStatus(ctx context.Context, out io.Writer, schema, format string) er
 }
 
 // migrate is the verb that creates a schema: its client migrates.
-func migrate(ctx context.Context, out io.Writer, schema string) error {
-	_, done, err := openClient(ctx, out, "migrate", &sqlstreams.ClientConfig{Schema: schema})
+func migrate(ctx context.Context, out io.Writer, schema, format string) error {
+	pool, _, done, err := connectFor(ctx, out, "migrate")
 	if err != nil {
 		return err
 	}
 	defer done()
+	if _, err := sqlstreams.NewClient(ctx, pool, &sqlstreams.ClientConfig{Schema: schema}); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	if format == "json" {
+		m, err := sqlstreams.MigrationStatus(ctx, pool, schema)
+		if err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+		return writeJSON(out, map[string]any{"schema": schema, "applied": m.Applied, "latest": m.Latest})
+	}
 	fmt.Fprintf(out, "schema %s is up to date\n", schema)
 	return nil
 }
@@ -215,7 +235,7 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 	if schema == "" {
 		schema = demoSchemaPrefix + randomHex(4)
 	} else {
-		exists, err := store.SchemaExists(ctx, pool, schema)
+		exists, err := sqlstreams.SchemaExists(ctx, pool, schema)
 		if err != nil {
 			return fmt.Errorf("demo: %w", err)
 		}
@@ -226,8 +246,8 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 	// Created here without IF NOT EXISTS: success proves the schema is this
 	// run's, so the drop below can never destroy someone else's, even if
 	// another session created the name since the check above.
-	if err := store.CreateSchema(ctx, pool, schema); err != nil {
-		if errors.Is(err, store.ErrSchemaExists) {
+	if err := sqlstreams.CreateSchema(ctx, pool, schema); err != nil {
+		if errors.Is(err, sqlstreams.ErrSchemaExists) {
 			return schemaExistsError(schema)
 		}
 		return fmt.Errorf("demo: %w", err)
@@ -236,7 +256,7 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 		// Also after an interrupt, when ctx is already done.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		if derr := store.DropSchema(dctx, pool, schema); derr != nil {
+		if derr := sqlstreams.DropSchema(dctx, pool, schema); derr != nil {
 			derr = fmt.Errorf("demo: %w (drop it by hand)", derr)
 			if err == nil {
 				err = derr
@@ -248,8 +268,9 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 		fmt.Fprintf(out, "dropped schema %s\n", schema)
 	}()
 	fmt.Fprintf(out, "schema %s (created by this run, dropped when it ends)\n", schema)
-	fmt.Fprintf(out, "watch it from another terminal while it runs:\n  SQLSTREAMS_DATABASE_URL='%s' sqlstreams groups describe orders.placed -schema %s\n",
-		redactURL(url), schema)
+	exe, _ := os.Executable()
+	fmt.Fprintf(out, "watch it from another terminal while it runs:\n  SQLSTREAMS_DATABASE_URL='%s' %s groups describe orders.placed -schema %s\n",
+		redactURL(url), selfCommand(exe, os.Args[0]), schema)
 	clk := clock.New()
 	client, err := sqlstreams.NewClient(ctx, pool, &sqlstreams.ClientConfig{Schema: schema, Logger: logger, Clock: clk})
 	if err != nil {
@@ -408,6 +429,22 @@ func produce(ctx context.Context, stop <-chan struct{}, clk clock.Clock, s *sqls
 func schemaExistsError(schema string) error {
 	return fmt.Errorf("demo: -schema: schema %q already exists, and the demo only works in a schema it creates (and drops at its end): "+
 		"name one that does not exist, or leave -schema out for a fresh %s<random> schema", schema, demoSchemaPrefix)
+}
+
+// selfCommand is how another terminal runs this command: under `go run`
+// (make demo; the binary is in a go-build directory) `go run
+// ./cmd/sqlstreams` from the module's root; started by its bare name, that
+// name (the shell found it on the PATH); else the binary's own path.
+func selfCommand(exe, arg0 string) string {
+	switch {
+	case strings.Contains(filepath.ToSlash(exe), "/go-build"):
+		return "go run ./cmd/sqlstreams"
+	case arg0 != "" && !strings.ContainsRune(arg0, filepath.Separator):
+		return arg0
+	case exe != "":
+		return exe
+	}
+	return "sqlstreams"
 }
 
 // randomHex returns n random bytes in hex.

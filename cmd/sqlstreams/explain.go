@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -82,13 +81,6 @@ func explainAll(out io.Writer, format string) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", c.ID, c.Level, c.Title)
 	}
 	return tw.Flush()
-}
-
-func writeJSON(out io.Writer, v any) error {
-	enc := json.NewEncoder(out)
-	enc.SetIndent("", "  ")
-	enc.SetEscapeHTML(false)
-	return enc.Encode(v)
 }
 
 // wrap breaks s into lines of at most width characters where it can (a longer word

@@ -4,8 +4,8 @@
 // explanation of the log codes.
 //
 //	sqlstreams demo [-duration 10s] [-rate 2000] [-backlog 20000] [-linger 5s] [-schema NAME]
-//	sqlstreams streams ls
-//	sqlstreams groups ls [-stream S] | describe S [G] | seek S G -to-… [-execute] | declare S G -f FILE
+//	sqlstreams streams ls | rm S [-execute]
+//	sqlstreams groups ls [-stream S] | describe S [G] | seek S G -to-… [-execute] | declare S G -f FILE | rm S G [-execute]
 //	sqlstreams inspect S G
 //	sqlstreams bindings S G [-stale-after 30s]
 //	sqlstreams dlq ls S G [-limit N] | show S G ID | redrive S G ID... | -all [-dry-run]
@@ -21,7 +21,8 @@
 // it did not create. The operator verbs take -schema (default sqlstreams)
 // and -o table|json; the reads never write (their client runs no DDL and
 // every statement is a read), and the actions (groups seek -execute, groups
-// declare, dlq redrive) say so in their names. Every verb takes -h; an error
+// declare, dlq redrive, streams rm and groups rm -execute) say so in their
+// names. Every verb takes -h; an error
 // is one line on stderr and exit status 1.
 //
 // It is a tool for users (operators), built on the public API.
@@ -58,8 +59,9 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 func usage(w io.Writer) {
 	fmt.Fprintln(w, `usage:
   sqlstreams demo [-duration 10s] [-rate 2000] [-backlog 20000] [-linger 5s] [-schema NAME]
-  sqlstreams streams ls
+  sqlstreams streams ls | rm S [-execute]
   sqlstreams groups ls [-stream S] | describe S [G] | seek S G -to-... [-execute] | declare S G -f FILE
+                  | rm S G [-execute]
   sqlstreams inspect S G
   sqlstreams bindings S G [-stale-after 30s]
   sqlstreams dlq ls S G [-limit N] | show S G ID | redrive S G ID... | -all [-dry-run]
@@ -70,7 +72,8 @@ func usage(w io.Writer) {
   sqlstreams help [VERB]
 
 The operator verbs (streams, groups, inspect, bindings, dlq) take -schema
-(default sqlstreams) and -o table|json; their reads never write.
+(default sqlstreams) and -o table|json; their reads never write, and their
+actions (seek, declare, redrive, rm) say so.
 
 SQLSTREAMS_DATABASE_URL names the database; the demo starts a private
 PostgreSQL from the installed binaries when it is unset. The demo works in
@@ -243,7 +246,7 @@ database (not for sql).`,
 func migrateVerb(ctx context.Context, args []string, out io.Writer) error {
 	fs := newFlags("migrate")
 	schema := fs.String("schema", "sqlstreams", "schema to create or migrate")
-	format := fs.String("o", "table", "output of status: table or json")
+	format := fs.String("o", "table", "output: table (for people) or json (for machines; sql prints {\"schema\", \"sql\"})")
 	rest, help, err := parseVerb(fs, args, out, migrateUsage, 0, 1)
 	if help || err != nil {
 		return err
@@ -260,13 +263,16 @@ func migrateVerb(ctx context.Context, args []string, out io.Writer) error {
 	}
 	switch sub {
 	case "up":
-		return migrate(ctx, out, *schema)
+		return migrate(ctx, out, *schema, *format)
 	case "status":
 		return migrateStatus(ctx, out, *schema, *format)
 	case "sql":
 		sql, err := sqlstreams.SchemaSQL(*schema)
 		if err != nil {
 			return fmt.Errorf("migrate sql: %w", err)
+		}
+		if *format == "json" {
+			return writeJSON(out, map[string]any{"schema": *schema, "sql": sql})
 		}
 		_, err = io.WriteString(out, sql)
 		return err

@@ -375,3 +375,23 @@ func lastLine(s string) string {
 	s = strings.TrimSuffix(s, "\n")
 	return s[strings.LastIndex(s, "\n")+1:]
 }
+
+// The command the demo tells the user to run from another terminal is one
+// that runs: `go run ./cmd/sqlstreams` under `go run` (make demo), the bare
+// name when the shell found the binary on the PATH, else the binary's own
+// path (issue 60: it printed `sqlstreams`, which make demo does not
+// install).
+func TestDemoPrintsACommandThatRuns(t *testing.T) {
+	for _, c := range []struct{ exe, arg0, want string }{
+		{"/tmp/go-build2471/b001/exe/sqlstreams", "/tmp/go-build2471/b001/exe/sqlstreams", "go run ./cmd/sqlstreams"},
+		{"/usr/local/bin/sqlstreams", "sqlstreams", "sqlstreams"},
+		{"/home/u/bin/sqlstreams", "./sqlstreams", "/home/u/bin/sqlstreams"},
+	} {
+		require.Equal(t, c.want, selfCommand(c.exe, c.arg0), "%+v", c)
+	}
+	t.Setenv("SQLSTREAMS_DATABASE_URL", pgtest.URL())
+	var out bytes.Buffer
+	require.NoError(t, runCtx(context.Background(), demoArgs, &out))
+	require.Contains(t, out.String(), "' go run ./cmd/sqlstreams groups describe orders.placed -schema sqlstreams_demo_",
+		"run in a test binary, as under go run")
+}

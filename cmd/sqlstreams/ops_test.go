@@ -60,7 +60,7 @@ func newOpsFixture(t *testing.T, n, dead int) *opsFixture {
 		if i < dead {
 			note = "poison"
 		}
-		items[i] = sqlstreams.BatchItem[order]{Msg: order{ID: i, Note: note}}
+		items[i] = sqlstreams.BatchItem[order]{Msg: order{ID: i, Note: note}, Headers: sqlstreams.Headers{"X-Tenant": "acme"}}
 	}
 	ps, err := f.stream.ProduceBatch(ctx, items, nil)
 	require.NoError(t, err)
@@ -148,8 +148,8 @@ func TestStreamsAndGroupsVerbs(t *testing.T) {
 	require.Contains(t, out, `"name": "billing"`)
 
 	out = f.ok(t, "groups", "describe", "orders")
-	require.Regexp(t, `(?m)^GROUP\s+STREAM\s+COMMITTED\s+HEAD\s+LAG\s+OLDEST-AGE\s+IN-FLIGHT\s+RETRYING\s+DEAD\s+INSTANCES$`, out)
-	require.Regexp(t, `(?m)^billing\s+orders\s+\d+\s+\d+\s+0\s+-\s+0\s+0\s+2\s+0$`, out)
+	require.Regexp(t, `(?m)^GROUP\s+STREAM\s+COMMITTED\s+HEAD\s+LAG\s+AVAILABLE\s+IN-FLIGHT\s+RETRYING\s+DEAD\s+OLDEST-AGE\s+SESSIONS$`, out)
+	require.Regexp(t, `(?m)^billing\s+orders\s+\d+\s+\d+\s+0\s+0\s+0\s+0\s+2\s+-\s+0$`, out)
 	row := f.describe(t)
 	require.Zero(t, row.Lag)
 	require.EqualValues(t, 2, row.Dead)
@@ -238,10 +238,20 @@ func TestDeadLetterVerbs(t *testing.T) {
 	}
 	out = f.ok(t, "dlq", "ls", "orders", "billing", "-limit", "2")
 	require.Contains(t, out, fmt.Sprintf("(more: -after %d)", f.dead[1]))
-	var page []sqlstreams.DeadLetter
+	var page struct {
+		DeadLetters []sqlstreams.DeadLetter `json:"dead_letters"`
+		NextAfter   *int64                  `json:"next_after"`
+	}
 	require.NoError(t, json.Unmarshal([]byte(f.ok(t, "dlq", "ls", "orders", "billing", "-after", strconv.FormatInt(f.dead[1], 10), "-o", "json")), &page))
-	require.Len(t, page, 1)
-	require.Equal(t, f.dead[2], page[0].MessageID)
+	require.Len(t, page.DeadLetters, 1)
+	require.Equal(t, f.dead[2], page.DeadLetters[0].MessageID)
+	require.Nil(t, page.NextAfter, "the last page says so")
+	require.NoError(t, json.Unmarshal([]byte(f.ok(t, "dlq", "ls", "orders", "billing", "-limit", "2", "-o", "json")), &page))
+	require.Len(t, page.DeadLetters, 2)
+	require.NotNil(t, page.NextAfter, "a page with more after it gives the next page's cursor (issue 60)")
+	require.Equal(t, f.dead[1], *page.NextAfter)
+	out = f.ok(t, "dlq", "ls", "orders", "billing", "-limit", "3")
+	require.NotContains(t, out, "(more:", "three dead letters in a page of three: no more")
 
 	id := strconv.FormatInt(f.dead[0], 10)
 	out = f.ok(t, "dlq", "show", "orders", "billing", id)
@@ -249,11 +259,14 @@ func TestDeadLetterVerbs(t *testing.T) {
 	require.Regexp(t, `(?m)^1\s+dead\s+`, out, "the delivery history")
 	var d struct {
 		MessageID  int64                 `json:"message_id"`
+		Headers    sqlstreams.Headers    `json:"headers"`
 		Payload    json.RawMessage       `json:"payload"`
 		Deliveries []sqlstreams.Delivery `json:"deliveries"`
 	}
+	require.Regexp(t, `(?m)^header X-Tenant\s+acme$`, out, "its headers (issue 60: omitted)")
 	require.NoError(t, json.Unmarshal([]byte(f.ok(t, "dlq", "show", "orders", "billing", id, "-o", "json")), &d))
 	require.Equal(t, f.dead[0], d.MessageID)
+	require.Equal(t, sqlstreams.Headers{"X-Tenant": "acme"}, d.Headers)
 	require.JSONEq(t, `{"id":0,"note":"poison"}`, string(d.Payload))
 	require.Len(t, d.Deliveries, 1)
 	_, err := f.cli(t, "dlq", "show", "orders", "billing", "999999")
@@ -311,7 +324,16 @@ func TestSeekVerb(t *testing.T) {
 		require.ErrorContains(t, err, want, args)
 	}
 
-	// Refused while an instance is live.
+	// To the head: the head, not message 0 (issue 60: "after 0 0").
+	f.ok(t, "groups", "seek", "orders", "billing", "-to-beginning", "-execute")
+	head := strconv.FormatInt(before.Head.ID, 10)
+	out = f.ok(t, "groups", "seek", "orders", "billing", "-to-head", "-execute")
+	require.Regexp(t, `(?m)^after\s+`+head+`\s+`+head+`$`, out)
+	row := f.describe(t)
+	require.Equal(t, before.Head.ID, row.Committed.ID)
+	require.Zero(t, row.Lag)
+
+	// Refused while an instance is live; the instance counts as one session.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := sqlstreams.NewReadiness()
@@ -321,6 +343,9 @@ func TestSeekVerb(t *testing.T) {
 			&sqlstreams.ConsumeOptions{Readiness: ready, DisableManager: true})
 	}()
 	require.NoError(t, ready.Wait(ctx))
+	require.Regexp(t, `(?m)^billing\s+orders\s+`+head+`\s+`+head+`\s+0\s+0\s+0\s+0\s+0\s+-\s+1$`, f.ok(t, "groups", "describe", "orders"),
+		"one session, though it holds a row per worker")
+	require.Equal(t, 1, f.describe(t).Sessions)
 	for _, exec := range []string{"", "-execute"} {
 		args := []string{"groups", "seek", "orders", "billing", "-to-beginning"}
 		if exec != "" {
@@ -442,7 +467,7 @@ func TestTheBuiltBinary(t *testing.T) {
 	}
 	out, errOut, err := cmd("groups", "describe", "orders", "billing")
 	require.NoError(t, err, errOut)
-	require.Regexp(t, `(?m)^billing\s+orders\s+\d+\s+\d+\s+0\s+-\s+0\s+0\s+1\s+0$`, out)
+	require.Regexp(t, `(?m)^billing\s+orders\s+\d+\s+\d+\s+0\s+0\s+0\s+0\s+1\s+-\s+0$`, out)
 	out, _, err = cmd("dlq", "ls", "orders", "billing", "-o", "json")
 	require.NoError(t, err)
 	require.Contains(t, out, `"last_error"`)
@@ -546,4 +571,47 @@ func TestConsoleVerb(t *testing.T) {
 	cancel()
 	go func() { _, _ = io.Copy(io.Discard, pr) }()
 	require.NoError(t, <-done)
+}
+
+// Every verb's error names each step once (issue 60: "seek: seek (dry
+// run)", "dead letter: dead letter: message 3"): on the database, and on
+// one that cannot be reached.
+func TestNoVerbErrorRepeatsAStep(t *testing.T) {
+	f := newOpsFixture(t, 2, 1)
+	file := filepath.Join(t.TempDir(), "config.json")
+	require.NoError(t, os.WriteFile(file, []byte(`{"bindings":["orders.eu"]}`), 0o600))
+	failing := [][]string{
+		{"groups", "describe", "orders", "biling"}, {"groups", "ls", "-stream", "ordres"}, {"inspect", "orders", "biling"},
+		{"bindings", "orders", "biling"}, {"dlq", "ls", "orders", "biling"}, {"dlq", "show", "orders", "billing", "999999"},
+		{"groups", "seek", "orders", "billing", "-to-id", "999999"}, {"groups", "seek", "orders", "billing", "-to-id", "999999", "-execute"},
+		{"groups", "declare", "orders", "billing", "-f", file}, {"groups", "rm", "orders", "biling"}, {"streams", "rm", "ordres"},
+	}
+	check := func(where string) {
+		for _, args := range failing {
+			_, err := f.cli(t, args...)
+			if err == nil {
+				t.Errorf("%s: %q: no error", where, args)
+				continue
+			}
+			if step, found := repeatedStep(err.Error()); found {
+				t.Errorf("%s: %q names a step twice (%q): %v", where, args, step, err)
+			}
+		}
+	}
+	check("live")
+	t.Setenv("SQLSTREAMS_DATABASE_URL", unreachableURL)
+	check("unreachable")
+}
+
+// repeatedStep returns the first step an error message names twice in a
+// row (the root package's test has its twin).
+func repeatedStep(msg string) (string, bool) {
+	steps := strings.Split(msg, ": ")
+	for i := 1; i < len(steps); i++ {
+		a, b := steps[i-1], steps[i]
+		if a == b || strings.HasPrefix(b, a+" ") || strings.HasPrefix(a, b+" ") {
+			return a + ": " + b, true
+		}
+	}
+	return "", false
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -40,4 +41,25 @@ func TestQuickstartAsABinary(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "consumed 3 orders; stopped")
+}
+
+// No Go snippet of the README hands a database URL from the environment
+// straight to pgx: unset, pgx connects to libpq's default server (the
+// local socket, the user's own database) and NewClient creates its tables
+// there. The usage snippet refuses an empty URL, as run does (issue 60).
+func TestTheREADMEsSnippetsRefuseAnEmptyURL(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	blocks := regexp.MustCompile("(?s)```go\n(.*?)```").FindAllStringSubmatch(string(readme), -1)
+	require.NotEmpty(t, blocks)
+	straight := regexp.MustCompile(`(ParseConfig|pgxpool\.New|pgx\.Connect)\([^)]*os\.Getenv`)
+	checked := false
+	for _, b := range blocks {
+		require.NotRegexp(t, straight, b[1], "a README snippet passes os.Getenv to pgx unchecked")
+		if strings.Contains(b[1], `os.Getenv("SQLSTREAMS_DATABASE_URL")`) {
+			require.Regexp(t, `(?s)url := os\.Getenv\("SQLSTREAMS_DATABASE_URL"\)\s*\n\s*if url == "" \{.*pgxpool\.ParseConfig\(url\)`, b[1])
+			checked = true
+		}
+	}
+	require.True(t, checked, "the usage snippet reads SQLSTREAMS_DATABASE_URL")
 }

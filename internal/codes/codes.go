@@ -121,7 +121,7 @@ var (
 			"ClientConfig.Retry's backoff. A Consume session logs two lines an outage: one when its first actor fails "+
 			"to reach the database, naming it and the error, and one when an actor reaches it again, with the "+
 			"outage's length. "+
-			"A session whose store calls have failed for longer than its InstanceTTL is not ready.",
+			"A session that has not reached its database for its InstanceTTL (a call failed, none succeeded since) is not ready.",
 		"Check the database's availability. If it stays down for longer than InstanceTTL, other instances take over "+
 			"this instance's leases once it lapses; nothing is lost.")
 	StorePermanent = register("SQL0105", slog.LevelWarn,
@@ -176,7 +176,7 @@ var (
 		"the shutdown timeout was reached with handlers still running; their work is handed back",
 		"A graceful stop gives in-flight handlers ShutdownTimeout to finish. Those that did not are cancelled and "+
 			"their messages handed back, to be delivered again by another instance.",
-		"Raise ShutdownTimeout (or MessageMax.Timeout, which it derives from) if handlers need longer.")
+		"Raise ShutdownTimeout (or MessageMax.Timeout, or without a ceiling Message.Timeout, which it derives from) if handlers need longer.")
 	HandBackFailed = register("SQL0206", slog.LevelWarn,
 		"work in flight could not be handed back at shutdown",
 		"The hand-back writes failed (the database was unreachable) within the shutdown grace. The next Consume "+

@@ -125,10 +125,13 @@ func (d Declared) Group() policy.Group {
 	}
 }
 
-// Change is one field that differs between two declarations.
+// Change is one field that differs between two declarations. Its String
+// names the field as ConsumerConfig's JSON document does, not the worker
+// row that stores it: the rows are the storage's, one declaration is what
+// a user wrote.
 type Change struct {
-	Worker string
-	Field  string // dotted path in the worker's document, e.g. message.retry.max_retries
+	Worker string // the worker row whose document holds the field
+	Field  string // dotted path in the document, e.g. message.retry.max_retries
 	Old    string // "" when unset
 	New    string
 }
@@ -140,7 +143,7 @@ func (c Change) String() string {
 		}
 		return v
 	}
-	return strings.TrimSpace(fmt.Sprintf("%s %s: %s → %s", c.Worker, c.Field, show(c.Old), show(c.New)))
+	return fmt.Sprintf("%s: %s → %s", c.Field, show(c.Old), show(c.New))
 }
 
 // Diff lists the fields that differ between two sets of documents, per

@@ -38,8 +38,8 @@ func TestDiffNamesEachChangedField(t *testing.T) {
 	for _, c := range changes {
 		got = append(got, c.String())
 	}
-	require.Equal(t, []string{"message_consumer message.retry.max_retries: 3 → 5",
-		"exception_consumer exception_initial_backoff: (unset) → 1s"}, got)
+	require.Equal(t, []string{"message.retry.max_retries: 3 → 5",
+		"exception_initial_backoff: (unset) → 1s"}, got)
 	none, err := Diff(a, a)
 	require.NoError(t, err)
 	require.Empty(t, none)

@@ -9,7 +9,8 @@
 //
 // Health is the session's view of all its actors' store calls: the
 // readiness level (consuming, and no actor failing for longer than the
-// instance TTL) and the first permanent error.
+// instance TTL, counted from the session's last successful store call) and
+// the first permanent error.
 //
 // It is part of the engine's inside, not an API for users.
 package outage
@@ -134,6 +135,11 @@ type Health struct {
 	// that succeeds, once something waits on it (Reached).
 	reached chan struct{}
 	waiting atomic.Bool
+	// lastOK is when a store call of the session last succeeded (unix
+	// nanoseconds; noSuccess before the first): an actor that fails counts
+	// as failing since then, so the level turns within the TTL of the
+	// outage's start, not of the first call that met it.
+	lastOK atomic.Int64
 	// recoveredAt is when an actor of the session last reached the
 	// database after failing to, or a new incarnation replaced a lost one
 	// (RecoveredAt).
@@ -158,9 +164,15 @@ type Health struct {
 // its last heartbeat: it is not ready while any of its actors has been
 // failing for ttl or longer.
 func NewHealth(clk clock.Clock, ttl time.Duration) *Health {
-	return &Health{clock: clk, ttl: ttl, fatal: make(chan error, 1), log: Log{clock: clk},
+	h := &Health{clock: clk, ttl: ttl, fatal: make(chan error, 1), log: Log{clock: clk},
 		failing: map[*Reporter]time.Time{}, timers: map[*Reporter]*clock.Timer{}, watchers: map[int]func(){}}
+	h.lastOK.Store(noSuccess)
+	return h
 }
+
+// noSuccess is lastOK before any store call succeeded (a mock clock may
+// stand at 0).
+const noSuccess = math.MinInt64
 
 // Reached returns a channel closed the next time a store call of one of the
 // session's actors succeeds: the database answered. An actor backing off
@@ -182,10 +194,15 @@ func (h *Health) Reached() <-chan struct{} {
 	return h.reached
 }
 
-// succeeded ends the waits on Reached; without waiters it costs one atomic
-// load (every successful store call comes here).
+// succeeded records the success and ends the waits on Reached; without
+// waiters it costs a clock read and two atomic operations (every successful
+// store call comes here).
 func (h *Health) succeeded() {
-	if h == nil || !h.waiting.Load() {
+	if h == nil {
+		return
+	}
+	h.lastOK.Store(h.clock.Now().UnixNano())
+	if !h.waiting.Load() {
 		return
 	}
 	h.mu.Lock()
@@ -353,9 +370,24 @@ func (h *Health) failed(r *Reporter) {
 		h.mu.Unlock()
 		return
 	}
-	h.failing[r] = h.clock.Now()
+	// Failing since the session last reached the database: a heartbeat
+	// renews every third of the TTL, so its first failure may come that
+	// long into the outage, which began after the last success.
+	now := h.clock.Now()
+	since := now
+	if ok := h.lastOK.Load(); ok != noSuccess && ok < now.UnixNano() {
+		since = time.Unix(0, ok)
+	}
+	h.failing[r] = since
+	turn := since.Add(h.ttl).Sub(now)
+	if turn <= 0 {
+		h.unsure = true
+		h.mu.Unlock()
+		h.notify()
+		return
+	}
 	// The level turns at since+ttl: wake the watchers then.
-	h.timers[r] = h.clock.AfterFunc(h.ttl, func() {
+	h.timers[r] = h.clock.AfterFunc(turn, func() {
 		h.mu.Lock()
 		if _, still := h.failing[r]; still && !h.closed {
 			h.unsure = true

@@ -213,3 +213,44 @@ func TestASessionLogsAnOutageTwice(t *testing.T) {
 		"session reached the database again after an outage",
 	}, s.msgs)
 }
+
+// The level turns not ready once the session has not reached its database
+// for the TTL, counted from its last successful store call, not from the
+// first call that failed: a heartbeat renews every third of the TTL, so
+// the first failure can come that long into an outage (issue 60: not
+// ready 6–12 s into an outage with an InstanceTTL of 5 s).
+func TestHealthTurnsWithinTheTTLOfTheLastSuccess(t *testing.T) {
+	mock := clock.NewMock()
+	mock.Set(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
+	h := NewHealth(mock, 5*time.Second)
+	defer h.Close()
+	changes := make(chan struct{}, 16)
+	stop := h.Watch(func() { changes <- struct{}{} })
+	defer stop()
+	h.SetConsuming(true)
+	<-changes
+	ctx := context.Background()
+	heartbeat := &Reporter{What: "heartbeat", Health: h}
+	claimer := &Reporter{What: "claim", Health: h}
+	heartbeat.Report(ctx, nil) // a renewal: the database answered
+	mock.Add(5 * time.Second / 3)
+	heartbeat.Report(ctx, errors.New("connection refused")) // the next one, into the outage
+	mock.Add(5*time.Second - 5*time.Second/3 - time.Millisecond)
+	require.True(t, h.Ready(), "reached within the TTL")
+	mock.Add(time.Millisecond)
+	require.False(t, h.Ready(), "the TTL since the database last answered: not ready")
+	told, cancel := context.WithTimeout(ctx, 10*time.Second) // a bound on the timer's goroutine, not a wait for time to pass
+	defer cancel()
+	select {
+	case <-changes: // the watchers heard of it
+	case <-told.Done():
+		t.Fatal("the watchers were not told at the TTL boundary")
+	}
+
+	// A failure long after the last success turns it not ready at once.
+	heartbeat.Report(ctx, nil)
+	h.Confirm()
+	mock.Add(time.Minute) // idle: no store call
+	claimer.Report(ctx, errors.New("connection refused"))
+	require.False(t, h.Ready())
+}

@@ -5,8 +5,16 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
+
+// Admin is what the schema statements below run on: a pool, a connection
+// or a transaction.
+type Admin interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
 
 // ErrSchemaExists reports that CreateSchema found a schema of that name
 // already there.
@@ -15,7 +23,7 @@ var ErrSchemaExists = errors.New("schema already exists")
 // SchemaExists reports whether a schema named name exists in the database,
 // reading pg_catalog. It runs no DDL; name is a bind parameter, so it need
 // not be a valid identifier (an invalid one simply does not exist).
-func SchemaExists(ctx context.Context, q Querier, name string) (bool, error) {
+func SchemaExists(ctx context.Context, q Admin, name string) (bool, error) {
 	var exists bool
 	err := q.QueryRow(ctx, `-- store.SchemaExists
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1)`, name).Scan(&exists)
@@ -29,7 +37,7 @@ SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1)`, name)
 // when it is already there (no IF NOT EXISTS): a caller that gets nil knows
 // the schema is its own, created by this call, and may drop it later
 // without destroying anything it did not make.
-func CreateSchema(ctx context.Context, q Querier, name string) error {
+func CreateSchema(ctx context.Context, q Admin, name string) error {
 	if err := ValidateSchema(name); err != nil {
 		return err
 	}
@@ -46,9 +54,9 @@ CREATE SCHEMA `+quote(name)); err != nil {
 
 // DropSchema drops the schema name and everything in it (CASCADE); a schema
 // that is not there is not an error. It is for throwaway schemas a caller
-// created itself (CreateSchema), such as the demo's: never call it on a
-// schema the caller did not make.
-func DropSchema(ctx context.Context, q Querier, name string) error {
+// created itself (CreateSchema), such as the demo's and users' tests': never
+// call it on a schema the caller did not make.
+func DropSchema(ctx context.Context, q Admin, name string) error {
 	if err := ValidateSchema(name); err != nil {
 		return err
 	}

@@ -112,30 +112,54 @@ SELECT consumer_group_id, name, metadata::text FROM %[1]s.worker_config WHERE co
 	return out, nil
 }
 
-// ConfigLogEntry is one snapshot in worker_config_log.
-type ConfigLogEntry struct {
-	Worker     string
-	Document   []byte
+// DeclarationRow is one declaration of a group's config, as the log holds
+// it: who stored it, when, and every worker's document in force once it
+// was stored (a declaration logs only the documents it changed).
+type DeclarationRow struct {
 	DeclaredBy string
 	DeclaredAt time.Time
+	Docs       map[string][]byte
 }
 
-// GroupConfigLog lists the group's declarations, newest first.
-func (st *Store) GroupConfigLog(ctx context.Context, groupID int64, limit int) ([]ConfigLogEntry, error) {
-	rows, err := st.q().Query(ctx, st.sql(`-- store.GroupConfigLog
-SELECT w.name, l.metadata::text, l.declared_by, l.declared_at
-FROM %[1]s.worker_config_log l JOIN %[1]s.worker_config w ON w.id = l.worker_config_id
+// GroupDeclarations lists the group's newest declarations, newest first, at
+// most limit. The rows one declaration logged share its declared_by and
+// declared_at (one transaction); each worker's document in force then is
+// its newest log row at or before the declaration's last one.
+func (st *Store) GroupDeclarations(ctx context.Context, groupID int64, limit int) ([]DeclarationRow, error) {
+	rows, err := st.q().Query(ctx, st.sql(`-- store.GroupDeclarations
+WITH d AS (
+    SELECT l.declared_by, l.declared_at, max(l.id) AS last_id
+    FROM %[1]s.worker_config_log l JOIN %[1]s.worker_config w ON w.id = l.worker_config_id
+    WHERE w.consumer_group_id = $1
+    GROUP BY l.declared_by, l.declared_at
+    ORDER BY max(l.id) DESC
+    LIMIT $2
+)
+SELECT d.declared_by, d.declared_at, w.name,
+       coalesce((SELECT l.metadata::text FROM %[1]s.worker_config_log l
+                 WHERE l.worker_config_id = w.id AND l.id <= d.last_id
+                 ORDER BY l.id DESC LIMIT 1), '{}')
+FROM d CROSS JOIN %[1]s.worker_config w
 WHERE w.consumer_group_id = $1
-ORDER BY l.id DESC
-LIMIT $2`), groupID, limit)
+ORDER BY d.last_id DESC, w.name`), groupID, limit)
 	if err != nil {
-		return nil, fmt.Errorf("group config log: %w", err)
+		return nil, fmt.Errorf("group declarations: %w", err)
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConfigLogEntry, error) {
-		var e ConfigLogEntry
-		err := r.Scan(&e.Worker, &e.Document, &e.DeclaredBy, &e.DeclaredAt)
-		return e, err
+	var out []DeclarationRow
+	var by, worker string
+	var at time.Time
+	var doc []byte
+	_, err = pgx.ForEachRow(rows, []any{&by, &at, &worker, &doc}, func() error {
+		if n := len(out); n == 0 || out[n-1].DeclaredBy != by || !out[n-1].DeclaredAt.Equal(at) {
+			out = append(out, DeclarationRow{DeclaredBy: by, DeclaredAt: at, Docs: map[string][]byte{}})
+		}
+		out[len(out)-1].Docs[worker] = append([]byte(nil), doc...)
+		return nil
 	})
+	if err != nil {
+		return nil, fmt.Errorf("group declarations: %w", err)
+	}
+	return out, nil
 }
 
 // InstanceRow is a worker_instance of a group.

@@ -85,7 +85,7 @@ func (g Group) ListDead(ctx context.Context, afterID int64, limit int) ([]DeadLe
 func (g Group) Redrive(ctx context.Context, messageID *int64, now Now) (int64, error) {
 	tag, err := g.st.pool.Exec(ctx, g.sql(redriveSQL), g.GroupID, messageID, now)
 	if err != nil {
-		return 0, fmt.Errorf("redrive: %w", err)
+		return 0, err // the caller names the redrive
 	}
 	return tag.RowsAffected(), nil
 }
@@ -95,7 +95,7 @@ func (g Group) Redrive(ctx context.Context, messageID *int64, now Now) (int64, e
 func (g Group) RedriveIDs(ctx context.Context, ids []int64, now Now) (int64, error) {
 	tag, err := g.st.pool.Exec(ctx, g.sql(redriveIDsSQL), g.GroupID, ids, now)
 	if err != nil {
-		return 0, fmt.Errorf("redrive: %w", err)
+		return 0, err // the caller names the redrive
 	}
 	return tag.RowsAffected(), nil
 }

@@ -122,7 +122,7 @@ func (st *Store) Produce(ctx context.Context, q Querier, stream StreamRef, msgs 
 			i := idx[0]
 			var ok bool
 			if err := br.QueryRow().Scan(&out[i].ID, &out[i].Duplicate, &ok); err != nil {
-				return fail(fmt.Errorf("produce idempotent message: %w", err))
+				return fail(fmt.Errorf("idempotent insert: %w", err))
 			}
 			if !ok {
 				return fail(streamChanged(stream.Name, stream.ID))
@@ -131,7 +131,7 @@ func (st *Store) Produce(ctx context.Context, q Querier, stream StreamRef, msgs 
 		}
 		rows, err := br.Query()
 		if err != nil {
-			return fail(fmt.Errorf("produce: %w", err))
+			return fail(fmt.Errorf("insert: %w", err))
 		}
 		if err := scanIDs(rows, idx, out); err != nil {
 			if errors.Is(err, errGuard) {
@@ -142,11 +142,11 @@ func (st *Store) Produce(ctx context.Context, q Querier, stream StreamRef, msgs 
 	}
 	if !own {
 		if _, err := br.Exec(); err != nil {
-			return fail(fmt.Errorf("produce: notify: %w", err))
+			return fail(fmt.Errorf("notify: %w", err))
 		}
 	}
 	if err := br.Close(); err != nil {
-		return nil, fmt.Errorf("produce: %w", err)
+		return nil, fmt.Errorf("insert: %w", err)
 	}
 	return out, nil
 }
@@ -206,7 +206,7 @@ func (st *Store) produceUnkeyed(ctx context.Context, q Querier, own bool, r *ren
 	if own {
 		c, err := st.pool.Acquire(ctx)
 		if err != nil {
-			return fmt.Errorf("produce: %w", err)
+			return fmt.Errorf("acquire a connection: %w", err)
 		}
 		conn := c.Conn()
 		if sighting(conn.PgConn(), r.name(insertBatchSQL)) <= unnamedSightings {
@@ -233,7 +233,7 @@ type txConn interface {
 func (st *Store) insertPlain(ctx context.Context, q Querier, insert string, args []any, idx []int, out []Produced) error {
 	rows, err := q.Query(ctx, insert, args...)
 	if err != nil {
-		return fmt.Errorf("produce: %w", err)
+		return fmt.Errorf("insert: %w", err)
 	}
 	return scanIDs(rows, idx, out)
 }
@@ -245,12 +245,12 @@ func scanIDs(rows pgx.Rows, idx []int, out []Produced) error {
 	for rows.Next() {
 		var id int64
 		if err := rows.Scan(&id); err != nil {
-			return fmt.Errorf("produce: scan id: %w", err)
+			return fmt.Errorf("scan id: %w", err)
 		}
 		ids = append(ids, id)
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("produce: %w", err)
+		return fmt.Errorf("insert: %w", err)
 	}
 	return assignIDs(ids, idx, out)
 }
@@ -265,7 +265,7 @@ func assignIDs(ids []int64, idx []int, out []Produced) error {
 		return errGuard // the insert's stream guard held it back: nothing was written
 	}
 	if len(ids) != len(idx) {
-		return fmt.Errorf("produce: %d ids returned for %d messages", len(ids), len(idx))
+		return fmt.Errorf("%d ids returned for %d messages", len(ids), len(idx))
 	}
 	slices.Sort(ids)
 	for j, i := range idx {

@@ -108,9 +108,9 @@ func (v View) ReadGroupConfig(ctx context.Context, groupID int64) (map[string][]
 	return v.st.ReadGroupConfig(ctx, groupID)
 }
 
-// GroupConfigLog: see Store.GroupConfigLog.
-func (v View) GroupConfigLog(ctx context.Context, groupID int64, limit int) ([]ConfigLogEntry, error) {
-	return v.st.GroupConfigLog(ctx, groupID, limit)
+// GroupDeclarations: see Store.GroupDeclarations.
+func (v View) GroupDeclarations(ctx context.Context, groupID int64, limit int) ([]DeclarationRow, error) {
+	return v.st.GroupDeclarations(ctx, groupID, limit)
 }
 
 // GroupInstances: see Store.GroupInstances.

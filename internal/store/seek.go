@@ -82,19 +82,30 @@ func (g Group) Seek(ctx context.Context, req SeekRequest) (SeekResult, error) {
 			return err
 		}
 		res.After = after
+		q, args := seekApplySQL, []any{g.GroupID, after.Xid, after.ID, req.Now}
 		if req.DryRun {
-			return tx.QueryRow(ctx, g.sql(seekCountSQL), g.GroupID, after.Xid, after.ID).Scan(&res.Ranges, &res.Retrying, &res.Dead, &res.KeyLeases)
+			q, args = seekCountSQL, args[:3]
 		}
-		return tx.QueryRow(ctx, g.sql(seekApplySQL), g.GroupID, after.Xid, after.ID, req.Now).Scan(&res.Ranges, &res.Retrying, &res.Dead, &res.KeyLeases)
+		if err := tx.QueryRow(ctx, g.sql(q), args...).Scan(&res.Ranges, &res.Retrying, &res.Dead, &res.KeyLeases); err != nil {
+			return err
+		}
+		// Reported as the last messages at or before them: a cursor placed
+		// by the head rule, (xmin, 0), reads as the head, not as message 0.
+		for _, p := range []*Position{&res.BeforeCursor, &res.BeforeCommitted, &res.After} {
+			if *p, err = g.atOrBefore(ctx, tx, *p); err != nil {
+				return fmt.Errorf("read the log at the positions: %w", err)
+			}
+		}
+		return nil
 	}
 	var err error
 	if req.DryRun {
-		err = g.st.readOnly(ctx, "seek (dry run)", f)
+		err = g.st.readOnly(ctx, "", f)
 	} else {
 		err = pgx.BeginFunc(ctx, g.st.pool, f)
 	}
 	if err != nil {
-		return SeekResult{}, fmt.Errorf("seek: %w", err)
+		return SeekResult{}, err
 	}
 	return res, nil
 }

@@ -15,19 +15,18 @@ import (
 // later change to its SQL does; nothing here is on the claim path.
 
 // readOnly runs f in a READ ONLY, REPEATABLE READ transaction: every
-// statement of one listing sees one snapshot.
+// statement of one listing sees one snapshot. Its error names what (unless
+// what is "": the caller names it). A View's reads share its transaction
+// and are named once, by the Reader.Read that opened it.
 func (st *Store) readOnly(ctx context.Context, what string, f func(pgx.Tx) error) error {
-	if st.tx != nil { // a View's reads share its transaction
-		if err := f(st.tx); err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		return nil
+	if st.tx != nil {
+		return f(st.tx)
 	}
 	err := pgx.BeginTxFunc(ctx, st.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, f)
-	if err != nil {
+	if err != nil && what != "" {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	return nil
+	return err
 }
 
 // StreamInfoRow is a registered stream as the listing shows it.
@@ -139,106 +138,11 @@ SELECT name, id FROM %[1]s.worker_config WHERE consumer_group_id = $1 ORDER BY n
 	return g, stream, nil
 }
 
-// StatusRow is a group's state at one snapshot.
-type StatusRow struct {
-	Now       time.Time
-	Committed Position // every position at or below it is settled
-	Cursor    Position // the highest position claimed into a range
-	Head      Position // the stream's newest visible position ({0,0}: empty)
-	// Lag counts log positions after Committed, up to the cap it was read
-	// with; LagCapped says the count stopped there.
-	Lag       int64
-	LagCapped bool
-	// Oldest is the produced_at of the first position after Committed
-	// (zero when there is none).
-	Oldest                      time.Time
-	Ranges, ExpiredRanges       int64
-	Retrying, Quarantined, Dead int64
-	Bindings                    int64 // installed binding patterns (0: the whole stream)
-	Instances                   []InstanceRow
-}
-
-// Status reads the group's state in one snapshot. lagCap bounds the
-// positions the lag count reads (it costs one index probe per position).
-func (g Group) Status(ctx context.Context, lagCap int64, now Now) (StatusRow, error) {
-	var s StatusRow
-	err := g.st.readOnly(ctx, "group status", func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, "-- store.Status\nSELECT coalesce($1, now())", now).Scan(&s.Now); err != nil {
-			return err
-		}
-		if err := tx.QueryRow(ctx, g.sql(committedSQL), g.GroupID).Scan(&s.Committed.Xid, &s.Committed.ID); err != nil {
-			return fmt.Errorf("committed position: %w", err)
-		}
-		if err := tx.QueryRow(ctx, g.sql(statusCursorSQL), g.GroupID).Scan(&s.Cursor.Xid, &s.Cursor.ID); err != nil {
-			return fmt.Errorf("cursor: %w", err)
-		}
-		err := tx.QueryRow(ctx, g.sql(statusHeadSQL)).Scan(&s.Head.Xid, &s.Head.ID)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("head: %w", err)
-		}
-		if err := tx.QueryRow(ctx, g.sql(statusLagSQL), s.Committed.Xid, s.Committed.ID, lagCap+1).Scan(&s.Lag); err != nil {
-			return fmt.Errorf("lag: %w", err)
-		}
-		if s.Lag > lagCap {
-			s.Lag, s.LagCapped = lagCap, true
-		}
-		err = tx.QueryRow(ctx, g.sql(statusOldestSQL), s.Committed.Xid, s.Committed.ID).Scan(&s.Oldest)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("oldest unconsumed: %w", err)
-		}
-		if err := tx.QueryRow(ctx, g.sql(statusCountsSQL), g.GroupID, now).Scan(&s.Ranges, &s.ExpiredRanges,
-			&s.Retrying, &s.Quarantined, &s.Dead, &s.Bindings); err != nil {
-			return fmt.Errorf("counts: %w", err)
-		}
-		rows, err := tx.Query(ctx, g.st.sql(`-- store.Status
-SELECT i.id::text, w.name, i.declared_by, i.started_at, i.heartbeat_at, i.expires_at, true
-FROM %[1]s.worker_instance i JOIN %[1]s.worker_config w ON w.id = i.worker_config_id
-WHERE w.consumer_group_id = $1 AND i.expires_at > coalesce($2, now())
-ORDER BY w.name, i.started_at
-LIMIT 1000`), g.GroupID, now)
-		if err != nil {
-			return fmt.Errorf("live instances: %w", err)
-		}
-		s.Instances, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (InstanceRow, error) {
-			var i InstanceRow
-			err := r.Scan(&i.ID, &i.Worker, &i.DeclaredBy, &i.StartedAt, &i.HeartbeatAt, &i.ExpiresAt, &i.Live)
-			return i, err
-		})
-		return err
-	})
-	return s, err
-}
-
-var statusCursorSQL = perStream(`-- store.Status
-SELECT head_xid, head_id FROM {s}.{t}_cursor WHERE group_id = $1`)
-
-var statusHeadSQL = perStream(`-- store.Status
-SELECT xid, id FROM {s}.{t}_log ORDER BY xid DESC, id DESC LIMIT 1`)
-
-var statusLagSQL = perStream(`-- store.Status
-SELECT count(*) FROM (
-    SELECT 1 FROM {s}.{t}_log WHERE (xid, id) > ($1, $2) ORDER BY xid, id LIMIT $3
-) l`)
-
-var statusOldestSQL = perStream(`-- store.Status
-SELECT produced_at FROM {s}.{t}_log WHERE (xid, id) > ($1, $2) ORDER BY xid, id LIMIT 1`)
-
-// quarantined rows are pending rows whose only error is the quarantine's
-// (their first attempt has not run yet).
-var statusCountsSQL = perStream(`-- store.Status
-SELECT (SELECT count(*) FROM {s}.{t}_range WHERE group_id = $1),
-       (SELECT count(*) FROM {s}.{t}_range WHERE group_id = $1 AND expires_at <= coalesce($2, now())),
-       x.retrying, x.quarantined, x.dead,
-       (SELECT count(*) FROM {s}.{t}_binding WHERE group_id = $1)
-FROM (SELECT count(*) FILTER (WHERE status <> 'dead' AND NOT (attempts = 0 AND last_error LIKE 'quarantined:%')) AS retrying,
-             count(*) FILTER (WHERE status <> 'dead' AND attempts = 0 AND last_error LIKE 'quarantined:%') AS quarantined,
-             count(*) FILTER (WHERE status = 'dead') AS dead
-      FROM {s}.{t}_exception WHERE group_id = $1) x`)
-
 // DeadLetterRow is one dead letter with its payload and its delivery log.
 type DeadLetterRow struct {
 	DeadLetter
 	Payload    []byte
+	Headers    []byte // the message's headers document (nil: none)
 	Deliveries []DeliveryRow
 }
 
@@ -257,7 +161,7 @@ func (g Group) DeadLetter(ctx context.Context, messageID int64, maxDeliveries in
 	var d DeadLetterRow
 	err := g.st.readOnly(ctx, "dead letter", func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, g.sql(deadLetterSQL), g.GroupID, messageID).Scan(&d.MessageID, &d.Attempts, &d.LastError,
-			&d.DiedAt, &d.Key, &d.RoutingKey, &d.Version, &d.ProducedAt, &d.Payload)
+			&d.DiedAt, &d.Key, &d.RoutingKey, &d.Version, &d.ProducedAt, &d.Payload, &d.Headers)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("message %d: %w (not a dead letter of this group)", messageID, ErrNotFound)
 		}
@@ -280,7 +184,7 @@ func (g Group) DeadLetter(ctx context.Context, messageID int64, maxDeliveries in
 
 var deadLetterSQL = perStream(`-- store.DeadLetter
 SELECT x.message_id, x.attempts, x.last_error, x.updated_at, coalesce(x.message_key, ''),
-       coalesce(m.routing_key, ''), m.version, m.produced_at, m.payload
+       coalesce(m.routing_key, ''), m.version, m.produced_at, m.payload, m.headers::text
 FROM {s}.{t}_exception x JOIN {s}.{t}_log m ON m.xid = x.message_xid AND m.id = x.message_id
 WHERE x.group_id = $1 AND x.status = 'dead' AND x.message_id = $2`)
 

@@ -125,7 +125,7 @@ func insertPrepared(ctx context.Context, conn *pgx.Conn, prepare func(ctx contex
 	name, insert string, now Now, msgs []NewMessage, idx []int, out []Produced, extra ...string) error {
 	sd, err := prepare(ctx, name, insert)
 	if err != nil {
-		return fmt.Errorf("produce: prepare: %w", err)
+		return fmt.Errorf("prepare the insert: %w", err)
 	}
 	return insertWith(now, msgs, idx, out, extra, func(values [][]byte) *pgconn.ResultReader {
 		return conn.PgConn().ExecPrepared(ctx, sd.Name, values, binaryFormat, binaryFormat)
@@ -174,12 +174,12 @@ func insertWith(now Now, msgs []NewMessage, idx []int, out []Produced, extra []s
 		v := rr.Values()[0]
 		if len(v) != 8 {
 			_, _ = rr.Close()
-			return fmt.Errorf("produce: id of %d bytes", len(v))
+			return fmt.Errorf("an id of %d bytes", len(v))
 		}
 		ids = append(ids, int64(binary.BigEndian.Uint64(v)))
 	}
 	if _, err := rr.Close(); err != nil {
-		return fmt.Errorf("produce: %w", err)
+		return fmt.Errorf("insert: %w", err)
 	}
 	return assignIDs(ids, idx, out)
 }
