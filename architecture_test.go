@@ -1,6 +1,7 @@
 package sqlstreams
 
 import (
+	"fmt"
 	"go/parser"
 	"go/token"
 	"io/fs"
@@ -137,4 +138,57 @@ func TestToolsUseThePublicAPIOnly(t *testing.T) {
 		})
 		require.NoError(t, err)
 	}
+}
+
+// LineBudget is the most lines a production Go file holds: a file with one
+// job fits. The test harnesses (internal/pgcluster, internal/pgtest) and the
+// benchmark module are exempt; in actors/claimer, whose state the budget
+// keeps in reviewable pieces, test files keep it too.
+const LineBudget = 600
+
+// overBudget lists the files under root (a directory of the module, "."
+// for all) that break LineBudget.
+func overBudget(t *testing.T, root string) []string {
+	t.Helper()
+	var over []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		path = filepath.ToSlash(path)
+		if d.IsDir() {
+			switch {
+			case path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata"):
+				return filepath.SkipDir
+			case path == "bench" || path == "internal/pgcluster" || path == "internal/pgtest":
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || (strings.HasSuffix(path, "_test.go") && !strings.HasPrefix(path, "actors/claimer/")) {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if n := strings.Count(string(b), "\n"); n > LineBudget {
+			over = append(over, fmt.Sprintf("%s (%d lines)", path, n))
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	return over
+}
+
+func TestEveryFileKeepsTheLineBudget(t *testing.T) {
+	require.Empty(t, overBudget(t, "."), "files over %d lines: split them along the seams of what they do", LineBudget)
+}
+
+// The budget check sees a file over it.
+func TestTheLineBudgetCatchesALongFile(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "long.go"), []byte("package x\n"+strings.Repeat("\n", LineBudget)), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "short.go"), []byte("package x\n"), 0o644))
+	require.Len(t, overBudget(t, dir), 1)
 }
