@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/topic"
@@ -307,7 +308,7 @@ func (g *Group) Redrive(ctx context.Context, messageID int64) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("redrive message %d of %q: %w", messageID, g.row.Name, err)
 	}
-	g.redriven(n)
+	g.redriven(ctx, n)
 	return n > 0, nil
 }
 
@@ -324,7 +325,7 @@ func (g *Group) RedriveIDs(ctx context.Context, ids []int64) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("redrive %d messages of %q: %w", len(ids), g.row.Name, err)
 	}
-	g.redriven(n)
+	g.redriven(ctx, n)
 	return n, nil
 }
 
@@ -335,14 +336,28 @@ func (g *Group) RedriveAll(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("redrive dead letters of %q: %w", g.row.Name, err)
 	}
-	g.redriven(n)
+	g.redriven(ctx, n)
 	return n, nil
 }
 
-// redriven counts redriven dead letters for the observer.
-func (g *Group) redriven(n int64) {
+// redriven counts redriven dead letters for the observer, and wakes the
+// group's exception claimers in every process: the rows are due now, and a
+// quiet claimer (decision 0038) would otherwise find them at its backstop
+// sweep, minutes later.
+func (g *Group) redriven(ctx context.Context, n int64) {
 	if n > 0 {
+		g.wake(ctx, store.GroupWake{GroupID: g.row.ID, Exceptions: true})
 		g.c.observer().Count(g.stream, g.row.Name, EventRedriven, int(n))
+	}
+}
+
+// wake wakes the group's claimers named in every process; a failed
+// notification is logged (SQL0103): what it announces is committed, and a
+// claimer finds it at its next sweep.
+func (g *Group) wake(ctx context.Context, w store.GroupWake) {
+	if err := g.c.store.WakeGroup(ctx, g.row.StreamID, w); err != nil {
+		codes.WakeFailed.Log(ctx, g.c.cfg.Logger, "the action committed, but its wake-up notification failed; the group's claimers see it at their next sweep",
+			"group", g.row.Name, "error", err)
 	}
 }
 
@@ -422,6 +437,9 @@ func (g *Group) Seek(ctx context.Context, to SeekTo, opts *SeekOptions) (*SeekRe
 	r, err := g.db().Seek(ctx, store.SeekRequest{To: to.to, Time: to.time, ID: to.id, DryRun: o.DryRun, Now: g.c.dbNow()})
 	if err != nil {
 		return nil, fmt.Errorf("seek %q to %s: %w", g.row.Name, to, err)
+	}
+	if !o.DryRun { // a session starting now claims from the new position at once
+		g.wake(ctx, store.GroupWake{GroupID: g.row.ID})
 	}
 	return &SeekResult{BeforeCursor: Position(r.BeforeCursor), BeforeCommitted: Position(r.BeforeCommitted), After: Position(r.After),
 		Ranges: r.Ranges, KeyLeases: r.KeyLeases, Retrying: r.Retrying, Dead: r.Dead, DryRun: o.DryRun}, nil

@@ -53,9 +53,11 @@ func TestWakeSkipsGroupsWhoseBindingsMatchNoKey(t *testing.T) {
 	ctx := context.Background()
 	e.client.hub.Signals.Listening.Init()
 	listening := e.client.hub.Signals.Listening.C()
-	bound, stopBound := e.client.hub.Subscribe(c.group.StreamID, []string{"orders.hit"})
+	boundWakes, stopBound := e.client.hub.Subscribe(c.group.StreamID, c.group.ID, []string{"orders.hit"})
+	bound := boundWakes.Ranges
 	defer stopBound()
-	all, stopAll := e.client.hub.Subscribe(c.group.StreamID, nil)
+	allWakes, stopAll := e.client.hub.Subscribe(c.group.StreamID, c.group.ID+1, nil)
+	all := allWakes.Ranges
 	defer stopAll()
 	within(t, listening, "the listener")
 	within(t, bound, "the bound subscriber's wake-up when the listener came up") // it wakes before it signals
@@ -95,7 +97,8 @@ func TestAListenerThatHearsNothingIsReplaced(t *testing.T) {
 	hub.SetCheck(50 * time.Millisecond)
 	hub.Signals.Listening.Init()
 	listening := hub.Signals.Listening.C()
-	woken, stop := hub.Subscribe(c.group.StreamID, nil)
+	wakes, stop := hub.Subscribe(c.group.StreamID, c.group.ID, nil)
+	woken := wakes.Ranges
 	defer stop()
 	first := within(t, listening, "the listener")
 	within(t, woken, "the wake-up when the listener came up") // it wakes before it signals
@@ -117,7 +120,8 @@ func TestAListenerWakesEverySessionWhenItComesUp(t *testing.T) {
 	hub := e.client.hub
 	hub.Signals.Listening.Init()
 	listening := hub.Signals.Listening.C()
-	woken, stop := hub.Subscribe(c.group.StreamID, nil)
+	wakes, stop := hub.Subscribe(c.group.StreamID, c.group.ID, nil)
+	woken := wakes.Ranges
 	defer stop()
 	within(t, listening, "the listener")
 	within(t, woken, "the session woken when the listener came up")
@@ -131,7 +135,8 @@ func TestAHeldOffWakeUpStillArrives(t *testing.T) {
 	ctx := context.Background()
 	e.client.hub.Signals.Listening.Init()
 	listening := e.client.hub.Signals.Listening.C()
-	woken, stop := e.client.hub.Subscribe(c.group.StreamID, nil)
+	wakes, stop := e.client.hub.Subscribe(c.group.StreamID, c.group.ID, nil)
+	woken := wakes.Ranges
 	defer stop()
 	within(t, listening, "the listener")
 	within(t, woken, "the wake-up when the listener came up") // it wakes before it signals

@@ -239,9 +239,9 @@ func Run(ctx context.Context, cfg Config) error {
 		DeclaredAt: cfg.DeclaredAt, Hooks: cfg.Hooks, Observer: cfg.Observer, StreamName: cfg.StreamName, Outages: health.Outages(),
 	})
 	if cfg.Hub != nil {
-		ch, unsubscribe := cfg.Hub.Subscribe(cfg.StreamID, cfg.Patterns)
+		wakes, unsubscribe := cfg.Hub.Subscribe(cfg.StreamID, cfg.GroupID, cfg.Patterns)
 		defer unsubscribe()
-		s.wake = ch
+		s.wake = wakes
 	}
 	for n := 1; ; n++ {
 		lapsed, err := s.incarnation(ctx, n)
@@ -265,7 +265,7 @@ type session struct {
 	snap   *groupconfig.Snapshot
 	ref    *refresher.Actor
 	reg    *registrar.Actor
-	wake   <-chan struct{}
+	wake   Wakes
 }
 
 // incarnation registers the session under new instance ids and runs its
@@ -332,13 +332,13 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		rc.Alarm = msgAlarm
 	}
 	cl := claimer.New(claimer.Config{Common: rc, BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, StallAfter: o.StallAfter,
-		Alerts: s.queue, Wake: s.wake, WorkerConfigID: cfg.Workers[store.WorkerMessageConsumer]})
+		Alerts: s.queue, Wake: s.wake.Ranges, WorkerConfigID: cfg.Workers[store.WorkerMessageConsumer]})
 	ec := common
 	ec.InstanceID, ec.Liveness, ec.Holdings = excID, excLive, excHold
 	if cfg.Beats != nil {
 		ec.Alarm = excAlarm
 	}
-	ex := claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec, Prefetch: o.BatchLimit})
+	ex := claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec, Prefetch: o.BatchLimit, Wake: s.wake.Exceptions})
 
 	actors := []*drainable{
 		{name: "claimer", serve: cl.Serve, done: make(chan error, 1)},

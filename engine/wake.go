@@ -39,7 +39,7 @@ type Hub struct {
 	check atomic.Int64
 
 	mu     sync.Mutex
-	subs   map[int64]map[chan struct{}][]string // per stream: each subscriber's binding patterns
+	subs   map[int64]map[chan struct{}]*sub // per stream: each subscriber (its range claimer's channel)
 	refs   int
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -58,23 +58,38 @@ type HubSignals struct {
 
 // NewHub returns a hub; nothing runs until Subscribe.
 func NewHub(st *store.Store, clk clock.Clock, logger *slog.Logger, obs observe.Observer) *Hub {
-	return &Hub{store: st, clock: clk, logger: logger, observer: observe.Or(obs), retry: time.Second, subs: map[int64]map[chan struct{}][]string{}}
+	return &Hub{store: st, clock: clk, logger: logger, observer: observe.Or(obs), retry: time.Second, subs: map[int64]map[chan struct{}]*sub{}}
 }
 
-// Subscribe returns a channel that receives a value when streamID is
-// produced to, and the function that ends the subscription. With patterns
-// (a group's bindings), only a produce with a matching routing key wakes
-// it: the messages that match nothing it passes over at its next poll, so
-// a group bound to a small slice of a busy stream costs about what an idle
-// group does.
-func (h *Hub) Subscribe(streamID int64, patterns []string) (<-chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
+// sub is one session's subscription: its group, its bindings, and the
+// exception claimer's channel.
+type sub struct {
+	groupID    int64
+	patterns   []string
+	exceptions chan struct{}
+}
+
+// Wakes are a session's wake-up channels: Ranges receives a value when the
+// stream is produced to (or the group's range claimers are named: a seek),
+// Exceptions when the group's exception claimers are (a redrive).
+type Wakes struct {
+	Ranges, Exceptions <-chan struct{}
+}
+
+// Subscribe returns the wake-ups of group groupID of stream streamID, and
+// the function that ends the subscription. With patterns (the group's
+// bindings), only a produce with a matching routing key wakes its range
+// claimer: the messages that match nothing it passes over at its next
+// poll, so a group bound to a small slice of a busy stream costs about what
+// an idle group does.
+func (h *Hub) Subscribe(streamID, groupID int64, patterns []string) (Wakes, func()) {
+	ch, exc := make(chan struct{}, 1), make(chan struct{}, 1)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.subs[streamID] == nil {
-		h.subs[streamID] = map[chan struct{}][]string{}
+		h.subs[streamID] = map[chan struct{}]*sub{}
 	}
-	h.subs[streamID][ch] = patterns
+	h.subs[streamID][ch] = &sub{groupID: groupID, patterns: patterns, exceptions: exc}
 	if h.refs == 0 {
 		ctx, cancel := context.WithCancel(context.Background())
 		h.cancel, h.done = cancel, make(chan struct{})
@@ -82,7 +97,7 @@ func (h *Hub) Subscribe(streamID int64, patterns []string) (<-chan struct{}, fun
 	}
 	h.refs++
 	var once sync.Once
-	return ch, func() {
+	return Wakes{Ranges: ch, Exceptions: exc}, func() {
 		once.Do(func() {
 			h.mu.Lock()
 			delete(h.subs[streamID], ch)
@@ -110,14 +125,31 @@ func (h *Hub) Listening() bool { return h.up.Load() }
 func (h *Hub) wake(w store.Wake) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for ch, patterns := range h.subs[w.StreamID] {
-		if len(patterns) > 0 && w.Known && !slices.ContainsFunc(w.Keys, func(k string) bool { return topic.MatchAny(patterns, k) }) {
+	for ch, s := range h.subs[w.StreamID] {
+		for _, g := range w.Groups {
+			switch {
+			case g.GroupID != s.groupID:
+			case g.Exceptions:
+				nudge(s.exceptions)
+			default:
+				nudge(ch)
+			}
+		}
+		if len(w.Groups) > 0 && len(w.Keys) == 0 {
+			continue // a group's wake alone: no produce's
+		}
+		if len(s.patterns) > 0 && w.Known && !slices.ContainsFunc(w.Keys, func(k string) bool { return topic.MatchAny(s.patterns, k) }) {
 			continue
 		}
-		select {
-		case ch <- struct{}{}:
-		default: // a wake-up is already pending
-		}
+		nudge(ch)
+	}
+}
+
+// nudge sends a wake-up unless one is pending already.
+func nudge(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
 }
 
@@ -132,6 +164,11 @@ func (h *Hub) wakeAll() {
 	h.mu.Unlock()
 	for _, id := range ids {
 		h.wake(store.Wake{StreamID: id})
+		h.mu.Lock()
+		for _, s := range h.subs[id] { // a redrive's wake may have been missed too
+			nudge(s.exceptions)
+		}
+		h.mu.Unlock()
 	}
 }
 

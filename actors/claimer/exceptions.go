@@ -31,6 +31,10 @@ type ExceptionConfig struct {
 	// lease lapsing spends no attempt; it comes back as a takeover, which
 	// starts in a slot of its own, 'running' (decision 0036).
 	Prefetch int
+	// Wake, if set, receives a value when the group's exception rows fell
+	// due by an operator's action (a redrive): the claimer claims at once
+	// instead of at its next poll, quiet or not.
+	Wake <-chan struct{}
 }
 
 // DefaultChain is ExceptionConfig.Chain's default.
@@ -86,10 +90,10 @@ type ExceptionActor struct {
 	// whether anything is due (store.ExceptionsDue), which costs a fraction
 	// of the claim's planning.
 	empty bool
-	// noneDue: the last probe found nothing due; nextDue is when its
+	// noneDue: the last probe found nothing due; dueAt is when its
 	// earliest pending row falls due (zero: none) (quiet).
 	noneDue bool
-	nextDue time.Time
+	dueAt   time.Time
 	leaseBook
 	parsedOptions
 }
@@ -136,9 +140,9 @@ func (a *ExceptionActor) Claim(ctx context.Context) ([]Job, error) {
 		due, wait, err := a.db.ExceptionsDue(ctx, a.cfg.DBNow(), hold)
 		if err != nil || !due {
 			if err == nil {
-				a.noneDue, a.nextDue = true, time.Time{}
+				a.noneDue, a.dueAt = true, time.Time{}
 				if wait >= 0 {
-					a.nextDue = a.cfg.Clock.Now().Add(wait)
+					a.dueAt = a.cfg.Clock.Now().Add(wait)
 				}
 			}
 			return nil, err

@@ -3,6 +3,7 @@ package claimer
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/hooks"
@@ -72,7 +73,7 @@ func (a *ExceptionActor) handBackRun(ctx context.Context, r *excRun) error {
 // Serve runs the actor until ctx ends or until the session's drain
 // finishes; see serve.
 func (a *ExceptionActor) Serve(ctx context.Context) error {
-	return serve(ctx, a, a.outage, a.runner, a.cfg.Concurrency, a.cfg.Concurrency+a.cfg.Prefetch, nil)
+	return serve(ctx, a, a.outage, a.runner, a.cfg.Concurrency, a.cfg.Concurrency+a.cfg.Prefetch, a.cfg.Wake)
 }
 
 // The loop methods serve drives.
@@ -93,10 +94,21 @@ func (a *ExceptionActor) reset() {
 func (a *ExceptionActor) quiet() bool {
 	return a.noneDue && len(a.running) == 0 && len(a.pending) == 0 && len(a.adopted) == 0 &&
 		a.cfg.Leftovers.Len() == 0 && !a.cfg.Nudge.peek() &&
-		(a.nextDue.IsZero() || a.cfg.Clock.Now().Before(a.nextDue))
+		(a.dueAt.IsZero() || a.cfg.Clock.Now().Before(a.dueAt))
 }
 
-func (a *ExceptionActor) woken() {}
+// woken: rows fell due by an operator's action (a redrive): the next claim
+// probes and claims them, however quiet the claimer was.
+func (a *ExceptionActor) woken() { a.noneDue, a.idle, a.empty = false, 0, true }
+
+// nextDue: when the earliest pending row falls due, as the last probe that
+// found none due said.
+func (a *ExceptionActor) nextDue() time.Time {
+	if !a.noneDue {
+		return time.Time{}
+	}
+	return a.dueAt
+}
 
 // alarmed: a peer instance lapsed: probe for its rows.
 func (a *ExceptionActor) alarmed() { a.noneDue, a.idle, a.empty = false, 0, true }

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/shutdown"
@@ -62,6 +63,10 @@ type loop interface {
 	quiet() bool
 	// woken is told of a wake before the claim it makes due.
 	woken()
+	// nextDue is when work the actor knows of falls due (the exception
+	// claimer's earliest pending row, when its last probe found none due
+	// yet; zero: none known): serve claims then, not at the poll tick after.
+	nextDue() time.Time
 	// alarmed is told that a peer instance lapsed (Common.Alarm).
 	alarmed()
 	// skipTick reports that a reconcile tick has nothing to do: the actor
@@ -210,6 +215,33 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		}
 		return ErrDrained
 	}
+	// The timer of the work the actor knows falls due (nextDue): a retry's
+	// backoff ending, a Delay's time coming.
+	var (
+		dueC    <-chan time.Time
+		dueAt   time.Time
+		dueTime *clock.Timer
+	)
+	defer func() {
+		if dueTime != nil {
+			dueTime.Stop()
+		}
+	}()
+	armDue := func() {
+		at := l.nextDue()
+		if at.Equal(dueAt) {
+			return
+		}
+		dueAt = at
+		if dueTime != nil {
+			dueTime.Stop()
+			dueTime, dueC = nil, nil
+		}
+		if !at.IsZero() {
+			dueTime = c.Clock.Timer(shutdown.Until(c.Clock, at))
+			dueC = dueTime.C
+		}
+	}
 	busy := c.Health.Busy(l.what()) // the liveness probe's mark of this loop
 	defer busy.Waiting()
 	for {
@@ -265,6 +297,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			absorb(sctx, l, p, report, send) // keep outcomes flowing while claims are full
 		}
 		due = l.eager()
+		armDue()
 		busy.Waiting()
 		select {
 		case <-ctx.Done():
@@ -324,7 +357,11 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			busy.Working()
 			applyAcquire(res, true, report)
 			due = true
-		case <-wake: // produced to: claim now
+		case <-wake: // produced to, or rows redriven: claim now
+			l.woken()
+			due = true
+		case <-dueC: // known work fell due: claim now
+			dueC, dueTime, dueAt = nil, nil, time.Time{}
 			l.woken()
 			due = true
 		case <-poll.C:

@@ -137,8 +137,9 @@ var (
 			"messages at their next ClaimPollRate tick. The listener reconnects by itself.",
 		"None; check the database if it repeats.")
 	WakeFailed = register("SQL0103", slog.LevelWarn,
-		"a produce committed but its wake-up notification failed",
-		"The messages are written and safe. Consumers that were idle see them at their next poll instead of at once.",
+		"a produce or an operator's action committed but its wake-up notification failed",
+		"The messages are written and safe (or the redrive, the seek is done). Consumers that were idle see them at their "+
+			"next poll or sweep instead of at once.",
 		"None; check the database if it repeats.")
 	AlertFailed = register("SQL0104", slog.LevelWarn,
 		"an alert could not be produced to the sqlstreams.alerts stream",

@@ -34,14 +34,52 @@ func WakePayloadOf(streamID int64, msgs []NewMessage) string {
 	return WakePayload(streamID, &k)
 }
 
-// Wake is one produce notification: the stream, and when Known the
-// routing keys of everything it produced.
+// Wake is one notification: a produce's (the stream, and when Known the
+// routing keys of everything it produced), or an operator action's that
+// wakes one group's claimers (Groups).
 type Wake struct {
 	StreamID int64
 	Known    bool
 	Keys     []string
+	// Groups are the groups an action named: a redrive wakes a group's
+	// exception claimers, a seek its range claimers.
+	Groups []GroupWake
 	// Ping: a hub's ping (Ping), no stream's.
 	Ping bool
+}
+
+// GroupWake names one group's claimers to wake: its exception claimers
+// (Exceptions), or its range claimers.
+type GroupWake struct {
+	GroupID    int64
+	Exceptions bool
+}
+
+// A group's wake rides a stream's payload as a key no routing key can be
+// ("!x12": group 12's exception claimers, "!r12": its range claimers): a
+// hub of an earlier version takes it for an unmatched routing key, which
+// wakes only the stream's groups without bindings, once, for nothing.
+const groupWakeMark = "!"
+
+// GroupWakePayload is the payload of a wake of one group's claimers.
+func GroupWakePayload(streamID int64, g GroupWake) string {
+	kind := "r"
+	if g.Exceptions {
+		kind = "x"
+	}
+	return strconv.FormatInt(streamID, 10) + ";" + groupWakeMark + kind + strconv.FormatInt(g.GroupID, 10)
+}
+
+// WakeGroup wakes one group's claimers in every process, as a produce
+// wakes a stream's: its exception claimers after a redrive (the rows are
+// due now), its range claimers after a seek. Best effort: a claimer that
+// misses it finds the work at its next sweep.
+func (st *Store) WakeGroup(ctx context.Context, streamID int64, g GroupWake) error {
+	if _, err := st.pool.Exec(ctx, `-- store.WakeGroup
+SELECT pg_notify($1, $2)`, st.NotifyChannel(), GroupWakePayload(streamID, g)); err != nil {
+		return fmt.Errorf("wake group %d: %w", g.GroupID, err)
+	}
+	return nil
 }
 
 // PingPayload is the payload of a listener's own ping (engine.Hub): no
@@ -74,6 +112,20 @@ func ParseWake(payload string) (Wake, error) {
 	w := Wake{StreamID: id, Known: known}
 	if known && keys != "" {
 		w.Keys = strings.Split(keys, " ")
+	}
+	for i := 0; i < len(w.Keys); {
+		k := w.Keys[i]
+		rest, ok := strings.CutPrefix(k, groupWakeMark)
+		if !ok || len(rest) < 2 {
+			i++
+			continue
+		}
+		gid, err := strconv.ParseInt(rest[1:], 10, 64)
+		if err != nil || (rest[0] != 'x' && rest[0] != 'r') {
+			return Wake{}, fmt.Errorf("notification payload %q: group wake %q", payload, k)
+		}
+		w.Groups = append(w.Groups, GroupWake{GroupID: gid, Exceptions: rest[0] == 'x'})
+		w.Keys = append(w.Keys[:i], w.Keys[i+1:]...)
 	}
 	return w, nil
 }
