@@ -261,3 +261,28 @@ func (f *failures) check(t *testing.T) {
 	}
 	f.list = nil
 }
+
+// recordsWith returns the messages of the records with the given code.
+func (s *logSink) recordsWith(code string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, r := range s.records {
+		found := false
+		r.Attrs(func(a slog.Attr) bool {
+			found = a.Key == "code" && a.Value.String() == code
+			return !found
+		})
+		if found {
+			out = append(out, r.Message)
+		}
+	}
+	return out
+}
+
+// snapshotRecords returns every record so far.
+func (s *logSink) snapshotRecords() []slog.Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]slog.Record(nil), s.records...)
+}

@@ -101,6 +101,18 @@ func (a *ExceptionActor) quiet() bool {
 // probes and claims them, however quiet the claimer was.
 func (a *ExceptionActor) woken() { a.noneDue, a.idle, a.empty = false, 0, true }
 
+// left: the rows a failed hand-back leaves, and how many of them have a
+// result not yet written.
+func (a *ExceptionActor) left() []any {
+	unwritten := 0
+	for _, r := range a.running {
+		if r.unwritten != nil {
+			unwritten++
+		}
+	}
+	return []any{"rows", len(a.running), "results_unwritten", unwritten}
+}
+
 // nextDue: when the earliest pending row falls due, as the last probe that
 // found none due said.
 func (a *ExceptionActor) nextDue() time.Time {

@@ -200,6 +200,16 @@ func (a *Actor) abandon() {
 	}
 }
 
+// left: the ranges a failed hand-back leaves, with their messages settled
+// and not yet recorded, and those without an outcome.
+func (a *Actor) left() []any {
+	settled := 0
+	for _, id := range a.b.ranges.order {
+		settled += len(a.b.ranges.get(id).doneUnrecorded())
+	}
+	return []any{"ranges", a.b.ranges.len(), "settled_unrecorded", settled, "unsettled", a.b.ranges.queued}
+}
+
 // nextDue: the range claimer learns of new work by wakes and sweeps, never
 // by a due time.
 func (a *Actor) nextDue() time.Time { return time.Time{} }

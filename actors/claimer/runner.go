@@ -351,6 +351,9 @@ func (p *pool) work() {
 	}
 }
 
+// busy returns how many workers are running a job now.
+func (p *pool) busy() int64 { return max(int64(p.started)-p.idle.Load(), 0) }
+
 // stop closes the pool and waits for its workers (not for abandoned
 // handlers: see waitHandlers).
 func (p *pool) stop() {

@@ -54,6 +54,9 @@ type loop interface {
 	eager() bool
 	// abandon tells Trace what an abrupt stop leaves unwritten.
 	abandon()
+	// left describes, as log attributes, what a hand-back that failed
+	// leaves for the consumer's next session.
+	left() []any
 	// written writes what outcome left for one write after the outcomes
 	// that were waiting (the exception claimer's settlements: one
 	// statement and one commit for them all).
@@ -210,7 +213,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 	finish := func() error {
 		awaitAcquire(sctx, report)
 		absorb(sctx, l, p, report, send) // outcomes already waiting settle before the hand-back
-		if !retryHandBack(sctx, c, l.what(), l.handBack) {
+		if !retryHandBack(sctx, c, l.what(), l.handBack, l.left) {
 			l.leave()
 		}
 		return ErrDrained
@@ -327,8 +330,10 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		case <-drainC:
 			startDrain()
 		case <-deadline:
-			codes.ShutdownTimeout.Log(ctx, c.Logger, "shutdown timeout reached with handlers still running; handing their work back",
-				"in_flight", l.inFlight(), "what", l.what())
+			if running := p.busy(); running > 0 {
+				codes.ShutdownTimeout.Log(ctx, c.Logger, "shutdown timeout reached with handlers still running; cancelling them and handing their work back",
+					"handlers", running, "in_flight", l.inFlight(), "what", l.what())
+			}
 			cancelHandlers()
 			return finish()
 		case o := <-p.out:
@@ -491,22 +496,54 @@ func retryStore(ctx context.Context, c *Common, stop <-chan struct{}, f func(con
 	}
 }
 
+// UnreachableHandBack is how long a drain's hand-back is retried while
+// the database cannot be reached at all (store.Unreachable: refused or cut
+// connections, a server shutting down): a stop that cannot write returns
+// soon after its handlers end, well inside an orchestrator's grace, and
+// leaves what settled to the consumer's next session (Leftovers).
+const UnreachableHandBack = time.Second
+
 // retryHandBack runs hand back until it succeeds or ctx (bounded by the
-// shutdown plan's hand-back deadline) ends: a database that is down when
-// the drain begins and back before the deadline (a restart, a failover)
-// still gets the work handed back and the settled messages recorded. What
-// it could not hand back is logged, and reported (handed false) so that the
-// caller leaves it to the consumer's next session (Leftovers); without one,
-// those leases lapse after InstanceTTL and another instance delivers their
-// messages.
-func retryHandBack(ctx context.Context, c *Common, what string, hand func(context.Context) error) (handed bool) {
-	err := retryStore(ctx, c, nil, hand)
-	if err == nil {
-		return true
+// shutdown plan's hand-back deadline) ends: a database that is slow or busy
+// when the drain begins (a restart nearly done, a failover) still gets the
+// work handed back and the settled messages recorded. One that cannot be
+// reached at all is tried for UnreachableHandBack. What it could not hand
+// back is logged with what it leaves (left), and reported (handed false)
+// so that the caller leaves it to the consumer's next session
+// (Leftovers); without one, those leases lapse after InstanceTTL and
+// another instance delivers their messages.
+func retryHandBack(ctx context.Context, c *Common, what string, hand func(context.Context) error, left func() []any) (handed bool) {
+	var down time.Time // when the database was first found out of reach
+	wait := 50 * time.Millisecond
+	for {
+		err := hand(ctx)
+		if err == nil {
+			return true
+		}
+		now := c.Clock.Now()
+		switch {
+		case !store.Unreachable(err):
+			down = time.Time{}
+		case down.IsZero():
+			down = now
+		}
+		gaveUp := !down.IsZero() && now.Sub(down) >= UnreachableHandBack
+		if gaveUp || store.Permanent(err) != nil || ctx.Err() != nil {
+			codes.HandBackFailed.Log(ctx, c.Logger, "could not hand "+what+" back at shutdown; the consumer's next session in this process writes them, else their leases lapse after InstanceTTL",
+				append(left(), "error", err)...)
+			return false
+		}
+		if !down.IsZero() {
+			wait = min(wait, UnreachableHandBack-now.Sub(down))
+		}
+		t := c.Clock.Timer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		wait = min(2*wait, 500*time.Millisecond)
 	}
-	codes.HandBackFailed.Log(ctx, c.Logger, "could not hand "+what+" back at shutdown; the consumer's next session in this process writes them, else their leases lapse after InstanceTTL",
-		"error", err)
-	return false
 }
 
 // ErrDrained is what a claimer's Serve returns once its drain is complete:

@@ -180,7 +180,10 @@ var (
 		"Raise ShutdownTimeout (or MessageMax.Timeout, or without a ceiling Message.Timeout, which it derives from) if handlers need longer.")
 	HandBackFailed = register("SQL0206", slog.LevelWarn,
 		"work in flight could not be handed back at shutdown",
-		"The hand-back writes failed (the database was unreachable) within the shutdown grace. The next Consume "+
+		"The hand-back writes failed within the shutdown plan: a database out of reach (refused or cut connections) "+
+			"is tried for a second after the handlers end, a busy or slow one until the plan's deadline. The line counts "+
+			"what is left: ranges, their messages settled and not yet recorded, those without an outcome (or exception "+
+			"rows and their unwritten results). The next Consume "+
 			"session of the same consumer in this process writes what they settled and releases the rest when it "+
 			"reaches the database; if there is none (the process exits), the leases lapse after InstanceTTL, as "+
 			"after a crash, and another instance delivers their messages again. Nothing is lost.",
