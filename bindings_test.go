@@ -477,6 +477,7 @@ func TestSystemProducesAlerts(t *testing.T) {
 	require.Equal(t, []string{"b.#"}, a.Wanted)
 	require.Equal(t, []string{"a.#"}, a.Installed)
 	require.Equal(t, 1, a.LiveInstances)
+	require.Equal(t, 1, a.LiveSessions, "one session holds the installed set")
 	require.NoError(t, ws.stop(t))
 
 	// A stalled producer raises the other alert.

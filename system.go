@@ -40,12 +40,16 @@ func AlertBindings(group string) []string {
 
 // Alert is a message on the AlertStream.
 type Alert struct {
-	Kind          string   `json:"kind"`
-	Stream        string   `json:"stream"`
-	Group         string   `json:"group"`
-	Wanted        []string `json:"wanted,omitempty"`
-	Installed     []string `json:"installed,omitempty"`
-	LiveInstances int      `json:"live_instances,omitempty"`
+	Kind      string   `json:"kind"`
+	Stream    string   `json:"stream"`
+	Group     string   `json:"group"`
+	Wanted    []string `json:"wanted,omitempty"`
+	Installed []string `json:"installed,omitempty"`
+	// LiveSessions counts the live Consume sessions holding the installed
+	// set (a binding wait); LiveInstances their worker rows, two a session
+	// (kept for readers of earlier alerts).
+	LiveSessions  int `json:"live_sessions,omitempty"`
+	LiveInstances int `json:"live_instances,omitempty"`
 	// Since is when the condition began: the first waiting attempt of a
 	// binding wait, the first claim held back by a delivery stall.
 	Since  time.Time `json:"since"`
@@ -87,8 +91,8 @@ func (c *Client) publishAlerts(stream, group string, wanted []string) alerts.Pub
 		case alerts.BindingWaiting:
 			res := e.Binding
 			a = Alert{Kind: AlertBindingWaiting, Stream: stream, Group: group, Wanted: wanted, Installed: res.Installed,
-				LiveInstances: res.Live, Since: res.DeclaredAt,
-				Detail: fmt.Sprintf("waiting since %s for %d live instance(s) holding the installed set", e.Since.Format(time.RFC3339), res.Live)}
+				LiveSessions: res.Sessions, LiveInstances: res.Live, Since: res.DeclaredAt,
+				Detail: fmt.Sprintf("waiting since %s for %d live session(s) holding the installed set", e.Since.Format(time.RFC3339), res.Sessions)}
 		case alerts.DeliveryStalled:
 			detail := fmt.Sprintf("committed messages have waited %s behind an open transaction", e.Waited)
 			for _, b := range e.Blockers {

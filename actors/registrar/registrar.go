@@ -157,7 +157,7 @@ func (a *Actor) Run(ctx context.Context) (store.BindingResult, error) {
 			codes.BindingWaiting.Log(ctx, a.cfg.Logger, "WAITING: consumer group binding set differs from the installed one while live instances hold it; "+
 				"this instance will not consume until they are gone",
 				"group", a.cfg.GroupName, "wanted", a.cfg.Patterns, "installed", res.Installed,
-				"live_instances", res.Live, "waiting_since", res.DeclaredAt, "retry_every", a.cfg.Interval.String())
+				"live_sessions", res.Sessions, "waiting_since", res.DeclaredAt, "retry_every", a.cfg.Interval.String())
 		}
 		select {
 		case <-ctx.Done():

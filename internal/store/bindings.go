@@ -46,7 +46,8 @@ type BindingResult struct {
 	// ever declared and the attempt waited, which cannot happen).
 	Installed     []string
 	DeclarationID int64 // the installed row in force
-	Live          int   // live worker instances holding the installed set
+	Live          int   // live worker instances holding the installed set (two a Consume session)
+	Sessions      int   // live Consume sessions holding it (their message consumers' instances)
 	DeclaredAt    time.Time
 }
 
@@ -76,8 +77,9 @@ SELECT coalesce($2, coalesce($3, now())) FROM %[1]s.consumer_group_config WHERE 
 			res.Outcome, res.Installed = BindingJoined, current
 		case stored:
 			if err := tx.QueryRow(ctx, st.sql(`-- store.DeclareBindings
-SELECT count(*) FROM %[1]s.worker_instance i JOIN %[1]s.worker_config w ON w.id = i.worker_config_id
-WHERE w.consumer_group_id = $1 AND i.expires_at > coalesce($2, now())`), g.GroupID, req.Now).Scan(&res.Live); err != nil {
+SELECT count(*), count(*) FILTER (WHERE w.name = $3)
+FROM %[1]s.worker_instance i JOIN %[1]s.worker_config w ON w.id = i.worker_config_id
+WHERE w.consumer_group_id = $1 AND i.expires_at > coalesce($2, now())`), g.GroupID, req.Now, WorkerMessageConsumer).Scan(&res.Live, &res.Sessions); err != nil {
 				return fmt.Errorf("count live instances: %w", err)
 			}
 			if res.Live > 0 {
