@@ -285,6 +285,32 @@ func runFreeze(t *testing.T, plan freezePlan, seed uint64) {
 	}
 	drainedIn := time.Since(producedAt)
 	t.Logf("drained %s after the last produce", drainedIn.Round(time.Millisecond))
+	if !handledAll() {
+		// Slow or stuck? What the database holds of the first missing
+		// messages, then up to a minute more to see whether they come.
+		for _, g := range plan.groups {
+			mu.Lock()
+			var missing []string
+			for n := 0; n < total && len(missing) < 10; n++ {
+				if id := fmt.Sprintf("m-%d", n); !seen[g.name][id] {
+					missing = append(missing, id)
+				}
+			}
+			mu.Unlock()
+			freezeDiagnose(t, e, g.name, missing)
+		}
+		late := time.NewTimer(time.Minute)
+		for done := false; !done; {
+			select {
+			case <-handled:
+				done = handledAll()
+			case <-late.C:
+				done = true
+			}
+		}
+		late.Stop()
+		t.Logf("%s after the last produce: every message handled %t", time.Since(producedAt).Round(time.Millisecond), handledAll())
+	}
 	for _, k := range kids {
 		require.NoError(t, k.cmd.Process.Signal(syscall.SIGTERM))
 	}
@@ -451,4 +477,52 @@ func (l lineLogger) Handle(_ context.Context, r slog.Record) error {
 	})
 	childSay(fmt.Sprintf("LOG %s %q%s", code, r.Message, strings.ReplaceAll(b.String(), "\n", `\n`)))
 	return nil
+}
+
+// freezeDiagnose logs what the database holds of group's missing messages:
+// the range, exception row and key lease of each.
+func freezeDiagnose(t *testing.T, e *env, group string, ids []string) {
+	ctx := context.Background()
+	g, err := e.client.Group(ctx, "orders", group)
+	if err != nil {
+		t.Logf("diagnose: %v", err)
+		return
+	}
+	st, err := g.Status(ctx)
+	if err == nil {
+		t.Logf("%s: status %+v", group, *st)
+	}
+	schema, sid, gid := e.client.Schema(), g.row.StreamID, g.row.ID
+	rows, err := e.pool.Query(ctx, fmt.Sprintf(`SELECT m.payload->>'order_id', m.id, coalesce(m.message_key, ''),
+  (SELECT string_agg(format('range %%s owner=%%s live=%%s exp=%%s', r.id, r.owner,
+      EXISTS (SELECT 1 FROM %[1]s.worker_instance w WHERE w.id = r.owner AND w.expires_at > now()), r.expires_at - now()), '; ')
+   FROM %[1]s.stream_%[2]d_range r WHERE r.group_id = %[3]d AND (m.xid, m.id) > (r.lo_xid, r.lo_id) AND (m.xid, m.id) <= (r.hi_xid, r.hi_id)),
+  (SELECT format('exception status=%%s attempts=%%s owner=%%s live=%%s exp=%%s due=%%s error=%%s', x.status, x.attempts, x.owner,
+      EXISTS (SELECT 1 FROM %[1]s.worker_instance w WHERE w.id = x.owner AND w.expires_at > now()), x.expires_at - now(), x.can_run_after - now(), x.last_error)
+   FROM %[1]s.stream_%[2]d_exception x WHERE x.group_id = %[3]d AND x.message_id = m.id),
+  (SELECT string_agg(format('keylease token=%%s owner=%%s live=%%s', k.token, k.owner,
+      EXISTS (SELECT 1 FROM %[1]s.worker_instance w WHERE w.id = k.owner AND w.expires_at > now())), '; ')
+   FROM %[1]s.stream_%[2]d_key_lease k WHERE k.group_id = %[3]d AND k.message_key IN (m.message_key, ''))
+FROM %[1]s.stream_%[2]d_log m WHERE m.payload->>'order_id' = ANY($1) ORDER BY m.xid, m.id`, schema, sid, gid), ids)
+	if err != nil {
+		t.Logf("diagnose: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, key string
+		var mid int64
+		var rng, exc, kl *string
+		if err := rows.Scan(&id, &mid, &key, &rng, &exc, &kl); err != nil {
+			t.Logf("diagnose: %v", err)
+			return
+		}
+		str := func(p *string) string {
+			if p == nil {
+				return "-"
+			}
+			return *p
+		}
+		t.Logf("%s: missing %s (message %d, key %s) | %s | %s | %s", group, id, mid, key, str(rng), str(exc), str(kl))
+	}
 }
