@@ -182,10 +182,11 @@ func TestBrokenVariantsAreCaught(t *testing.T) {
 		// lapsed runs a key the fleet took over meanwhile.
 		{invariant: "ExclusiveKeyAtMostOneInFlight", opts: Options{IgnoreLapse: true},
 			script: "start i1\nstart i2\nproduce 3 key=x conc=exclusive\nclaim i1\nstall i1 10s\nadvance 7s\nclaim i2\nadvance 4s\nrun i1 ok\n"},
-		// Stalls weigh more here: at the stall's usual weight about one
-		// seed in a hundred exposes it (3 of seeds 1-300), at 8 about one
-		// in thirty (seeds 2 and 31 of 1-60).
-		{invariant: "ExclusiveKeyAtMostOneInFlight", opts: Options{IgnoreLapse: true, Only: "ExclusiveKeyAtMostOneInFlight", Weights: map[string]int{"stall": 8}}, run: random},
+		// Stalls weigh more here: since exclusive keys' parked rows run as
+		// chains in the exception claimer (decision 0085), fewer ranges hold
+		// a key when their instance stalls; at a weight of 8 two seeds of
+		// 1-150 expose it (78, 147), at 16 seed 14 of 1-60.
+		{invariant: "ExclusiveKeyAtMostOneInFlight", opts: Options{IgnoreLapse: true, Only: "ExclusiveKeyAtMostOneInFlight", Weights: map[string]int{"stall": 16}}, run: random},
 		{invariant: "ClaimerStateAgrees", opts: Options{Broken: hooks.Broken{ForgetKeepsCommitDue: true}},
 			script: "start i1\nproduce 2\nclaim i1\nrun i1 ok\nrun i1 ok\n"},
 		{invariant: "ConfigConvergesWithinOneRefresh", opts: Options{SkipRefresh: true},

@@ -18,9 +18,9 @@ import (
 // own worker_instance (exception_consumer), renewed by its own heartbeat.
 type ExceptionConfig struct {
 	Common
-	// Chain is how many rows of an ordered key a claim leases behind the
-	// key's head, to run one after the other without a claim between
-	// them (default DefaultChain; negative: none).
+	// Chain is how many rows of an ordered or exclusive key a claim leases
+	// behind the key's head, to run one after the other under its lease
+	// without a claim between them (default DefaultChain; negative: none).
 	Chain int
 	// Prefetch is how many due rows of no key lease a claim leases beyond
 	// the free handler slots, queued for the slots to run in turn (0:
@@ -45,9 +45,13 @@ type excRun struct {
 	eff policy.Effective
 	// unwritten is a settlement whose write failed; Flush retries it.
 	unwritten *store.Settlement
-	// queued are the next rows of the run's ordered key, leased in the
-	// same claim, in log order: each starts when the one before resolves.
+	// queued are the next rows of the run's key, leased in the same claim,
+	// in log order: each starts when the one before settles (an ordered
+	// key's only when it resolved), handed the key lease.
 	queued []store.ExceptionRun
+	// keyHeld: the run holds its key's lease (acquired, or handed over by
+	// the row before it), which its settlement can hand on.
+	keyHeld bool
 }
 
 // ExceptionActor retries a group's exception rows: it leases due rows with
@@ -208,6 +212,7 @@ func (a *ExceptionActor) startRow(ctx context.Context, r *excRun, haveKey bool) 
 		return a.settle(ctx, r, store.Settlement{Status: policy.StatusDead, Attempts: r.run.Attempts,
 			Delays: r.run.Delays, Error: "lease expired on its last attempt: the instance running it died or stopped renewing"})
 	}
+	r.keyHeld = haveKey
 	if !haveKey && r.eff.Concurrency.Keyed() && m.Key != "" {
 		a.leasing(a.cfg.Holdings)
 		held, _, err := a.db.AcquireKeys(ctx, store.AcquireKeys{Want: []store.KeyClaim{{Key: m.Key, Position: m.Position}},
@@ -218,6 +223,7 @@ func (a *ExceptionActor) startRow(ctx context.Context, r *excRun, haveKey bool) 
 				Delays: r.run.Delays, Error: keyBusyReason, After: a.cfg.KeyBusyDelay})
 			return jobs, errors.Join(err, serr)
 		}
+		r.keyHeld = true
 	}
 	a.running[m.Position] = r
 	a.cfg.Stats.Retried.Add(1)
@@ -225,12 +231,15 @@ func (a *ExceptionActor) startRow(ctx context.Context, r *excRun, haveKey bool) 
 		Delays: r.run.Delays, Concurrency: r.eff.Concurrency, Timeout: r.eff.Timeout}}}, nil
 }
 
-// settle writes a row's settlement. A resolved row (deleted or dead) hands
-// its key to the next row of its chain, which begins; otherwise the chain
-// goes back to pending. A failed write is kept for Flush.
+// settle writes a row's settlement. A row holding its key hands it to the
+// next row of its chain, which begins: an exclusive key's whatever the
+// result, an ordered key's only when the row resolved (deleted or dead: a
+// later message of an ordered key waits for a retried one). Otherwise the
+// chain goes back to pending. A failed write is kept for Flush.
 func (a *ExceptionActor) settle(ctx context.Context, r *excRun, s store.Settlement) ([]Job, error) {
 	s.Next = nil
-	if (s.Delete || s.Status == policy.StatusDead) && len(r.queued) > 0 && !a.draining_ {
+	resolved := s.Delete || s.Status == policy.StatusDead
+	if r.keyHeld && len(r.queued) > 0 && !a.draining_ && (resolved || r.eff.Concurrency != policy.Ordered) {
 		s.Next = &r.queued[0]
 	}
 	s.Position, s.Token, s.Now = r.run.Position, r.run.Token, a.cfg.DBNow()

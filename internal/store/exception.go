@@ -38,7 +38,7 @@ type ClaimExceptions struct {
 	// costs about the same for 1 row as for 1,000, so a backlog of retries
 	// is claimed in batches rather than a statement per free slot.
 	Prefetch int
-	Chain    int // rows of an ordered key to lease behind its head
+	Chain    int // rows of an ordered or exclusive key to lease behind its head
 	Lease    time.Duration
 	Now      Now
 	// HoldTakeovers leaves running and queued rows whose lease expired
@@ -47,9 +47,10 @@ type ClaimExceptions struct {
 }
 
 // ClaimExceptions leases up to Limit due exception rows of the group, and
-// behind each ordered head up to Chain more rows of its key, queued, and up
-// to Prefetch more due rows of no key lease, prefetched, in log order (rows
-// come back in log order: a key's queued rows follow its head).
+// behind each ordered or exclusive head up to Chain more rows of its key,
+// queued, and up to Prefetch more due rows of no key lease, prefetched, in
+// log order (rows come back in log order: a key's queued rows follow its
+// head).
 func (g Group) ClaimExceptions(ctx context.Context, c ClaimExceptions) ([]ExceptionRun, error) {
 	rows, err := g.db().Query(ctx, g.sql(claimExceptionsSQL), g.GroupID, c.Now, c.Limit, c.Owner, c.Lease, c.Chain, c.HoldTakeovers, max(c.Prefetch, 0))
 	if err != nil {
@@ -308,9 +309,19 @@ WITH RECURSIVE keys AS (
     ORDER BY x.expires_at
     LIMIT $3
     FOR UPDATE OF x SKIP LOCKED
-), ranked AS (
-    SELECT u.*, row_number() OVER (ORDER BY u.can_run_after, u.message_xid, u.message_id) AS n
+), keyed AS (
+    -- An exclusive key's pending rows in log order (kn): the first starts
+    -- and the next ones queue behind it as a chain (xfollowers), run one
+    -- after another under its key lease; each would otherwise find the key
+    -- busy (its head's) and park again for KeyBusyDelay, one row of a key
+    -- a claim, however long the key's backlog.
+    SELECT u.*, CASE WHEN u.concurrency = 'exclusive' AND u.message_key IS NOT NULL AND u.was = 'pending'
+                     THEN row_number() OVER (PARTITION BY u.message_key, u.concurrency = 'exclusive' AND u.was = 'pending'
+                                             ORDER BY u.message_xid, u.message_id) END AS kn
     FROM (SELECT * FROM head_due UNION ALL SELECT * FROM takeover_due UNION ALL SELECT * FROM pending_due) u
+), ranked AS (
+    SELECT k.*, row_number() OVER (ORDER BY k.can_run_after, k.message_xid, k.message_id) AS n
+    FROM keyed k WHERE k.kn IS NULL OR k.kn = 1
 ), due AS (
     -- The rows that start now.
     SELECT r.tid, r.message_xid, r.message_id, r.message_key, r.concurrency, r.was FROM ranked r WHERE r.n <= $3
@@ -323,6 +334,11 @@ WITH RECURSIVE keys AS (
     -- kills its holders).
     SELECT r.tid FROM ranked r
     WHERE r.n > $3 AND r.was = 'pending' AND NOT r.alone AND (r.concurrency = 'parallel' OR r.message_key IS NULL)
+), xfollowers AS (
+    -- Up to $6 rows queued behind each exclusive head that starts now.
+    SELECT k.tid FROM keyed k
+    WHERE k.kn > 1 AND k.kn <= 1 + $6
+      AND EXISTS (SELECT 1 FROM due d WHERE d.message_key = k.message_key AND d.concurrency = 'exclusive' AND d.was = 'pending')
 ), bounds AS (
     -- Per ordered head, the key's earliest message after it that an
     -- outstanding range holds: each range is scanned within its own bounds.
@@ -385,7 +401,7 @@ WITH RECURSIVE keys AS (
 ), upd_due AS (
     -- The other due rows: pending, or queued by a holder that lapsed.` +
 	leaseSet("d.tid FROM due d WHERE d.was <> 'running'", "running", "running", false) + `
-), upd_followers AS (` + leaseSet("f.tid FROM followers f", "queued", "queued", false) + `
+), upd_followers AS (` + leaseSet("f.tid FROM followers f UNION ALL SELECT x.tid FROM xfollowers x", "queued", "queued", false) + `
 ), upd_prefetched AS (` + leaseSet("p.tid FROM prefetched p", "queued", "prefetched", false) + `
 ), upd AS (
     SELECT message_xid, message_id, token, concurrency, attempts, delays, expired, status FROM upd_expired
