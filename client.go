@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
-	"github.com/c1702965/sqlstreams/actors/heartbeat"
-	"github.com/c1702965/sqlstreams/actors/refresher"
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/codes"
@@ -259,12 +257,12 @@ func ValidateSchema(name string) error { return store.ValidateSchema(name) }
 
 // Client is the entry point: one per schema and pool, safe for concurrent use.
 type Client struct {
-	cfg     ClientConfig
-	store   *store.Store
-	reads   *store.Reader // ReadPool's, or the primary's when it is nil
-	hub     *engine.Hub
-	beats   *heartbeat.Beats
-	configs *refresher.Reads
+	cfg   ClientConfig
+	store *store.Store
+	reads *store.Reader // ReadPool's, or the primary's when it is nil
+	// engine is what the client's Consume sessions share: the wake-up
+	// hub, the heartbeats' beats, the config reads (engine.Shared).
+	engine *engine.Shared
 	// slabs keeps settled ranges' payload slabs for the next claims
 	// (store.SlabPool; at most ClientConfig.PayloadPool bytes free).
 	slabs *store.SlabPool
@@ -311,9 +309,7 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg *ClientConfig) (*Cli
 	if err != nil {
 		return nil, fmt.Errorf("new client: read pool: %w", err)
 	}
-	cl := &Client{cfg: c, store: st, reads: reads, hub: engine.NewHub(st, c.Clock, c.Logger, c.Observer),
-		beats:       heartbeat.NewBeats(st, c.Clock, engine.DBNow(c.Clock)),
-		configs:     refresher.NewReads(st, c.Clock, configReadBound),
+	cl := &Client{cfg: c, store: st, reads: reads, engine: engine.NewShared(st, c.Clock, c.Logger, c.Observer),
 		slabs:       store.NewSlabPool(max(c.PayloadPool, 0)),
 		managerTurn: make(chan struct{}, 1)}
 	// The wake-up hold-off paces database transactions in real time, not

@@ -12,6 +12,7 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/incarnation"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/store/storetest"
 	"github.com/jackc/pgx/v5"
@@ -29,7 +30,7 @@ func TestHeartbeatStepRenewsLeasesAndReportsLoss(t *testing.T) {
 	ctx := context.Background()
 
 	id := engine.NewID()
-	liveness := heartbeat.NewLiveness(mock, 30*time.Second)
+	liveness := incarnation.NewLiveness(mock, 30*time.Second)
 	hb := heartbeat.New(heartbeat.Config{
 		Store: e.client.store, StreamID: c.group.StreamID, WorkerConfigID: c.group.Workers[store.WorkerMessageConsumer],
 		InstanceID: id, DeclaredBy: declaredBy(), TTL: 30 * time.Second, Clock: mock, Logger: slog.New(e.logs),

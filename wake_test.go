@@ -17,8 +17,8 @@ import (
 func TestProduceWakesIdleConsumerAndListenerReconnects(t *testing.T) {
 	e, s, c := setup(t, nil, "g", 0)
 	ctx := context.Background()
-	e.client.hub.Signals.Listening.Init()
-	listening := e.client.hub.Signals.Listening.C()
+	e.client.engine.Hub().Signals.Listening.Init()
+	listening := e.client.engine.Hub().Signals.Listening.C()
 	got := make(chan string, 4)
 	ready := NewReadiness()
 	consume(t, c, func(_ context.Context, o *order) error { got <- o.OrderID; return nil },
@@ -51,12 +51,12 @@ func TestProduceWakesIdleConsumerAndListenerReconnects(t *testing.T) {
 func TestWakeSkipsGroupsWhoseBindingsMatchNoKey(t *testing.T) {
 	e, s, c := setup(t, nil, "g", 0)
 	ctx := context.Background()
-	e.client.hub.Signals.Listening.Init()
-	listening := e.client.hub.Signals.Listening.C()
-	boundWakes, stopBound := e.client.hub.Subscribe(c.group.StreamID, c.group.ID, []string{"orders.hit"})
+	e.client.engine.Hub().Signals.Listening.Init()
+	listening := e.client.engine.Hub().Signals.Listening.C()
+	boundWakes, stopBound := e.client.engine.Hub().Subscribe(c.group.StreamID, c.group.ID, []string{"orders.hit"})
 	bound := boundWakes.Ranges
 	defer stopBound()
-	allWakes, stopAll := e.client.hub.Subscribe(c.group.StreamID, c.group.ID+1, nil)
+	allWakes, stopAll := e.client.engine.Hub().Subscribe(c.group.StreamID, c.group.ID+1, nil)
 	all := allWakes.Ranges
 	defer stopAll()
 	within(t, listening, "the listener")
@@ -93,7 +93,7 @@ func TestWakeSkipsGroupsWhoseBindingsMatchNoKey(t *testing.T) {
 // rely on it (decision 0040).
 func TestAListenerThatHearsNothingIsReplaced(t *testing.T) {
 	e, _, c := setup(t, nil, "g", 0)
-	hub := e.client.hub
+	hub := e.client.engine.Hub()
 	hub.SetCheck(50 * time.Millisecond)
 	hub.Signals.Listening.Init()
 	listening := hub.Signals.Listening.C()
@@ -117,7 +117,7 @@ func TestAListenerThatHearsNothingIsReplaced(t *testing.T) {
 // would leave it for its backstop sweep, minutes later.
 func TestAListenerWakesEverySessionWhenItComesUp(t *testing.T) {
 	e, _, c := setup(t, nil, "g", 0)
-	hub := e.client.hub
+	hub := e.client.engine.Hub()
 	hub.Signals.Listening.Init()
 	listening := hub.Signals.Listening.C()
 	wakes, stop := hub.Subscribe(c.group.StreamID, c.group.ID, nil)
@@ -133,9 +133,9 @@ func TestAListenerWakesEverySessionWhenItComesUp(t *testing.T) {
 func TestAHeldOffWakeUpStillArrives(t *testing.T) {
 	e, s, c := setup(t, nil, "g", 0)
 	ctx := context.Background()
-	e.client.hub.Signals.Listening.Init()
-	listening := e.client.hub.Signals.Listening.C()
-	wakes, stop := e.client.hub.Subscribe(c.group.StreamID, c.group.ID, nil)
+	e.client.engine.Hub().Signals.Listening.Init()
+	listening := e.client.engine.Hub().Signals.Listening.C()
+	wakes, stop := e.client.engine.Hub().Subscribe(c.group.StreamID, c.group.ID, nil)
 	woken := wakes.Ranges
 	defer stop()
 	within(t, listening, "the listener")
