@@ -460,8 +460,7 @@ func TestSystemProducesAlerts(t *testing.T) {
 	// fires, so the alert's produce must wake the watcher (a watcher
 	// started after the waiting attempt could claim before the alert's
 	// commit and then wait forever: once in a loaded suite run).
-	e.client.engine.Hub().Signals.Listening.Init()
-	listening := e.client.engine.Hub().Signals.Listening.C()
+	listening := hubHooks(e).Listening.C()
 	got := make(chan Alert, 4)
 	ws := consume(t, watch, func(_ context.Context, a *Alert) error { got <- *a; return nil }, &ConsumeOptions{DisableManager: true})
 	within(t, listening, "the notification listener")
