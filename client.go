@@ -80,9 +80,9 @@ type ClientConfig struct {
 	// on the primary's pool.
 	ReadPool *pgxpool.Pool
 	// Decoder decodes stored payloads into consumers' message types.
-	// Default FastJSON (github.com/goccy/go-json, encoding/json's rules at
+	// Default FastJSON{} (github.com/goccy/go-json, encoding/json's rules at
 	// about 5 times the speed: decoding was two thirds of a typed
-	// consumer's CPU); StandardJSON is encoding/json itself. Producers
+	// consumer's CPU); StandardJSON{} is encoding/json itself. Producers
 	// always encode with encoding/json.
 	Decoder Decoder
 	// PayloadPool is how many bytes of claimed payload memory the client
@@ -179,16 +179,16 @@ const NoJitter = -1
 
 func (b Backoff) withDefaults() Backoff {
 	if b.Initial == 0 {
-		b.Initial = backoff.Default.Initial
+		b.Initial = backoff.DefaultInitial
 		if b.Max > 0 {
 			b.Initial = min(b.Initial, b.Max)
 		}
 	}
 	if b.Max == 0 {
-		b.Max = max(backoff.Default.Max, b.Initial)
+		b.Max = max(backoff.DefaultMax, b.Initial)
 	}
 	if b.Jitter == 0 {
-		b.Jitter = backoff.Default.Jitter
+		b.Jitter = backoff.DefaultJitter
 	}
 	return b
 }
@@ -229,7 +229,7 @@ func (c *ClientConfig) withDefaults() ClientConfig {
 	}
 	out.Retry = out.Retry.withDefaults()
 	if out.Decoder == nil {
-		out.Decoder = FastJSON
+		out.Decoder = FastJSON{}
 	}
 	if out.PayloadPool == 0 {
 		out.PayloadPool = DefaultPayloadPool
@@ -378,7 +378,7 @@ func (c *Client) dbNow() store.Now {
 // fresh memory as before.
 func (c *Client) slabsFor() *store.SlabPool {
 	switch c.cfg.Decoder.(type) {
-	case standardJSON, fastJSON:
+	case StandardJSON, FastJSON:
 		if c.cfg.PayloadPool > 0 {
 			return c.slabs
 		}

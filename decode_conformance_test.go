@@ -147,8 +147,8 @@ func TestFastJSONDecodesAsEncodingJSON(t *testing.T) {
 	for _, c := range decodeCorpus {
 		t.Run(c.name, func(t *testing.T) {
 			want, got := c.new(), c.new()
-			wantErr := StandardJSON.Unmarshal([]byte(c.json), want)
-			gotErr := FastJSON.Unmarshal([]byte(c.json), got)
+			wantErr := StandardJSON{}.Unmarshal([]byte(c.json), want)
+			gotErr := FastJSON{}.Unmarshal([]byte(c.json), got)
 			if (wantErr == nil) != (gotErr == nil) {
 				t.Fatalf("encoding/json error %v, FastJSON error %v", wantErr, gotErr)
 			}
