@@ -117,7 +117,7 @@ func (h *ConsumerHandle[T]) register(ctx context.Context, cfg *ConsumerConfig, m
 	var old map[string][]byte
 	var changed bool
 	if declare != nil {
-		if old, changed, err = declare(ctx, g.ID, docs, declaredBy(), h.s.c.dbNow()); err != nil {
+		if old, changed, err = declare(ctx, store.GroupConfigParams{GroupID: g.ID, Docs: docs, DeclaredBy: declaredBy(), Now: h.s.c.dbNow()}); err != nil {
 			return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
 		}
 	}

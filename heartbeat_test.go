@@ -212,7 +212,7 @@ func TestALeaseRenewalSkipsLockedRows(t *testing.T) {
 	for _, kinds := range []store.LeaseKinds{store.RangeLeases, store.ExceptionLeases, store.AllLeases} {
 		// A bound, not a wait: the renewal must not wait on the lock at all.
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := e.client.store.RenewLeasesOf(rctx, kinds, owner, c.group.StreamID, time.Hour, nil)
+		err := e.client.store.RenewLeases(rctx, store.RenewLeasesParams{Kinds: kinds, InstanceID: owner, StreamID: c.group.StreamID, TTL: time.Hour})
 		cancel()
 		require.NoError(t, err, "kinds %v", kinds)
 	}
@@ -221,7 +221,7 @@ func TestALeaseRenewalSkipsLockedRows(t *testing.T) {
 	require.Equal(t, []bool{false, true}, xs, "the locked exception row skipped, the other renewed")
 
 	require.NoError(t, lock.Rollback(ctx))
-	require.NoError(t, e.client.store.RenewLeasesOf(ctx, store.AllLeases, owner, c.group.StreamID, time.Hour, nil))
+	require.NoError(t, e.client.store.RenewLeases(ctx, store.RenewLeasesParams{Kinds: store.AllLeases, InstanceID: owner, StreamID: c.group.StreamID, TTL: time.Hour}))
 	rs, xs = renewed()
 	require.Equal(t, []bool{true, true}, rs)
 	require.Equal(t, []bool{true, true}, xs)

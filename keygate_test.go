@@ -32,8 +32,8 @@ func newKeyGateGroup(t *testing.T) keyGateGroup {
 	ctx := context.Background()
 	e, _, c := setup(t, nil, "g", 0)
 	k := keyGateGroup{e: e, c: c, g: c.db(), wc: c.group.Workers[store.WorkerMessageConsumer], ranges: engine.NewID(), excs: engine.NewID()}
-	require.NoError(t, e.client.store.InsertInstance(ctx, k.ranges, k.wc, "test", time.Hour, nil))
-	require.NoError(t, e.client.store.InsertInstance(ctx, k.excs, c.group.Workers[store.WorkerExceptionConsumer], "test", time.Hour, nil))
+	require.NoError(t, e.client.store.InsertInstance(ctx, store.InsertInstanceParams{ID: k.ranges, WorkerConfigID: k.wc, DeclaredBy: "test", TTL: time.Hour}))
+	require.NoError(t, e.client.store.InsertInstance(ctx, store.InsertInstanceParams{ID: k.excs, WorkerConfigID: c.group.Workers[store.WorkerExceptionConsumer], DeclaredBy: "test", TTL: time.Hour}))
 	return k
 }
 

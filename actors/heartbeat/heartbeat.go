@@ -110,7 +110,8 @@ func (a *Actor) Step(ctx context.Context) error {
 	}
 	if !a.registered {
 		sent := a.cfg.Clock.Now()
-		if err := a.cfg.Store.InsertInstance(ctx, a.cfg.InstanceID, a.cfg.WorkerConfigID, a.cfg.DeclaredBy, a.cfg.TTL, a.cfg.DBNow()); err != nil {
+		if err := a.cfg.Store.InsertInstance(ctx, store.InsertInstanceParams{
+			ID: a.cfg.InstanceID, WorkerConfigID: a.cfg.WorkerConfigID, DeclaredBy: a.cfg.DeclaredBy, TTL: a.cfg.TTL, Now: a.cfg.DBNow()}); err != nil {
 			return err
 		}
 		a.answered.Add(1)
@@ -130,7 +131,8 @@ func (a *Actor) Step(ctx context.Context) error {
 		return a.renewed(ctx, r.Live, r.Sent)
 	}
 	sent := a.cfg.Clock.Now()
-	live, err := a.cfg.Store.RenewInstance(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow(), a.holds())
+	live, err := a.cfg.Store.RenewInstance(ctx, store.RenewInstanceParams{
+		ID: a.cfg.InstanceID, StreamID: a.cfg.StreamID, TTL: a.cfg.TTL, Now: a.cfg.DBNow(), Leases: a.holds()})
 	if err != nil {
 		return err
 	}
@@ -165,11 +167,8 @@ func (a *Actor) StepLeases(ctx context.Context) error {
 	if a.lost || !a.registered || !a.holds() || !a.cfg.Liveness.Valid() {
 		return nil
 	}
-	kinds := a.cfg.Leases
-	if kinds == 0 {
-		kinds = store.AllLeases
-	}
-	err := a.cfg.Store.RenewLeasesOf(ctx, kinds, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow())
+	err := a.cfg.Store.RenewLeases(ctx, store.RenewLeasesParams{
+		Kinds: a.cfg.Leases, InstanceID: a.cfg.InstanceID, StreamID: a.cfg.StreamID, TTL: a.cfg.TTL, Now: a.cfg.DBNow()})
 	if err == nil {
 		a.answered.Add(1)
 	}

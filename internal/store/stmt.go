@@ -133,6 +133,11 @@ func (st *Store) stream(streamID int64) *rendered {
 func (r *rendered) sql(s streamSQL) string  { return r.texts[s] }
 func (r *rendered) name(s streamSQL) string { return r.names[s] }
 
+// namedSQL is a statement's text and the name it is prepared under.
+type namedSQL struct{ name, sql string }
+
+func (r *rendered) named(s streamSQL) namedSQL { return namedSQL{name: r.names[s], sql: r.texts[s]} }
+
 // tablePrefix names a stream's tables by its numeric id, so any valid stream
 // name maps to a short, quote-free identifier.
 func tablePrefix(streamID int64) string { return fmt.Sprintf("stream_%d", streamID) }
