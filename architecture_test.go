@@ -91,14 +91,17 @@ func TestEveryPackageSaysWhoItIsFor(t *testing.T) {
 		if dir == "" {
 			dir = "."
 		}
-		pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ParseComments|parser.PackageClauseOnly)
+		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		require.NoError(t, err)
 		var docs []string
-		for _, p := range pkgs {
-			for _, f := range p.Files {
-				if f.Doc != nil {
-					docs = append(docs, f.Doc.Text())
-				}
+		for _, path := range files {
+			if strings.HasSuffix(path, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(fset, path, nil, parser.ParseComments|parser.PackageClauseOnly)
+			require.NoError(t, err)
+			if f.Doc != nil {
+				docs = append(docs, f.Doc.Text())
 			}
 		}
 		doc := strings.Join(docs, "\n")
@@ -144,7 +147,9 @@ func moduleImports(t *testing.T, root string) map[string][]string {
 		if dir == "." {
 			dir = ""
 		}
-		imports[dir] = imports[dir] // a package that imports nothing of the module is listed too
+		if _, ok := imports[dir]; !ok {
+			imports[dir] = nil // a package that imports nothing of the module is listed too
+		}
 		for _, imp := range f.Imports {
 			p := strings.Trim(imp.Path.Value, `"`)
 			if p != module && !strings.HasPrefix(p, module+"/") {
@@ -340,4 +345,84 @@ func TestTheLineBudgetCatchesALongFile(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "long.go"), []byte("package x\n"+strings.Repeat("\n", LineBudget)), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "short.go"), []byte("package x\n"), 0o644))
 	require.Len(t, overBudget(t, dir), 1)
+}
+
+// importGroupProblems lists the Go files under root (other modules' too)
+// whose imports are not in goimports' two groups: the standard library,
+// then everything else (third-party and this module), each in one block.
+func importGroupProblems(t *testing.T, root string) []string {
+	t.Helper()
+	var bad []string
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		var groups [][]bool // per group, whether each import is the standard library's
+		last := -1
+		for _, imp := range f.Imports {
+			line := fset.Position(imp.Pos()).Line
+			if imp.Doc != nil {
+				line = fset.Position(imp.Doc.Pos()).Line
+			}
+			if last < 0 || line > last+1 {
+				groups = append(groups, nil)
+			}
+			last = fset.Position(imp.End()).Line
+			p := strings.Trim(imp.Path.Value, `"`)
+			first, _, _ := strings.Cut(p, "/")
+			groups[len(groups)-1] = append(groups[len(groups)-1], !strings.Contains(first, "."))
+		}
+		ok := len(groups) <= 2
+		for i, g := range groups {
+			std := slices.Contains(g, true)
+			other := slices.Contains(g, false)
+			ok = ok && !(std && other) && !(i == 1 && std) && !(i == 0 && len(groups) == 2 && other)
+		}
+		if !ok {
+			bad = append(bad, filepath.ToSlash(path))
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	return bad
+}
+
+// TestImportsAreInGoimportsGroups: every Go file of the repository (its
+// modules and tests included) imports the standard library in one group,
+// then everything else in another (`make vet` runs goimports for the rest
+// of its formatting).
+func TestImportsAreInGoimportsGroups(t *testing.T) {
+	require.Empty(t, importGroupProblems(t, "."), "regroup these files' imports: standard library, a blank line, the rest (goimports -w after joining the groups)")
+}
+
+// The grouping check sees a file whose groups are mixed or out of order.
+func TestTheImportGroupCheckCatchesAMixedGroup(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, imports string) {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte("package x\n\nimport (\n"+imports+")\n"), 0o644))
+	}
+	write("good.go", "\t\"fmt\"\n\t\"os\"\n\n\t\"github.com/a/b\"\n\t\"github.com/c1702965/sqlstreams\"\n")
+	write("onlyother.go", "\t\"github.com/a/b\"\n")
+	write("mixed.go", "\t\"fmt\"\n\t\"github.com/a/b\"\n")
+	write("three.go", "\t\"fmt\"\n\n\t\"github.com/a/b\"\n\n\t\"github.com/c1702965/sqlstreams\"\n")
+	write("reversed.go", "\t\"github.com/a/b\"\n\n\t\"fmt\"\n")
+	var got []string
+	for _, p := range importGroupProblems(t, dir) {
+		got = append(got, filepath.Base(p))
+	}
+	require.ElementsMatch(t, []string{"mixed.go", "three.go", "reversed.go"}, got)
 }

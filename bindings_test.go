@@ -13,9 +13,8 @@ import (
 	"testing"
 	"time"
 
-	alertactor "github.com/c1702965/sqlstreams/actors/alerts"
-
 	"github.com/benbjohnson/clock"
+	alertactor "github.com/c1702965/sqlstreams/actors/alerts"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/actors/registrar"

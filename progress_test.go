@@ -12,12 +12,10 @@ import (
 
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/internal/hooks"
-	"github.com/c1702965/sqlstreams/internal/store"
-
-	"github.com/stretchr/testify/require"
-
 	"github.com/c1702965/sqlstreams/internal/pgtest"
+	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/store/storetest"
+	"github.com/stretchr/testify/require"
 )
 
 // A range's settled prefix is recorded on the flush tick: when the instance

@@ -17,14 +17,13 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/alert"
 	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/observe"
 	"github.com/c1702965/sqlstreams/internal/outage"
-
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
