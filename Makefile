@@ -4,13 +4,13 @@ GO ?= go
 DURATION ?= 5m
 RATE ?= 100
 
-.PHONY: test demo vet freeze bench bench-200k bench-1m bench-quick bench-capacity bench-scale chaos failover sim check-postgres check-chromium
+.PHONY: test check slowest demo vet freeze bench bench-200k bench-1m bench-quick bench-capacity bench-scale chaos failover sim check-postgres check-chromium
 
 ## test: vet, then the whole suite with the race detector, on a private PostgreSQL (this module, then the
 ## prometheus, otel and browsertest modules; the console's browser tests need Chromium), then a
 ## benchmark smoke run (bench-quick: it keeps the bench module building; it asserts nothing about speed)
 test: check-postgres check-chromium vet
-	$(GO) test -race -count=1 -timeout 15m ./...
+	$(GO) test -race -count=1 -timeout 15m -json ./... | tee $(TESTS_JSON) | $(TESTTIMES)
 	cd prometheus && $(GO) test -race -count=1 -timeout 5m ./...
 	cd otel && $(GO) test -race -count=1 -timeout 5m ./...
 	cd browsertest && $(GO) test -race -count=1 -timeout 5m ./...
@@ -28,6 +28,21 @@ vet:
 	  (cd $$m && $(GO) vet ./... && $(STATICCHECK) ./...); \
 	done
 	@out=$$($(GOIMPORTS) -l .); if [ -n "$$out" ]; then echo "goimports would change:"; echo "$$out"; exit 1; fi
+
+## check: the fast tier to run while working (under 3 minutes on a 2-core machine): vet, then this
+## module's tests with -short, without the race detector: no chaos, failover, stall, freeze, outage,
+## browser or bench smoke (make test runs them all)
+check: check-postgres vet
+	$(GO) test -short -count=1 -timeout 10m -json ./... | tee $(TESTS_JSON) | $(TESTTIMES)
+
+## slowest: the 20 slowest tests of the last make check or make test (its go test -json, TESTS_JSON)
+slowest:
+	@$(TESTTIMES) -slowest 20 $(TESTS_JSON)
+
+# The last run's go test -json (make slowest reads it), and the filter that prints what go test
+# prints without -v and fails when a test did.
+TESTS_JSON ?= $${TMPDIR:-/tmp}/sqlstreams-tests.json
+TESTTIMES = $(GO) run ./internal/testtimes
 
 ## demo: produce and consume on a local PostgreSQL (SQLSTREAMS_DATABASE_URL, or a private one)
 demo: check-postgres
