@@ -31,9 +31,11 @@ vet:
 
 ## check: the fast tier to run while working (under 3 minutes on a 2-core machine): vet, then this
 ## module's tests with -short, without the race detector: no chaos, failover, stall, freeze, outage,
-## browser or bench smoke (make test runs them all)
+## browser or bench smoke (make test runs them all); the root package's tests, which mostly wait on
+## timers and the database, in CHECK_SHARDS processes at once, each with its own PostgreSQL
+CHECK_SHARDS ?= 3
 check: check-postgres vet
-	$(GO) test -short -count=1 -timeout 10m -json ./... | tee $(TESTS_JSON) | $(TESTTIMES)
+	$(TESTTIMES) -check -shards $(CHECK_SHARDS) -json $(TESTS_JSON)
 
 ## slowest: the 20 slowest tests of the last make check or make test (its go test -json, TESTS_JSON)
 slowest:

@@ -112,7 +112,7 @@ func writePathCallers(t *testing.T) map[string]bool {
 // operatorReadCallers are the statements ClientConfig.ReadPool may serve.
 var operatorReadCallers = map[string]bool{
 	"store.Reader.Read": true, "store.Status": true, "store.Committed": true, "store.ListStreams": true, "store.ListGroups": true,
-	"store.LookupStream": true, "store.ReadGroupConfig": true, "store.GroupConfigLog": true, "store.GroupInstances": true,
+	"store.LookupStream": true, "store.ReadGroupConfig": true, "store.GroupConfigLog": true, "store.GroupDeclarations": true, "store.GroupInstances": true,
 	"store.DeadLetter": true, "store.ListDead": true, "store.BindingsInForce": true, "store.BindingLedger": true,
 	"begin": true, "commit": true, "rollback": true,
 }
