@@ -4,24 +4,47 @@ GO ?= go
 DURATION ?= 5m
 RATE ?= 100
 
-.PHONY: test demo vet freeze bench bench-200k bench-1m bench-quick bench-capacity bench-scale chaos failover sim check-postgres check-chromium
+.PHONY: test check slowest demo vet freeze bench bench-200k bench-1m bench-quick bench-capacity bench-scale chaos failover sim check-postgres check-chromium
 
 ## test: vet, then the whole suite with the race detector, on a private PostgreSQL (this module, then the
 ## prometheus, otel and browsertest modules; the console's browser tests need Chromium), then a
 ## benchmark smoke run (bench-quick: it keeps the bench module building; it asserts nothing about speed)
 test: check-postgres check-chromium vet
-	$(GO) test -race -count=1 -timeout 15m ./...
+	$(GO) test -race -count=1 -timeout 15m -json ./... | tee $(TESTS_JSON) | $(TESTTIMES)
 	cd prometheus && $(GO) test -race -count=1 -timeout 5m ./...
 	cd otel && $(GO) test -race -count=1 -timeout 5m ./...
 	cd browsertest && $(GO) test -race -count=1 -timeout 5m ./...
 	$(MAKE) bench-quick
 
+## vet: go vet and staticcheck in every module, and goimports' formatting everywhere (the tools run
+## at pinned versions through go run, fetched from the module proxy on first use; the grouping of
+## imports, which goimports does not check, is TestImportsAreInGoimportsGroups)
+MODULES := . bench prometheus otel browsertest
+GOIMPORTS ?= $(GO) run golang.org/x/tools/cmd/goimports@v0.53.0
+STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 vet:
-	$(GO) vet ./...
-	cd bench && $(GO) vet ./...
-	cd prometheus && $(GO) vet ./...
-	cd otel && $(GO) vet ./...
-	cd browsertest && $(GO) vet ./...
+	@set -e; for m in $(MODULES); do \
+	  echo "vet and staticcheck: $$m"; \
+	  (cd $$m && $(GO) vet ./... && $(STATICCHECK) ./...); \
+	done
+	@out=$$($(GOIMPORTS) -l .); if [ -n "$$out" ]; then echo "goimports would change:"; echo "$$out"; exit 1; fi
+
+## check: the fast tier to run while working (under 3 minutes on a 2-core machine): vet, then this
+## module's tests with -short, without the race detector: no chaos, failover, stall, freeze, outage,
+## browser or bench smoke (make test runs them all); the root package's tests, which mostly wait on
+## timers and the database, in CHECK_SHARDS processes at once, each with its own PostgreSQL
+CHECK_SHARDS ?= 3
+check: check-postgres vet
+	$(TESTTIMES) -check -shards $(CHECK_SHARDS) -json $(TESTS_JSON)
+
+## slowest: the 20 slowest tests of the last make check or make test (its go test -json, TESTS_JSON)
+slowest:
+	@$(TESTTIMES) -slowest 20 $(TESTS_JSON)
+
+# The last run's go test -json (make slowest reads it), and the filter that prints what go test
+# prints without -v and fails when a test did.
+TESTS_JSON ?= $${TMPDIR:-/tmp}/sqlstreams-tests.json
+TESTTIMES = $(GO) run ./internal/testtimes
 
 ## demo: produce and consume on a local PostgreSQL (SQLSTREAMS_DATABASE_URL, or a private one)
 demo: check-postgres

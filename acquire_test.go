@@ -155,7 +155,7 @@ func TestABusyKeyParksEveryRangeQueuedBehindItAndSettlesThem(t *testing.T) {
 
 	// Another live instance holds the key.
 	other := store.NewID()
-	require.NoError(t, st.e.client.store.InsertInstance(ctx, other, st.c.group.Workers[store.WorkerMessageConsumer], "test", time.Hour, st.now()))
+	require.NoError(t, st.e.client.store.InsertInstance(ctx, store.InsertInstanceParams{ID: other, WorkerConfigID: st.c.group.Workers[store.WorkerMessageConsumer], DeclaredBy: "test", TTL: time.Hour, Now: st.now()}))
 	held, _, err := st.c.db().AcquireKeys(ctx, store.AcquireKeys{Want: []store.KeyClaim{{Key: "hot"}},
 		Token: store.NewID(), Owner: other, TTL: time.Hour, Now: st.now()})
 	require.NoError(t, err)

@@ -91,19 +91,150 @@ func TestEveryPackageSaysWhoItIsFor(t *testing.T) {
 		if dir == "" {
 			dir = "."
 		}
-		pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ParseComments|parser.PackageClauseOnly)
+		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		require.NoError(t, err)
 		var docs []string
-		for _, p := range pkgs {
-			for _, f := range p.Files {
-				if f.Doc != nil {
-					docs = append(docs, f.Doc.Text())
-				}
+		for _, path := range files {
+			if strings.HasSuffix(path, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(fset, path, nil, parser.ParseComments|parser.PackageClauseOnly)
+			require.NoError(t, err)
+			if f.Doc != nil {
+				docs = append(docs, f.Doc.Text())
 			}
 		}
 		doc := strings.Join(docs, "\n")
 		require.Truef(t, strings.Contains(doc, "API for users") || strings.Contains(doc, "tool for users"),
 			"package %s: its doc comment must say whether it is an API for users or the engine's inside", dir)
+	}
+}
+
+// module is this module's import path.
+const module = "github.com/c1702965/sqlstreams"
+
+// moduleImports parses (go/parser, ImportsOnly) every production Go file
+// under root and returns, per package directory relative to root ("" for
+// the root package; the optional modules' directories too), the packages of
+// this module it imports, as directories. Test files are not read: tests
+// drive actors' steps directly and wire them as the engine does (DESIGN §3).
+func moduleImports(t *testing.T, root string) map[string][]string {
+	t.Helper()
+	imports := map[string][]string{}
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, filepath.Dir(path))
+		if err != nil {
+			return err
+		}
+		dir := filepath.ToSlash(rel)
+		if dir == "." {
+			dir = ""
+		}
+		if _, ok := imports[dir]; !ok {
+			imports[dir] = nil // a package that imports nothing of the module is listed too
+		}
+		for _, imp := range f.Imports {
+			p := strings.Trim(imp.Path.Value, `"`)
+			if p != module && !strings.HasPrefix(p, module+"/") {
+				continue
+			}
+			to := strings.TrimPrefix(strings.TrimPrefix(p, module), "/")
+			if !slices.Contains(imports[dir], to) {
+				imports[dir] = append(imports[dir], to)
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	return imports
+}
+
+// The tools users touch: the CLI, the console, sqlstreamstest, the examples
+// and the optional modules (the benchmark harness included).
+var toolDirs = []string{"cmd", "console", "sqlstreamstest", "examples", "prometheus", "otel", "browsertest", "bench"}
+
+// under reports whether package directory dir is root or inside it.
+func under(dir, root string) bool { return dir == root || strings.HasPrefix(dir, root+"/") }
+
+// actorOf is the actor a package directory belongs to ("claimer" for
+// actors/claimer), or "".
+func actorOf(dir string) string {
+	if !under(dir, "actors") {
+		return ""
+	}
+	name, _, _ := strings.Cut(strings.TrimPrefix(dir, "actors/"), "/")
+	return name
+}
+
+// An importViolation is one import that breaks a rule.
+type importViolation struct {
+	from, to, rule string
+}
+
+func (v importViolation) String() string {
+	from := v.from
+	if from == "" {
+		from = "the root package"
+	}
+	return fmt.Sprintf("%s imports %s: %s", from, v.to, v.rule)
+}
+
+// The dependency rules (DESIGN §3, ARCHITECTURE.md "Import rules").
+const (
+	ruleActors = "no actor imports another actor's package (what two actors exchange is a type in a small package below both, in internal/)"
+	ruleEngine = "only engine/ (and the simulator, sim/) reach the actors: the root package goes through engine/"
+	ruleTools  = "a tool reaches the engine only through the public API (no internal/store, actors/, engine/ or supervisor/)"
+	ruleStore  = "internal/store imports nothing above it: only packages that import nothing of the module"
+)
+
+// importViolations checks imports (moduleImports) against the rules.
+func importViolations(imports map[string][]string) []importViolation {
+	var out []importViolation
+	for from, tos := range imports {
+		for _, to := range tos {
+			bad := func(rule string) { out = append(out, importViolation{from: from, to: to, rule: rule}) }
+			fromActor, toActor := actorOf(from), actorOf(to)
+			switch {
+			case fromActor != "" && toActor != "" && fromActor != toActor:
+				bad(ruleActors)
+			case toActor != "" && fromActor == "" && !under(from, "engine") && !under(from, "sim"):
+				bad(ruleEngine)
+			}
+			if slices.ContainsFunc(toolDirs, func(d string) bool { return under(from, d) }) &&
+				(under(to, "internal/store") || under(to, "actors") || under(to, "engine") || under(to, "supervisor")) {
+				bad(ruleTools)
+			}
+			if from == "internal/store" && len(imports[to]) > 0 {
+				bad(ruleStore)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b importViolation) int { return strings.Compare(a.String(), b.String()) })
+	return out
+}
+
+// TestImportRulesHold: the code keeps DESIGN §3's dependency rules, read
+// from its imports.
+func TestImportRulesHold(t *testing.T) {
+	for _, v := range importViolations(moduleImports(t, ".")) {
+		t.Error(v)
 	}
 }
 
@@ -114,30 +245,53 @@ func TestEveryPackageSaysWhoItIsFor(t *testing.T) {
 // harness's private cluster (internal/pgcluster), and every tool the code
 // registry (internal/codes), which only describe.
 func TestToolsUseThePublicAPIOnly(t *testing.T) {
-	const module = "github.com/c1702965/sqlstreams/"
-	forbidden := []string{module + "internal/store", module + "actors/", module + "engine", module + "supervisor"}
-	fset := token.NewFileSet()
-	for _, root := range []string{"cmd", "console", "sqlstreamstest", "examples", "prometheus", "otel", "browsertest"} {
-		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-				return err
-			}
-			f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
-			if err != nil {
-				return err
-			}
-			for _, imp := range f.Imports {
-				p := strings.Trim(imp.Path.Value, `"`)
-				for _, bad := range forbidden {
-					if p == bad || strings.HasPrefix(p, bad) && (strings.HasSuffix(bad, "/") || strings.HasPrefix(p, bad+"/")) {
-						t.Errorf("%s imports %s: a tool reaches the engine only through the public API", path, p)
-					}
-				}
-			}
-			return nil
-		})
-		require.NoError(t, err)
+	for _, v := range importViolations(moduleImports(t, ".")) {
+		if v.rule == ruleTools {
+			t.Error(v)
+		}
 	}
+}
+
+// The import check sees each kind of bad import, in a tree written for it;
+// test files and the imports the rules allow pass.
+func TestTheImportRulesCatchBadImports(t *testing.T) {
+	root := t.TempDir()
+	write := func(path, pkg string, imports ...string) {
+		t.Helper()
+		src := "package " + pkg + "\n"
+		for _, imp := range imports {
+			if imp != "" {
+				imp = "/" + imp
+			}
+			src += "import _ \"" + module + imp + "\"\n"
+		}
+		require.NoError(t, os.MkdirAll(filepath.Join(root, filepath.Dir(path)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, path), []byte(src), 0o644))
+	}
+	write("internal/leaf/leaf.go", "leaf")
+	write("internal/exchange/exchange.go", "exchange", "internal/leaf")
+	write("actors/a/a.go", "a", "actors/b", "internal/exchange") // bad: an actor imports another
+	write("actors/a/a_test.go", "a", "actors/b")                 // a test may
+	write("actors/b/b.go", "b", "internal/exchange")
+	write("engine/engine.go", "engine", "actors/a", "actors/b")
+	write("sim/sim.go", "sim", "actors/a", "engine")
+	write("client.go", "sqlstreams", "engine", "actors/b")                                    // bad: the root reaches an actor
+	write("internal/store/store.go", "store", "internal/leaf", "engine", "internal/exchange") // bad twice: not leaves
+	write("cmd/tool/main.go", "main", "", "internal/store")                                   // bad: a tool reaches the store
+	write("prometheus/collector.go", "prometheus", "", "engine")                              // bad: an optional module reaches the engine
+
+	var got []string
+	for _, v := range importViolations(moduleImports(t, root)) {
+		got = append(got, v.String())
+	}
+	require.Equal(t, []string{
+		"actors/a imports actors/b: " + ruleActors,
+		"cmd/tool imports internal/store: " + ruleTools,
+		"internal/store imports engine: " + ruleStore,
+		"internal/store imports internal/exchange: " + ruleStore,
+		"prometheus imports engine: " + ruleTools,
+		"the root package imports actors/b: " + ruleEngine,
+	}, got)
 }
 
 // LineBudget is the most lines a production Go file holds: a file with one
@@ -191,4 +345,84 @@ func TestTheLineBudgetCatchesALongFile(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "long.go"), []byte("package x\n"+strings.Repeat("\n", LineBudget)), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "short.go"), []byte("package x\n"), 0o644))
 	require.Len(t, overBudget(t, dir), 1)
+}
+
+// importGroupProblems lists the Go files under root (other modules' too)
+// whose imports are not in goimports' two groups: the standard library,
+// then everything else (third-party and this module), each in one block.
+func importGroupProblems(t *testing.T, root string) []string {
+	t.Helper()
+	var bad []string
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		var groups [][]bool // per group, whether each import is the standard library's
+		last := -1
+		for _, imp := range f.Imports {
+			line := fset.Position(imp.Pos()).Line
+			if imp.Doc != nil {
+				line = fset.Position(imp.Doc.Pos()).Line
+			}
+			if last < 0 || line > last+1 {
+				groups = append(groups, nil)
+			}
+			last = fset.Position(imp.End()).Line
+			p := strings.Trim(imp.Path.Value, `"`)
+			first, _, _ := strings.Cut(p, "/")
+			groups[len(groups)-1] = append(groups[len(groups)-1], !strings.Contains(first, "."))
+		}
+		ok := len(groups) <= 2
+		for i, g := range groups {
+			std := slices.Contains(g, true)
+			other := slices.Contains(g, false)
+			ok = ok && !(std && other) && !(i == 1 && std) && !(i == 0 && len(groups) == 2 && other)
+		}
+		if !ok {
+			bad = append(bad, filepath.ToSlash(path))
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	return bad
+}
+
+// TestImportsAreInGoimportsGroups: every Go file of the repository (its
+// modules and tests included) imports the standard library in one group,
+// then everything else in another (`make vet` runs goimports for the rest
+// of its formatting).
+func TestImportsAreInGoimportsGroups(t *testing.T) {
+	require.Empty(t, importGroupProblems(t, "."), "regroup these files' imports: standard library, a blank line, the rest (goimports -w after joining the groups)")
+}
+
+// The grouping check sees a file whose groups are mixed or out of order.
+func TestTheImportGroupCheckCatchesAMixedGroup(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, imports string) {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte("package x\n\nimport (\n"+imports+")\n"), 0o644))
+	}
+	write("good.go", "\t\"fmt\"\n\t\"os\"\n\n\t\"github.com/a/b\"\n\t\"github.com/c1702965/sqlstreams\"\n")
+	write("onlyother.go", "\t\"github.com/a/b\"\n")
+	write("mixed.go", "\t\"fmt\"\n\t\"github.com/a/b\"\n")
+	write("three.go", "\t\"fmt\"\n\n\t\"github.com/a/b\"\n\n\t\"github.com/c1702965/sqlstreams\"\n")
+	write("reversed.go", "\t\"github.com/a/b\"\n\n\t\"fmt\"\n")
+	var got []string
+	for _, p := range importGroupProblems(t, dir) {
+		got = append(got, filepath.Base(p))
+	}
+	require.ElementsMatch(t, []string{"mixed.go", "three.go", "reversed.go"}, got)
 }

@@ -13,13 +13,13 @@ import (
 	"testing"
 	"time"
 
-	alertq "github.com/c1702965/sqlstreams/actors/alerts"
-
 	"github.com/benbjohnson/clock"
+	alertactor "github.com/c1702965/sqlstreams/actors/alerts"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/actors/registrar"
 	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/alert"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/store/storetest"
 	"github.com/c1702965/sqlstreams/internal/topic"
@@ -459,8 +459,7 @@ func TestSystemProducesAlerts(t *testing.T) {
 	// fires, so the alert's produce must wake the watcher (a watcher
 	// started after the waiting attempt could claim before the alert's
 	// commit and then wait forever: once in a loaded suite run).
-	e.client.hub.Signals.Listening.Init()
-	listening := e.client.hub.Signals.Listening.C()
+	listening := hubHooks(e).Listening.C()
 	got := make(chan Alert, 4)
 	ws := consume(t, watch, func(_ context.Context, a *Alert) error { got <- *a; return nil }, &ConsumeOptions{DisableManager: true})
 	within(t, listening, "the notification listener")
@@ -493,9 +492,9 @@ func TestSystemProducesAlerts(t *testing.T) {
 	e.produceN(Stream[order](e.client, "other"), "after", 1)
 	st := newStepperFor(t, e, other, mock, func(context.Context, *claimer.Delivery) error { return nil })
 	var dropped atomic.Int64
-	queue := alertq.NewQueue(&dropped)
+	queue := alert.NewQueue(&dropped)
 	cl := claimer.New(claimer.Config{Common: st.common, BatchLimit: 10, QueueSize: 10, StallAfter: 30 * time.Second, Alerts: queue})
-	publisher := alertq.New(queue, e.client.publishAlerts("other", "o", nil), slog.New(e.logs))
+	publisher := alertactor.New(queue, e.client.publishAlerts("other", "o", nil), slog.New(e.logs))
 	stallBegan := mock.Now() // the first claim below finds the stall
 	for i := 0; ; i++ {
 		require.Less(t, i, 5)

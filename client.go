@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
-	"github.com/c1702965/sqlstreams/actors/heartbeat"
-	"github.com/c1702965/sqlstreams/actors/refresher"
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/codes"
@@ -82,9 +80,9 @@ type ClientConfig struct {
 	// on the primary's pool.
 	ReadPool *pgxpool.Pool
 	// Decoder decodes stored payloads into consumers' message types.
-	// Default FastJSON (github.com/goccy/go-json, encoding/json's rules at
+	// Default FastJSON{} (github.com/goccy/go-json, encoding/json's rules at
 	// about 5 times the speed: decoding was two thirds of a typed
-	// consumer's CPU); StandardJSON is encoding/json itself. Producers
+	// consumer's CPU); StandardJSON{} is encoding/json itself. Producers
 	// always encode with encoding/json.
 	Decoder Decoder
 	// PayloadPool is how many bytes of claimed payload memory the client
@@ -181,16 +179,16 @@ const NoJitter = -1
 
 func (b Backoff) withDefaults() Backoff {
 	if b.Initial == 0 {
-		b.Initial = backoff.Default.Initial
+		b.Initial = backoff.DefaultInitial
 		if b.Max > 0 {
 			b.Initial = min(b.Initial, b.Max)
 		}
 	}
 	if b.Max == 0 {
-		b.Max = max(backoff.Default.Max, b.Initial)
+		b.Max = max(backoff.DefaultMax, b.Initial)
 	}
 	if b.Jitter == 0 {
-		b.Jitter = backoff.Default.Jitter
+		b.Jitter = backoff.DefaultJitter
 	}
 	return b
 }
@@ -231,7 +229,7 @@ func (c *ClientConfig) withDefaults() ClientConfig {
 	}
 	out.Retry = out.Retry.withDefaults()
 	if out.Decoder == nil {
-		out.Decoder = FastJSON
+		out.Decoder = FastJSON{}
 	}
 	if out.PayloadPool == 0 {
 		out.PayloadPool = DefaultPayloadPool
@@ -259,12 +257,12 @@ func ValidateSchema(name string) error { return store.ValidateSchema(name) }
 
 // Client is the entry point: one per schema and pool, safe for concurrent use.
 type Client struct {
-	cfg     ClientConfig
-	store   *store.Store
-	reads   *store.Reader // ReadPool's, or the primary's when it is nil
-	hub     *engine.Hub
-	beats   *heartbeat.Beats
-	configs *refresher.Reads
+	cfg   ClientConfig
+	store *store.Store
+	reads *store.Reader // ReadPool's, or the primary's when it is nil
+	// engine is what the client's Consume sessions share: the wake-up
+	// hub, the heartbeats' beats, the config reads (engine.Shared).
+	engine *engine.Shared
 	// slabs keeps settled ranges' payload slabs for the next claims
 	// (store.SlabPool; at most ClientConfig.PayloadPool bytes free).
 	slabs *store.SlabPool
@@ -311,9 +309,7 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg *ClientConfig) (*Cli
 	if err != nil {
 		return nil, fmt.Errorf("new client: read pool: %w", err)
 	}
-	cl := &Client{cfg: c, store: st, reads: reads, hub: engine.NewHub(st, c.Clock, c.Logger, c.Observer),
-		beats:       heartbeat.NewBeats(st, c.Clock, engine.DBNow(c.Clock)),
-		configs:     refresher.NewReads(st, c.Clock, configReadBound),
+	cl := &Client{cfg: c, store: st, reads: reads, engine: engine.NewShared(st, c.Clock, c.Logger, c.Observer),
 		slabs:       store.NewSlabPool(max(c.PayloadPool, 0)),
 		managerTurn: make(chan struct{}, 1)}
 	// The wake-up hold-off paces database transactions in real time, not
@@ -382,7 +378,7 @@ func (c *Client) dbNow() store.Now {
 // fresh memory as before.
 func (c *Client) slabsFor() *store.SlabPool {
 	switch c.cfg.Decoder.(type) {
-	case standardJSON, fastJSON:
+	case StandardJSON, FastJSON:
 		if c.cfg.PayloadPool > 0 {
 			return c.slabs
 		}

@@ -5,12 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"log/slog"
 
 	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/store"

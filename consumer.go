@@ -7,11 +7,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
-	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/shutdown"
 	"github.com/c1702965/sqlstreams/internal/store"
@@ -48,13 +46,13 @@ type Consumer[T any] struct {
 	waiting *time.Time
 
 	statsMu sync.Mutex
-	ended   Stats                       // the counters of sessions that returned
-	live    map[*claimer.Stats]struct{} // the counters of sessions running
+	ended   Stats                      // the counters of sessions that returned
+	live    map[*engine.Stats]struct{} // the counters of sessions running
 
 	// leftovers are ranges a session stopped during an outage could not
 	// hand back: the consumer's next sessions in this process record what
 	// they settled (claimer.Leftovers).
-	leftovers claimer.Leftovers
+	leftovers engine.Leftovers
 }
 
 // waitingSince returns the declared_at a Consume session's attempts carry.
@@ -119,7 +117,7 @@ func (h *ConsumerHandle[T]) register(ctx context.Context, cfg *ConsumerConfig, m
 	var old map[string][]byte
 	var changed bool
 	if declare != nil {
-		if old, changed, err = declare(ctx, g.ID, docs, declaredBy(), h.s.c.dbNow()); err != nil {
+		if old, changed, err = declare(ctx, store.GroupConfigParams{GroupID: g.ID, Docs: docs, DeclaredBy: declaredBy(), Now: h.s.c.dbNow()}); err != nil {
 			return nil, fmt.Errorf("register consumer %q: %w", h.name, err)
 		}
 	}
@@ -196,7 +194,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 	if err := o.validate(); err != nil {
 		return err
 	}
-	stats := &claimer.Stats{}
+	stats := &engine.Stats{}
 	if o.Session != nil {
 		if !o.Session.used.CompareAndSwap(false, true) {
 			return fmt.Errorf("%w: ConsumeOptions.Session: a Session serves one Consume call; pass NewSession() to each", ErrInvalidConfig)
@@ -226,7 +224,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 			TimeoutGrace: o.TimeoutGrace, KeyBusyDelay: keyBusyDelay, ConfigRefreshInterval: o.ConfigRefreshInterval,
 			BindingRetryInterval: o.BindingRetryInterval,
 		},
-		Patterns: c.patterns, Regexes: c.regexes, DeclaredAt: c.waitingSince(), Declared: c.declared, Hub: hubFor(client.hub, o.test), Beats: client.beats, Reads: client.configs,
+		Patterns: c.patterns, Regexes: c.regexes, DeclaredAt: c.waitingSince(), Declared: c.declared, Shared: client.engine,
 		Leftovers: &c.leftovers,
 		Alerts:    client.publishAlerts(c.s.name, c.group.Name, c.patterns),
 		Clock:     client.cfg.Clock, Logger: client.cfg.Logger, Stats: stats,
@@ -235,7 +233,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 }
 
 // adapt decodes a stored message into T and hands the handler its Meta.
-func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
+func (c *Consumer[T]) adapt(h Handler[T]) engine.Handler {
 	if tr := c.s.c.cfg.Tracer; tr != nil {
 		inner := h
 		h = func(ctx context.Context, msg *T) (err error) {
@@ -246,7 +244,7 @@ func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
 		}
 	}
 	dec := c.s.c.cfg.Decoder
-	return func(ctx context.Context, d *claimer.Delivery) error {
+	return func(ctx context.Context, d *engine.Delivery) error {
 		m := d.Msg
 		if m.Version != c.version {
 			return Terminal(fmt.Errorf("%w: message %d is version %d, consumer reads %d", ErrSchemaVersion, m.ID, m.Version, c.version))
@@ -267,15 +265,6 @@ func (c *Consumer[T]) adapt(h Handler[T]) claimer.Handler {
 		}
 		return h(context.WithValue(ctx, metaKey{}, meta), &msg)
 	}
-}
-
-// hubFor is the session's wake-up hub: the client's, unless the test hooks
-// run the session without it.
-func hubFor(hub *engine.Hub, h *hooks.Hooks) *engine.Hub {
-	if h != nil && h.NoListener {
-		return nil
-	}
-	return hub
 }
 
 // compileBindings normalizes a declared set and translates each pattern for

@@ -204,10 +204,6 @@ type ConsumeOptions struct {
 // ShutdownGrace of its context ending, whatever the database does.
 const ShutdownGrace = shutdown.Grace
 
-// configReadBound bounds one batched config read of a client's sessions
-// (refresher.Reads).
-const configReadBound = 10 * time.Second
-
 // Upper bounds of the instance options: every queue and pool a session
 // makes is bounded.
 const (

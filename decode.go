@@ -22,25 +22,23 @@ type Decoder interface {
 	Unmarshal(data []byte, v any) error
 }
 
-// StandardJSON decodes with encoding/json.
-var StandardJSON Decoder = standardJSON{}
+// StandardJSON is the Decoder that decodes with encoding/json: set
+// ClientConfig.Decoder to StandardJSON{}.
+type StandardJSON struct{}
 
-// FastJSON decodes with github.com/goccy/go-json, which keeps
-// encoding/json's rules (decode_conformance_test.go checks one corpus of
-// those rules against encoding/json) and decodes the benchmark's Order about
-// 5.5 times as fast on the reference machine (decision 0033). It
+// Unmarshal decodes with encoding/json.
+func (StandardJSON) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
+
+// FastJSON is the Decoder that decodes with github.com/goccy/go-json, which
+// keeps encoding/json's rules (decode_conformance_test.go checks one corpus
+// of those rules against encoding/json) and decodes the benchmark's Order
+// about 5.5 times as fast on the reference machine (decision 0033). FastJSON{}
 // is the default.
-var FastJSON Decoder = fastJSON{}
-
-type standardJSON struct{}
-
-func (standardJSON) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
-
-type fastJSON struct{}
+type FastJSON struct{}
 
 // Unmarshal decodes with go-json and reports a type mismatch as
 // encoding/json's error type, so that callers look for one error type only.
-func (fastJSON) Unmarshal(data []byte, v any) error {
+func (FastJSON) Unmarshal(data []byte, v any) error {
 	err := gojson.Unmarshal(data, v)
 	if err == nil {
 		return nil

@@ -4,10 +4,9 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/topic"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Sentinel errors, checked with errors.Is. Errors carry the offending name or

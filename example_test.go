@@ -278,16 +278,16 @@ func Example_groupStatus() {
 // StandardJSON changes speed, not results.
 func Example_decoder() {
 	var ok PaymentRequestedV1
-	err := sqlstreams.FastJSON.Unmarshal([]byte(`{"order_id":"o-1","cents":1999,"note":"unknown field"}`), &ok)
+	err := sqlstreams.FastJSON{}.Unmarshal([]byte(`{"order_id":"o-1","cents":1999,"note":"unknown field"}`), &ok)
 	fmt.Println(ok, err)
 
 	var bad PaymentRequestedV1
-	err = sqlstreams.FastJSON.Unmarshal([]byte(`{"order_id":"o-2","cents":"lots"}`), &bad)
+	err = sqlstreams.FastJSON{}.Unmarshal([]byte(`{"order_id":"o-2","cents":"lots"}`), &bad)
 	var mismatch *json.UnmarshalTypeError
 	fmt.Println(errors.As(err, &mismatch), mismatch.Field)
 
 	// encoding/json for every consumer of this client:
-	cfg := &sqlstreams.ClientConfig{Decoder: sqlstreams.StandardJSON}
+	cfg := &sqlstreams.ClientConfig{Decoder: sqlstreams.StandardJSON{}}
 	fmt.Println(cfg.Decoder.Unmarshal([]byte(`{"cents":5}`), &ok), ok.Cents)
 	// Output:
 	// {o-1 1999} <nil>

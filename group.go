@@ -478,7 +478,7 @@ func (g *Group) Declare(ctx context.Context, cfg ConsumerConfig) (*Declared, err
 	if err != nil {
 		return nil, fmt.Errorf("declare %q: %w", g.row.Name, err)
 	}
-	old, changed, err := g.c.store.DeclareGroupConfig(ctx, g.row.ID, docs, declaredBy(), g.c.dbNow())
+	old, changed, err := g.c.store.DeclareGroupConfig(ctx, store.GroupConfigParams{GroupID: g.row.ID, Docs: docs, DeclaredBy: declaredBy(), Now: g.c.dbNow()})
 	if err != nil {
 		return nil, fmt.Errorf("declare %q: %w", g.row.Name, err)
 	}

@@ -289,7 +289,7 @@ func TestSeekTargets(t *testing.T) {
 
 	// To the head: nothing left.
 	st.e.produceN(s, "later", 2)
-	res, err = g.Seek(ctx, SeekHead(), nil)
+	_, err = g.Seek(ctx, SeekHead(), nil)
 	require.NoError(t, err)
 	s4, err := g.Status(ctx)
 	require.NoError(t, err)

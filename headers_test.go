@@ -9,7 +9,6 @@ import (
 
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/store"
-
 	"github.com/stretchr/testify/require"
 )
 

@@ -12,6 +12,7 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/incarnation"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/store/storetest"
 	"github.com/jackc/pgx/v5"
@@ -29,7 +30,7 @@ func TestHeartbeatStepRenewsLeasesAndReportsLoss(t *testing.T) {
 	ctx := context.Background()
 
 	id := engine.NewID()
-	liveness := heartbeat.NewLiveness(mock, 30*time.Second)
+	liveness := incarnation.NewLiveness(mock, 30*time.Second)
 	hb := heartbeat.New(heartbeat.Config{
 		Store: e.client.store, StreamID: c.group.StreamID, WorkerConfigID: c.group.Workers[store.WorkerMessageConsumer],
 		InstanceID: id, DeclaredBy: declaredBy(), TTL: 30 * time.Second, Clock: mock, Logger: slog.New(e.logs),
@@ -211,7 +212,7 @@ func TestALeaseRenewalSkipsLockedRows(t *testing.T) {
 	for _, kinds := range []store.LeaseKinds{store.RangeLeases, store.ExceptionLeases, store.AllLeases} {
 		// A bound, not a wait: the renewal must not wait on the lock at all.
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := e.client.store.RenewLeasesOf(rctx, kinds, owner, c.group.StreamID, time.Hour, nil)
+		err := e.client.store.RenewLeases(rctx, store.RenewLeasesParams{Kinds: kinds, InstanceID: owner, StreamID: c.group.StreamID, TTL: time.Hour})
 		cancel()
 		require.NoError(t, err, "kinds %v", kinds)
 	}
@@ -220,7 +221,7 @@ func TestALeaseRenewalSkipsLockedRows(t *testing.T) {
 	require.Equal(t, []bool{false, true}, xs, "the locked exception row skipped, the other renewed")
 
 	require.NoError(t, lock.Rollback(ctx))
-	require.NoError(t, e.client.store.RenewLeasesOf(ctx, store.AllLeases, owner, c.group.StreamID, time.Hour, nil))
+	require.NoError(t, e.client.store.RenewLeases(ctx, store.RenewLeasesParams{Kinds: store.AllLeases, InstanceID: owner, StreamID: c.group.StreamID, TTL: time.Hour}))
 	rs, xs = renewed()
 	require.Equal(t, []bool{true, true}, rs)
 	require.Equal(t, []bool{true, true}, xs)

@@ -8,10 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
-
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/stretchr/testify/require"
 )
 
 // keyGateGroup is a group "g" of the stream "orders", its store handle and
@@ -32,8 +31,8 @@ func newKeyGateGroup(t *testing.T) keyGateGroup {
 	ctx := context.Background()
 	e, _, c := setup(t, nil, "g", 0)
 	k := keyGateGroup{e: e, c: c, g: c.db(), wc: c.group.Workers[store.WorkerMessageConsumer], ranges: engine.NewID(), excs: engine.NewID()}
-	require.NoError(t, e.client.store.InsertInstance(ctx, k.ranges, k.wc, "test", time.Hour, nil))
-	require.NoError(t, e.client.store.InsertInstance(ctx, k.excs, c.group.Workers[store.WorkerExceptionConsumer], "test", time.Hour, nil))
+	require.NoError(t, e.client.store.InsertInstance(ctx, store.InsertInstanceParams{ID: k.ranges, WorkerConfigID: k.wc, DeclaredBy: "test", TTL: time.Hour}))
+	require.NoError(t, e.client.store.InsertInstance(ctx, store.InsertInstanceParams{ID: k.excs, WorkerConfigID: c.group.Workers[store.WorkerExceptionConsumer], DeclaredBy: "test", TTL: time.Hour}))
 	return k
 }
 

@@ -177,7 +177,7 @@ func TestAClaimerThatMeetsABusyKeyKeepsNone(t *testing.T) {
 	ctx := context.Background()
 	// Another live instance holds k5.
 	other := engine.NewID()
-	require.NoError(t, st.e.client.store.InsertInstance(ctx, other, st.c.group.Workers[store.WorkerMessageConsumer], "test", time.Hour, st.now()))
+	require.NoError(t, st.e.client.store.InsertInstance(ctx, store.InsertInstanceParams{ID: other, WorkerConfigID: st.c.group.Workers[store.WorkerMessageConsumer], DeclaredBy: "test", TTL: time.Hour, Now: st.now()}))
 	_, err := st.e.pool.Exec(ctx, fmt.Sprintf(
 		"INSERT INTO %s.stream_%d_key_lease (group_id, message_key, token, owner, expires_at) VALUES ($1, 'k5', $2, $3, now() + interval '1 hour')",
 		st.e.client.Schema(), st.c.group.StreamID), st.c.group.ID, engine.NewID(), other)

@@ -8,11 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/stretchr/testify/require"
-
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
 )
 
 // isDeadlock reports PostgreSQL's deadlock_detected (40P01).
@@ -151,7 +150,7 @@ func TestLockOrderHasNoDeadlocks(t *testing.T) {
 			runs, err := g.ClaimExceptions(ctx, store.ClaimExceptions{Owner: owner, Limit: 1, Chain: chain, Lease: time.Minute})
 			require.NoError(t, err)
 			require.Len(t, runs, chain, "round %d: the key's rows as one chain", round)
-			require.NoError(t, e.client.store.InsertInstance(ctx, owner, w.ID, "test", time.Minute, nil))
+			require.NoError(t, e.client.store.InsertInstance(ctx, store.InsertInstanceParams{ID: owner, WorkerConfigID: w.ID, DeclaredBy: "test", TTL: time.Minute}))
 			settled := 0
 			contend(t, chain, func(i int) error {
 				st := store.Settlement{Position: runs[i].Position, Token: runs[i].Token, Delete: true}
@@ -162,10 +161,10 @@ func TestLockOrderHasNoDeadlocks(t *testing.T) {
 				settled++
 				return err
 			}, func(int) error {
-				_, err := e.client.store.RenewInstance(ctx, owner, c.group.StreamID, time.Minute, nil, true)
+				_, err := e.client.store.RenewInstance(ctx, store.RenewInstanceParams{ID: owner, StreamID: c.group.StreamID, TTL: time.Minute, Leases: true})
 				return err
 			}, func(int) error {
-				_, err := e.client.store.RenewInstance(ctx, owner, c.group.StreamID, time.Minute, nil, true)
+				_, err := e.client.store.RenewInstance(ctx, store.RenewInstanceParams{ID: owner, StreamID: c.group.StreamID, TTL: time.Minute, Leases: true})
 				return err
 			})
 			require.Equal(t, chain, settled)

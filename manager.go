@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/c1702965/sqlstreams/actors/manager"
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/settings"
@@ -57,11 +56,11 @@ func (c *Client) Manager() *Manager { return &Manager{c: c} }
 // Worker names.
 const (
 	// WorkerRetention drops expired messages (StreamConfig.RetentionTTL).
-	WorkerRetention = manager.RetentionWorker
+	WorkerRetention = engine.RetentionWorker
 	// WorkerPrune keeps the ledgers bounded: superseded binding-declaration
 	// attempts, old config snapshots, old delivery-log rows and idempotency
 	// keys.
-	WorkerPrune = manager.PruneWorker
+	WorkerPrune = engine.PruneWorker
 )
 
 // WorkerConfig is a maintenance worker's declared knobs.
@@ -163,9 +162,9 @@ func (o *ManagerOptions) withDefaults() ManagerOptions {
 	return out
 }
 
-func (m *Manager) actor(ttl time.Duration, stop *shutdown.Plan, outages *outage.Log) *manager.Actor {
+func (m *Manager) actor(ttl time.Duration, stop *shutdown.Plan, outages *outage.Log) *engine.Manager {
 	c := m.c
-	return manager.Standard(manager.Config{
+	return engine.NewManager(engine.ManagerConfig{
 		Store: c.store, DeclaredBy: declaredBy(), TTL: ttl, NewID: engine.NewID, Stop: stop, Outages: outages,
 		Clock: c.cfg.Clock, Logger: c.cfg.Logger, DBNow: engine.DBNow(c.cfg.Clock),
 	})

@@ -372,7 +372,7 @@ func TestLedgersStayBoundedWhileAnInstanceWaitsForDays(t *testing.T) {
 	var gone []string
 	for range 3 {
 		id := engine.NewID()
-		require.NoError(t, e.client.store.InsertInstance(ctx, id, c.group.Workers[store.WorkerMessageConsumer], "gone", time.Minute, engine.DBNow(mock)()))
+		require.NoError(t, e.client.store.InsertInstance(ctx, store.InsertInstanceParams{ID: id, WorkerConfigID: c.group.Workers[store.WorkerMessageConsumer], DeclaredBy: "gone", TTL: time.Minute, Now: engine.DBNow(mock)()}))
 		gone = append(gone, id)
 	}
 	instances := func() (stale, all int) {

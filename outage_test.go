@@ -26,6 +26,16 @@ type handledSet struct {
 	fresh chan string
 }
 
+// skipOutageWhenShort skips a test that stops the test binary's PostgreSQL
+// (pgtest.StopFor): the fast tier (go test -short, make check) runs no
+// outage.
+func skipOutageWhenShort(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("stops the test PostgreSQL: skipped with -short")
+	}
+}
+
 func newHandledSet() *handledSet {
 	return &handledSet{seen: map[string]bool{}, fresh: make(chan string, 1000)}
 }
@@ -75,6 +85,7 @@ func ids(prefix string, n int) []string {
 // budget, measured on the wall clock. What it held lapses with its lease,
 // and once the database is back another session delivers every message.
 func TestConsumeReturnsWithinItsBudgetWhilePostgresIsDown(t *testing.T) {
+	skipOutageWhenShort(t)
 	for _, restart := range []bool{false, true} {
 		t.Run(map[bool]string{false: "handlers in flight", true: "claimer restarted mid-outage"}[restart], func(t *testing.T) {
 			e, s, c := setup(t, &ClientConfig{Retry: Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}}, "g", 0)
@@ -143,6 +154,7 @@ func TestConsumeReturnsWithinItsBudgetWhilePostgresIsDown(t *testing.T) {
 // database; not ready once PostgreSQL has been unreachable for longer than
 // InstanceTTL; ready again when it is back; not ready after Consume returns.
 func TestReadinessIsALevel(t *testing.T) {
+	skipOutageWhenShort(t)
 	_, _, c := setup(t, &ClientConfig{Retry: Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}}, "g", 0)
 	ready := NewReadiness()
 	require.False(t, ready.Ready(), "no session yet")
@@ -313,6 +325,7 @@ func TestMissingPrivilegeEndsConsume(t *testing.T) {
 // already or not. Nothing is written, and the next produce once the
 // database is back succeeds.
 func TestProduceDuringAnOutageIsErrUnavailable(t *testing.T) {
+	skipOutageWhenShort(t)
 	e := newEnv(t, nil)
 	ctx := context.Background()
 	s := e.stream("orders")

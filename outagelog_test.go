@@ -23,6 +23,7 @@ import (
 // store call (an outcome, a full queue) counted as a recovery: hundreds of
 // lines an outage.
 func TestAnOutageIsLoggedTwiceASession(t *testing.T) {
+	skipOutageWhenShort(t)
 	ctx := context.Background()
 	const n, down = 900, 3 * time.Second
 	retry := Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}

@@ -25,6 +25,7 @@ func probe(t *testing.T, url string) int {
 // /readyz follows the database (false once it has been unreachable for
 // longer than InstanceTTL, true when it is back); /livez never does.
 func TestReadyzFollowsTheDatabaseAndLivezDoesNot(t *testing.T) {
+	skipOutageWhenShort(t)
 	_, _, c := setup(t, &ClientConfig{Retry: Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}}, "g", 0)
 	ready := NewReadiness()
 	mux := http.NewServeMux()

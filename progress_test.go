@@ -12,12 +12,10 @@ import (
 
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/internal/hooks"
-	"github.com/c1702965/sqlstreams/internal/store"
-
-	"github.com/stretchr/testify/require"
-
 	"github.com/c1702965/sqlstreams/internal/pgtest"
+	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/store/storetest"
+	"github.com/stretchr/testify/require"
 )
 
 // A range's settled prefix is recorded on the flush tick: when the instance
@@ -310,6 +308,7 @@ FROM %[1]s.worker_config wc WHERE wc.id = w.worker_config_id AND wc.consumer_gro
 // (the chaos run's largest source of repeats: a session cancelled while
 // PostgreSQL was down).
 func TestTheNextSessionRecordsWhatAStoppedSessionCouldNotHandBack(t *testing.T) {
+	skipOutageWhenShort(t)
 	obs := &successObserver{ok: make(chan struct{}, 64)}
 	e, s, c := setup(t, &ClientConfig{Observer: obs, Retry: Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}}, "g", 0)
 	e.produceN(s, "m", 10)
@@ -341,6 +340,7 @@ func TestTheNextSessionRecordsWhatAStoppedSessionCouldNotHandBack(t *testing.T) 
 // result written by the consumer's next session instead of running again
 // when the row's lease lapses.
 func TestTheNextSessionWritesAnExceptionResultAStoppedSessionCouldNot(t *testing.T) {
+	skipOutageWhenShort(t)
 	obs := &successObserver{ok: make(chan struct{}, 64)}
 	e := newEnv(t, &ClientConfig{Observer: obs, Retry: Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}})
 	s := e.stream("orders")
@@ -436,6 +436,7 @@ func (st *stepper) deliveries(t *testing.T) []storetest.Delivery {
 // kept, nothing is left to adopt again before the taker's lapse, minutes
 // away.
 func TestAnAdoptionTheDatabaseRefusesGoesBackToTheLeftovers(t *testing.T) {
+	skipOutageWhenShort(t)
 	obs := &successObserver{ok: make(chan struct{}, 64)}
 	e, s, c := setup(t, &ClientConfig{Observer: obs, Retry: Backoff{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond}}, "g", 0)
 	e.produceN(s, "m", 10)

@@ -11,8 +11,8 @@ import (
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
-	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/internal/hooks"
+	"github.com/c1702965/sqlstreams/internal/incarnation"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -405,7 +405,7 @@ func TestAWakeThatFindsTheIncarnationNotValidIsNotLost(t *testing.T) {
 	require.NoError(t, err)
 
 	lives := clock.NewMock() // the incarnation's validity alone runs on it
-	live := heartbeat.NewLiveness(lives, time.Minute)
+	live := incarnation.NewLiveness(lives, time.Minute)
 	live.Start(lives.Now())
 	handled := make(chan int64, 4)
 	cfg := e.common(c, clock.New(), func(_ context.Context, d *claimer.Delivery) error { handled <- d.Msg.ID; return nil })

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/c1702965/sqlstreams/actors/manager"
+	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/schedule"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
 // WorkerScheduler produces the due runs of every schedule (Scheduler).
-const WorkerScheduler = manager.SchedulerWorker
+const WorkerScheduler = engine.SchedulerWorker
 
 // Missed is a schedule's missed-run policy (SchedulerConfig.Missed): what
 // it does with due times that passed while no manager ran the scheduler

@@ -83,7 +83,7 @@ func TestAnAbandonedHandlersSlabIsNotRecycled(t *testing.T) {
 // input, so sessions decoding with it never recycle a slab.
 type userDecoder struct{}
 
-func (userDecoder) Unmarshal(data []byte, v any) error { return StandardJSON.Unmarshal(data, v) }
+func (userDecoder) Unmarshal(data []byte, v any) error { return StandardJSON{}.Unmarshal(data, v) }
 
 func TestAUsersDecoderNeverGetsARecycledSlab(t *testing.T) {
 	e, _, c := setup(t, &ClientConfig{Decoder: userDecoder{}}, "g", 20)

@@ -3,7 +3,7 @@ package sqlstreams
 import (
 	"sync/atomic"
 
-	"github.com/c1702965/sqlstreams/actors/claimer"
+	"github.com/c1702965/sqlstreams/engine"
 )
 
 // Stats is a snapshot of counters: a Consumer's (Consumer.Stats:
@@ -40,7 +40,7 @@ type Stats struct {
 }
 
 // statsOf reads an actor counter set.
-func statsOf(s *claimer.Stats) Stats {
+func statsOf(s *engine.Stats) Stats {
 	return Stats{
 		Claimed: s.Claimed.Load(), Reclaimed: s.Reclaimed.Load(), Quarantined: s.Quarantined.Load(),
 		Succeeded: s.Succeeded.Load(), Failed: s.Failed.Load(), Dead: s.Dead.Load(), Delayed: s.Delayed.Load(),
@@ -78,11 +78,11 @@ func (c *Consumer[T]) Stats() Stats {
 
 // track adds a session's counters to the consumer's and returns the
 // function that folds them into the ended sessions' total when it ends.
-func (c *Consumer[T]) track(s *claimer.Stats) (end func()) {
+func (c *Consumer[T]) track(s *engine.Stats) (end func()) {
 	c.statsMu.Lock()
 	defer c.statsMu.Unlock()
 	if c.live == nil {
-		c.live = map[*claimer.Stats]struct{}{}
+		c.live = map[*engine.Stats]struct{}{}
 	}
 	c.live[s] = struct{}{}
 	return func() {
@@ -98,7 +98,7 @@ func (c *Consumer[T]) track(s *claimer.Stats) (end func()) {
 // Consume call is one session). A Session serves one Consume call; pass a
 // new one to each.
 type Session struct {
-	stats claimer.Stats
+	stats engine.Stats
 	used  atomic.Bool
 }
 

@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/c1702965/sqlstreams/internal/codes"
 	"regexp"
 	"sync"
 	"time"
 	"unicode"
 
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/settings"
 	"github.com/c1702965/sqlstreams/internal/store"

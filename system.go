@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/c1702965/sqlstreams/actors/alerts"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/alert"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
@@ -84,16 +84,16 @@ func (h *SystemHandle) Register(ctx context.Context) error {
 // events with: each becomes an Alert on the AlertStream, when the system is
 // registered (until then alerts are only logged, by the actors that notice
 // the conditions).
-func (c *Client) publishAlerts(stream, group string, wanted []string) alerts.Publish {
-	return func(ctx context.Context, e alerts.Event) error {
+func (c *Client) publishAlerts(stream, group string, wanted []string) alert.Publish {
+	return func(ctx context.Context, e alert.Event) error {
 		var a Alert
 		switch e.Kind {
-		case alerts.BindingWaiting:
+		case alert.BindingWaiting:
 			res := e.Binding
 			a = Alert{Kind: AlertBindingWaiting, Stream: stream, Group: group, Wanted: wanted, Installed: res.Installed,
 				LiveSessions: res.Sessions, LiveInstances: res.Live, Since: res.DeclaredAt,
 				Detail: fmt.Sprintf("waiting since %s for %d live session(s) holding the installed set", e.Since.Format(time.RFC3339), res.Sessions)}
-		case alerts.DeliveryStalled:
+		case alert.DeliveryStalled:
 			detail := fmt.Sprintf("committed messages have waited %s behind an open transaction", e.Waited)
 			for _, b := range e.Blockers {
 				detail += fmt.Sprintf("; pid %d (%s) open since %s, %s", b.PID, b.ApplicationName, b.XactStart.Format(time.RFC3339), b.State)

@@ -8,8 +8,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/stretchr/testify/require"
 )
+
+// hubHooks gives the client's wake-up hub test hooks whose Listening
+// signal delivers, before anything subscribes.
+func hubHooks(e *env) *hooks.Hub {
+	hk := hooks.NewHub()
+	e.client.engine.Hub().SetHooks(hk)
+	return hk
+}
 
 // A produce wakes an idle consumer through the listener, not its poll: the
 // poll here is an hour. When the listening connection is killed, the hub
@@ -17,8 +26,7 @@ import (
 func TestProduceWakesIdleConsumerAndListenerReconnects(t *testing.T) {
 	e, s, c := setup(t, nil, "g", 0)
 	ctx := context.Background()
-	e.client.hub.Signals.Listening.Init()
-	listening := e.client.hub.Signals.Listening.C()
+	listening := hubHooks(e).Listening.C()
 	got := make(chan string, 4)
 	ready := NewReadiness()
 	consume(t, c, func(_ context.Context, o *order) error { got <- o.OrderID; return nil },
@@ -51,12 +59,11 @@ func TestProduceWakesIdleConsumerAndListenerReconnects(t *testing.T) {
 func TestWakeSkipsGroupsWhoseBindingsMatchNoKey(t *testing.T) {
 	e, s, c := setup(t, nil, "g", 0)
 	ctx := context.Background()
-	e.client.hub.Signals.Listening.Init()
-	listening := e.client.hub.Signals.Listening.C()
-	boundWakes, stopBound := e.client.hub.Subscribe(c.group.StreamID, c.group.ID, []string{"orders.hit"})
+	listening := hubHooks(e).Listening.C()
+	boundWakes, stopBound := e.client.engine.Hub().Subscribe(c.group.StreamID, c.group.ID, []string{"orders.hit"})
 	bound := boundWakes.Ranges
 	defer stopBound()
-	allWakes, stopAll := e.client.hub.Subscribe(c.group.StreamID, c.group.ID+1, nil)
+	allWakes, stopAll := e.client.engine.Hub().Subscribe(c.group.StreamID, c.group.ID+1, nil)
 	all := allWakes.Ranges
 	defer stopAll()
 	within(t, listening, "the listener")
@@ -93,19 +100,20 @@ func TestWakeSkipsGroupsWhoseBindingsMatchNoKey(t *testing.T) {
 // rely on it (decision 0040).
 func TestAListenerThatHearsNothingIsReplaced(t *testing.T) {
 	e, _, c := setup(t, nil, "g", 0)
-	hub := e.client.hub
-	hub.SetCheck(50 * time.Millisecond)
-	hub.Signals.Listening.Init()
-	listening := hub.Signals.Listening.C()
+	hub := e.client.engine.Hub()
+	hk := hooks.NewHub()
+	hk.Check = 50 * time.Millisecond
+	hub.SetHooks(hk)
+	listening := hk.Listening.C()
 	wakes, stop := hub.Subscribe(c.group.StreamID, c.group.ID, nil)
 	woken := wakes.Ranges
 	defer stop()
 	first := within(t, listening, "the listener")
 	within(t, woken, "the wake-up when the listener came up") // it wakes before it signals
-	hub.Signals.Deaf.Store(true)
+	hk.Deaf.Store(true)
 	second := within(t, listening, "a new listener, after its pings went unheard")
 	require.NotEqual(t, first, second, "a new connection")
-	hub.Signals.Deaf.Store(false)
+	hk.Deaf.Store(false)
 	within(t, woken, "every session woken after the reconnect")
 	require.Contains(t, strings.Join(e.logs.messages(slog.LevelWarn), "\n"), "notification listener lost")
 }
@@ -117,9 +125,8 @@ func TestAListenerThatHearsNothingIsReplaced(t *testing.T) {
 // would leave it for its backstop sweep, minutes later.
 func TestAListenerWakesEverySessionWhenItComesUp(t *testing.T) {
 	e, _, c := setup(t, nil, "g", 0)
-	hub := e.client.hub
-	hub.Signals.Listening.Init()
-	listening := hub.Signals.Listening.C()
+	hub := e.client.engine.Hub()
+	listening := hubHooks(e).Listening.C()
 	wakes, stop := hub.Subscribe(c.group.StreamID, c.group.ID, nil)
 	woken := wakes.Ranges
 	defer stop()
@@ -133,9 +140,8 @@ func TestAListenerWakesEverySessionWhenItComesUp(t *testing.T) {
 func TestAHeldOffWakeUpStillArrives(t *testing.T) {
 	e, s, c := setup(t, nil, "g", 0)
 	ctx := context.Background()
-	e.client.hub.Signals.Listening.Init()
-	listening := e.client.hub.Signals.Listening.C()
-	wakes, stop := e.client.hub.Subscribe(c.group.StreamID, c.group.ID, nil)
+	listening := hubHooks(e).Listening.C()
+	wakes, stop := e.client.engine.Hub().Subscribe(c.group.StreamID, c.group.ID, nil)
 	woken := wakes.Ranges
 	defer stop()
 	within(t, listening, "the listener")

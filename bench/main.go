@@ -31,10 +31,9 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/c1702965/sqlstreams"
 )
 
 type config struct {

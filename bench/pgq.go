@@ -211,7 +211,7 @@ func (b *bench) pgqConsume(ctx context.Context, consumer, label string) (float64
 		var data []byte
 		_, err = pgx.ForEachRow(rows, []any{&data}, func() error {
 			o = Order{}
-			if err := sqlstreams.FastJSON.Unmarshal(data, &o); err != nil {
+			if err := (sqlstreams.FastJSON{}).Unmarshal(data, &o); err != nil {
 				return err
 			}
 			k++

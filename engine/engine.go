@@ -32,18 +32,19 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/c1702965/sqlstreams/internal/hooks"
-	"github.com/c1702965/sqlstreams/internal/observe"
-
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/alerts"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/actors/refresher"
 	"github.com/c1702965/sqlstreams/actors/registrar"
+	"github.com/c1702965/sqlstreams/internal/alert"
 	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
+	"github.com/c1702965/sqlstreams/internal/hooks"
+	"github.com/c1702965/sqlstreams/internal/incarnation"
+	"github.com/c1702965/sqlstreams/internal/observe"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/shutdown"
@@ -122,21 +123,18 @@ type Config struct {
 	// Declared, if set, is told once the session's binding set is installed
 	// or joined: the wait DeclaredAt began is over.
 	Declared func()
-	// Hub, if set, wakes the range claimer when the stream is produced to.
-	Hub *Hub
-	// Reads, if set, is the client's: every session's config refreshes read
-	// together (refresher.Reads). nil: each alone.
-	Reads *refresher.Reads
-	// Beats, if set, is the client's: every session's heartbeats renew
-	// their instance rows together (heartbeat.Beats). nil: each alone.
-	Beats *heartbeat.Beats
+	// Shared, if set, is the client's (NewShared): its hub wakes the
+	// claimers when the stream is produced to, and every session's
+	// heartbeats and config refreshes run together. nil: each alone, no
+	// wake-ups.
+	Shared *Shared
 	// Hooks are the session's test hooks (internal/hooks); nil in
 	// production.
 	Hooks *hooks.Hooks
 	// Alerts, if set, publishes the session's alert events (a binding wait,
 	// a delivery stall) on the alerts actor's goroutine, fed by a bounded
 	// queue the other actors never wait on.
-	Alerts alerts.Publish
+	Alerts alert.Publish
 	// Health is the session's readiness and permanent-error sink; the
 	// caller makes it so that its Readiness can watch it. nil: Run makes one.
 	Health *outage.Health
@@ -203,6 +201,8 @@ func Run(ctx context.Context, cfg Config) error {
 	health.OnFailure(cfg.Store.ResetIfDisrupted)
 	defer health.SetConsuming(false)
 	s := &session{cfg: cfg, o: o, dbNow: dbNow, logger: logger, health: health, plan: shutdown.New(cfg.Clock)}
+	hub, beats, reads := cfg.Shared.parts(cfg.Hooks)
+	s.beats = beats
 	if cfg.EndSession != nil {
 		defer func() {
 			ectx, cancel := s.plan.EndContext(ctx, cfg.Clock)
@@ -211,7 +211,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}()
 	}
 	if cfg.Alerts != nil { // the alerts actor runs for the whole session, the binding wait included
-		s.queue = alerts.NewQueue(&cfg.Stats.AlertsDropped)
+		s.queue = alert.NewQueue(&cfg.Stats.AlertsDropped)
 		if obs := cfg.Observer; obs != nil {
 			s.queue.OnDrop = func() { obs.Count(cfg.StreamName, cfg.GroupName, observe.AlertDropped, 1) }
 		}
@@ -224,7 +224,7 @@ func Run(ctx context.Context, cfg Config) error {
 		defer func() { stopAlerts(); <-stopped }()
 	}
 	s.snap = groupconfig.NewSnapshot(groupconfig.Declared{})
-	s.ref = refresher.New(refresher.Config{Store: cfg.Store, GroupID: cfg.GroupID, Interval: o.ConfigRefreshInterval, Reads: cfg.Reads,
+	s.ref = refresher.New(refresher.Config{Store: cfg.Store, GroupID: cfg.GroupID, Interval: o.ConfigRefreshInterval, Reads: reads,
 		Snapshot: s.snap, Clock: cfg.Clock, Logger: logger, Health: health, Retry: cfg.Retry})
 	if err := firstRefresh(ctx, s.ref, cfg.Clock, o.ClaimPollRate); err != nil {
 		if ctx.Err() != nil {
@@ -238,10 +238,10 @@ func Run(ctx context.Context, cfg Config) error {
 		Interval: o.BindingRetryInterval, Clock: cfg.Clock, Logger: logger, DBNow: dbNow, Alerts: s.queue, Retry: cfg.Retry,
 		DeclaredAt: cfg.DeclaredAt, Hooks: cfg.Hooks, Observer: cfg.Observer, StreamName: cfg.StreamName, Outages: health.Outages(),
 	})
-	if cfg.Hub != nil {
-		wakes, unsubscribe := cfg.Hub.Subscribe(cfg.StreamID, cfg.GroupID, cfg.Patterns)
+	if hub != nil {
+		wakes, unsubscribe := hub.Subscribe(cfg.StreamID, cfg.GroupID, cfg.Patterns)
 		defer unsubscribe()
-		s.wake = wakes
+		s.wake, s.listening = wakes, hub.Listening
 	}
 	for n := 1; ; n++ {
 		lapsed, err := s.incarnation(ctx, n)
@@ -261,11 +261,15 @@ type session struct {
 	logger *slog.Logger
 	health *outage.Health
 	plan   *shutdown.Plan
-	queue  *alerts.Queue
+	queue  *alert.Queue
 	snap   *groupconfig.Snapshot
 	ref    *refresher.Actor
 	reg    *registrar.Actor
 	wake   Wakes
+	// listening reports whether the hub's listener is up (nil: no hub);
+	// beats are the client's heartbeat batches (nil: each renews alone).
+	listening func() bool
+	beats     *heartbeat.Beats
 }
 
 // incarnation registers the session under new instance ids and runs its
@@ -297,13 +301,13 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		_, err := s.ref.Step(ctx)
 		s.ref.Reporter().Report(ctx, err)
 	}
-	msgLive, excLive := heartbeat.NewLiveness(cfg.Clock, o.InstanceTTL), heartbeat.NewLiveness(cfg.Clock, o.InstanceTTL)
+	msgLive, excLive := incarnation.NewLiveness(cfg.Clock, o.InstanceTTL), incarnation.NewLiveness(cfg.Clock, o.InstanceTTL)
 	msgLive.Start(s.reg.Sent())
 	excLive.Start(s.reg.Sent())
 	msgHold, excHold := &claimer.Holdings{}, &claimer.Holdings{}
 	msgAlarm, excAlarm := make(chan struct{}, 1), make(chan struct{}, 1)
-	newBeat := func(id, worker string, kinds store.LeaseKinds, live *heartbeat.Liveness, hold *claimer.Holdings, alarm chan struct{}) *heartbeat.Actor {
-		return heartbeat.New(heartbeat.Config{Registered: true, Holds: hold.May, Leases: kinds, Beats: cfg.Beats, PeerLapsed: func() {
+	newBeat := func(id, worker string, kinds store.LeaseKinds, live *incarnation.Liveness, hold *claimer.Holdings, alarm chan struct{}) *heartbeat.Actor {
+		return heartbeat.New(heartbeat.Config{Registered: true, Holds: hold.May, Leases: kinds, Beats: s.beats, PeerLapsed: func() {
 			select {
 			case alarm <- struct{}{}:
 			default: // one is pending already
@@ -323,19 +327,17 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		Health: s.health, Retry: cfg.Retry, Observer: cfg.Observer, StreamName: cfg.StreamName, GroupName: cfg.GroupName,
 		Nudge: &claimer.Nudge{},
 	}
-	if cfg.Hub != nil {
-		common.Listening = cfg.Hub.Listening
-	}
+	common.Listening = s.listening
 	rc := common
 	rc.InstanceID, rc.Liveness, rc.Holdings = msgID, msgLive, msgHold
-	if cfg.Beats != nil { // the alarms come with the process's beats
+	if s.beats != nil { // the alarms come with the process's beats
 		rc.Alarm = msgAlarm
 	}
 	cl := claimer.New(claimer.Config{Common: rc, BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, StallAfter: o.StallAfter,
 		Alerts: s.queue, Wake: s.wake.Ranges, WorkerConfigID: cfg.Workers[store.WorkerMessageConsumer]})
 	ec := common
 	ec.InstanceID, ec.Liveness, ec.Holdings = excID, excLive, excHold
-	if cfg.Beats != nil {
+	if s.beats != nil {
 		ec.Alarm = excAlarm
 	}
 	ex := claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec, Prefetch: o.BatchLimit, Wake: s.wake.Exceptions})

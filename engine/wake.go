@@ -3,8 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"github.com/c1702965/sqlstreams/internal/codes"
-	"github.com/c1702965/sqlstreams/internal/observe"
 	"log/slog"
 	"slices"
 	"sync"
@@ -12,8 +10,10 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/codes"
+	"github.com/c1702965/sqlstreams/internal/hooks"
+	"github.com/c1702965/sqlstreams/internal/observe"
 	"github.com/c1702965/sqlstreams/internal/store"
-	"github.com/c1702965/sqlstreams/internal/testsignal"
 	"github.com/c1702965/sqlstreams/internal/topic"
 )
 
@@ -35,26 +35,20 @@ type Hub struct {
 
 	// up: the listening connection is established (Listening).
 	up atomic.Bool
-	// check is ListenerCheck unless a test set it (SetCheck).
-	check atomic.Int64
+	// hooks are a test's (SetHooks); nil in production, checked once
+	// where each would act.
+	hooks atomic.Pointer[hooks.Hub]
 
 	mu     sync.Mutex
 	subs   map[int64]map[chan struct{}]*sub // per stream: each subscriber (its range claimer's channel)
 	refs   int
 	cancel context.CancelFunc
 	done   chan struct{}
-	// Signals are test signals, inert unless a test initializes them.
-	Signals HubSignals
 }
 
-// HubSignals are the hub's test signals.
-type HubSignals struct {
-	// Listening carries the backend pid each time the hub starts listening.
-	Listening testsignal.Signal[uint32]
-	// Deaf, while set, makes the hub drop every notification it receives
-	// unheard, as a connection that died without a reset would.
-	Deaf atomic.Bool
-}
+// SetHooks gives the hub a test's hooks (internal/hooks.Hub), before the
+// first Subscribe.
+func (h *Hub) SetHooks(hk *hooks.Hub) { h.hooks.Store(hk) }
 
 // NewHub returns a hub; nothing runs until Subscribe.
 func NewHub(st *store.Store, clk clock.Clock, logger *slog.Logger, obs observe.Observer) *Hub {
@@ -189,7 +183,7 @@ func (h *Hub) run(ctx context.Context, done chan struct{}) {
 			// time, between its probe of the stream and the LISTEN. A quiet
 			// one would otherwise leave that produce for its backstop.
 			h.wakeAll()
-			h.Signals.Listening.Signal(l.PID())
+			h.hooks.Load().Listened(l.PID())
 			err = h.listenWatched(ctx, l)
 			h.up.Store(false)
 			_ = l.Close(context.WithoutCancel(ctx))
@@ -211,12 +205,9 @@ func (h *Hub) run(ctx context.Context, done chan struct{}) {
 	}
 }
 
-// SetCheck replaces ListenerCheck for this hub (tests, before the first
-// Subscribe).
-func (h *Hub) SetCheck(d time.Duration) { h.check.Store(int64(d)) }
-
+// checkEvery is ListenerCheck, unless the hooks set another.
 func (h *Hub) checkEvery() time.Duration {
-	if d := time.Duration(h.check.Load()); d > 0 {
+	if d := h.hooks.Load().CheckEvery(); d > 0 {
 		return d
 	}
 	return ListenerCheck
@@ -298,7 +289,7 @@ func (h *Hub) listen(ctx context.Context, l *store.Listener, heard *atomic.Uint6
 		if err != nil {
 			return err
 		}
-		if h.Signals.Deaf.Load() {
+		if h.hooks.Load().IsDeaf() {
 			continue
 		}
 		heard.Add(1)

@@ -204,7 +204,7 @@ func (w *World) declare(ctx context.Context, cfg groupconfig.Declared) error {
 	if err != nil {
 		return err
 	}
-	if _, _, err := w.st.DeclareGroupConfig(ctx, w.groupID, docs, "sim", w.now()); err != nil {
+	if _, _, err := w.st.DeclareGroupConfig(ctx, store.GroupConfigParams{GroupID: w.groupID, Docs: docs, DeclaredBy: "sim", Now: w.now()}); err != nil {
 		return err
 	}
 	w.declared, w.declaredAt = cfg, w.clock.Now()

@@ -61,7 +61,8 @@ func TestScenarios(t *testing.T) {
 }
 
 // seeds is how many random seeds run: SQLSTREAMS_SIM_SEEDS (make sim
-// SEEDS=N), else 50. SQLSTREAMS_SIM_SEED runs that one seed only.
+// SEEDS=N), else 50 (10 with -short: make check). SQLSTREAMS_SIM_SEED runs
+// that one seed only.
 func seeds(t *testing.T) []uint64 {
 	if v := os.Getenv("SQLSTREAMS_SIM_SEED"); v != "" {
 		s, err := strconv.ParseUint(v, 10, 64)
@@ -69,6 +70,9 @@ func seeds(t *testing.T) []uint64 {
 		return []uint64{s}
 	}
 	n := 50
+	if testing.Short() {
+		n = 10 // fewer than the coverage checks of TestRandomSeeds need: they are skipped
+	}
 	if v := os.Getenv("SQLSTREAMS_SIM_SEEDS"); v != "" {
 		var err error
 		n, err = strconv.Atoi(v)

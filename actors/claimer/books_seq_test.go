@@ -78,7 +78,6 @@ type seq struct {
 	nextID   int64
 	nextMsg  int64
 	nextTok  int
-	lastKept map[string]time.Time
 }
 
 func newSeq(rnd seqRand) *seq {

@@ -30,10 +30,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/c1702965/sqlstreams/internal/hooks"
-
-	"github.com/c1702965/sqlstreams/actors/alerts"
+	"github.com/c1702965/sqlstreams/internal/alert"
 	"github.com/c1702965/sqlstreams/internal/codes"
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/observe"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/policy"
@@ -358,7 +357,7 @@ func (a *Actor) checkGate(ctx context.Context, probe *store.Gate) error {
 			"blocker_xact_start", b.XactStart, "blocker_state", b.State)
 	}
 	codes.DeliveryStalled.Log(ctx, a.cfg.Logger, "delivery stalled: committed messages wait behind an open transaction", attrs...)
-	a.cfg.Alerts.Send(alerts.Event{Kind: alerts.DeliveryStalled, Since: a.stallSince, Waited: now.Sub(a.stallSince), Blockers: blockers})
+	a.cfg.Alerts.Send(alert.Event{Kind: alert.DeliveryStalled, Since: a.stallSince, Waited: now.Sub(a.stallSince), Blockers: blockers})
 	return nil
 }
 

@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
-	"github.com/c1702965/sqlstreams/actors/alerts"
-	"github.com/c1702965/sqlstreams/actors/heartbeat"
+	"github.com/c1702965/sqlstreams/internal/alert"
 	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/hooks"
+	"github.com/c1702965/sqlstreams/internal/incarnation"
 	"github.com/c1702965/sqlstreams/internal/observe"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/policy"
@@ -98,7 +98,7 @@ type Common struct {
 	// process resuming after a stall longer than its lease starts nothing
 	// before a renewal proves its leases are its own; a lost incarnation
 	// starts nothing more). nil: always valid (step-driven tests).
-	Liveness *heartbeat.Liveness
+	Liveness *incarnation.Liveness
 	// Health, if set, is the session's readiness and permanent-error sink:
 	// the actor reports every store call's result to it.
 	Health *outage.Health
@@ -141,7 +141,7 @@ type Config struct {
 	// claimer claims at once instead of at its next poll.
 	Wake <-chan struct{}
 	// Alerts, if set, is told of each stall once, with when it began.
-	Alerts *alerts.Queue
+	Alerts *alert.Queue
 	// WorkerConfigID is the range claimers' worker row of the group: the
 	// claimer asks for the group's key gate (decision 0051) only while no
 	// other live instance of it runs. 0: never asked for (step-driven

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/c1702965/sqlstreams/internal/hooks"
-
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"

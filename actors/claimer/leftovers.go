@@ -6,7 +6,6 @@ import (
 	"sync"
 
 	"github.com/c1702965/sqlstreams/internal/hooks"
-
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/c1702965/sqlstreams/internal/hooks"
-
 	"github.com/c1702965/sqlstreams/internal/wakeup"
 )
 

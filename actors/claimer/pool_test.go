@@ -12,8 +12,8 @@ import (
 
 // A session's handler pool holds goroutines only as far as it has work: no
 // worker before the first job, one for jobs that arrive one at a time, and
-// its full size only when that many handlers run at once (session 31: 1,000
-// sessions' idle workers were scanned at every garbage collection).
+// its full size only when that many handlers run at once (1,000 sessions'
+// idle workers were scanned at every garbage collection).
 func TestThePoolStartsWorkersOnDemand(t *testing.T) {
 	release := make(chan struct{})
 	running := make(chan struct{}, 16)

@@ -10,9 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/c1702965/sqlstreams/internal/codes"
-
 	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/handlerctx"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
@@ -284,7 +283,7 @@ func (r *runner) call(ctx context.Context, d *Delivery) (err error) {
 // it has work (an exception claimer with no failures has none), since every
 // goroutine's stack is scanned at each garbage collection, and over 1,000
 // sessions the consumers spent a quarter of their CPU in the collector
-// (BENCHMARKS.md, session 31). A worker, once started, runs until the pool
+// (measured with 1,000 idle sessions). A worker, once started, runs until the pool
 // is closed.
 type pool struct {
 	jobs      chan Job

@@ -4,9 +4,8 @@ import (
 	"context"
 	"errors"
 
-	"github.com/c1702965/sqlstreams/internal/hooks"
-
 	"github.com/c1702965/sqlstreams/internal/codes"
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
 )

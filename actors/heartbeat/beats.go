@@ -37,12 +37,12 @@ type ask struct {
 // statements' database time (engine.DBNow).
 func NewBeats(st *store.Store, clk clock.Clock, now func() store.Now) *Beats {
 	renew := func(ctx context.Context, asks []ask) ([]Renewal, error) {
-		ids, ttls := make([]string, len(asks)), make([]time.Duration, len(asks))
+		rows := make([]store.InstanceRenewal, len(asks))
 		var watch []int64
 		seen := map[int64]bool{}
 		bound := asks[0].ttl
 		for i, a := range asks {
-			ids[i], ttls[i] = a.id, a.ttl
+			rows[i] = store.InstanceRenewal{ID: a.id, TTL: a.ttl}
 			bound = min(bound, a.ttl)
 			if !seen[a.worker] {
 				seen[a.worker] = true
@@ -50,7 +50,7 @@ func NewBeats(st *store.Store, clk clock.Clock, now func() store.Now) *Beats {
 			}
 		}
 		sent := clk.Now()
-		live, lapsed, err := st.RenewInstances(ctx, ids, ttls, watch, LapsedWindow*bound, now())
+		live, lapsed, err := st.RenewInstances(ctx, store.RenewInstancesParams{Instances: rows, Watch: watch, LapsedWithin: LapsedWindow * bound, Now: now()})
 		if err != nil {
 			return nil, err
 		}

@@ -5,7 +5,7 @@
 // renewed with it, so a live instance keeps its ranges however long a batch
 // takes, and a dead one loses them one TTL after its last beat. A renewal
 // renews only a live row: if it finds the row lapsed or gone, the instance
-// may have been taken over already; the actor says so on its Liveness and
+// may have been taken over already; the actor says so on its Liveness (internal/incarnation) and
 // renews nothing more, and the session registers again under new instance
 // ids (a new incarnation), binding check included.
 //
@@ -15,15 +15,14 @@ package heartbeat
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/c1702965/sqlstreams/internal/codes"
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/batch"
+	"github.com/c1702965/sqlstreams/internal/codes"
+	"github.com/c1702965/sqlstreams/internal/incarnation"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/shutdown"
 	"github.com/c1702965/sqlstreams/internal/store"
@@ -44,7 +43,7 @@ type Config struct {
 	DBNow func() store.Now
 	// Liveness, if set, is the incarnation this heartbeat keeps: told of
 	// each renewal (when it was sent) and of the loss.
-	Liveness *Liveness
+	Liveness *incarnation.Liveness
 	// Graceful reports, at stop, whether to give the row back.
 	Graceful func() bool
 	// Registered says the row already exists (the registrar inserted it
@@ -97,151 +96,6 @@ func New(cfg Config) *Actor {
 	return a
 }
 
-// SafetyMargin is the share of the TTL an instance gives up at the end of
-// each lease period: after a renewal sent at t, the instance counts itself
-// live only until t + TTL - TTL/SafetyMargin, so that it stops starting work
-// a tenth of the TTL before any other instance may take its leases over,
-// whatever the clocks of the two processes and the database drift by.
-const SafetyMargin = 10
-
-// Liveness is one incarnation of an instance: how long it may go on
-// starting work (valid until the last renewal's send time + TTL, minus the
-// SafetyMargin), and whether it was lost (its row lapsed or was gone at a
-// renewal). The heartbeat writes it and never waits on it; the claimers ask
-// it before they claim or start a handler (Valid, Wait); the engine watches C
-// for a loss and then registers the session again under new instance ids. A
-// loss is final for the incarnation. A nil *Liveness is always valid.
-type Liveness struct {
-	ttl    time.Duration
-	clock  clock.Clock
-	signal chan struct{} // the engine's: something changed
-
-	mu         sync.Mutex
-	validUntil time.Time
-	renewed    time.Time
-	lost       bool
-	changed    chan struct{} // closed and replaced at each change (Wait)
-}
-
-// NewLiveness returns the liveness of an incarnation whose rows last ttl;
-// it is not valid until Start.
-func NewLiveness(clk clock.Clock, ttl time.Duration) *Liveness {
-	return &Liveness{ttl: ttl, clock: clk, signal: make(chan struct{}, 1), changed: make(chan struct{})}
-}
-
-// Start says the incarnation's rows were inserted by a statement sent at
-// sentAt.
-func (l *Liveness) Start(sentAt time.Time) { l.renew(sentAt) }
-
-func (l *Liveness) until(sentAt time.Time) time.Time {
-	return sentAt.Add(l.ttl - l.ttl/SafetyMargin)
-}
-
-func (l *Liveness) renew(sentAt time.Time) {
-	if l == nil {
-		return
-	}
-	l.mu.Lock()
-	if !l.lost && sentAt.After(l.renewed) {
-		l.renewed = sentAt
-		l.validUntil = l.until(sentAt)
-	}
-	l.mu.Unlock()
-	l.poke()
-}
-
-// Lose ends the incarnation: the heartbeat calls it when the row lapsed or
-// was gone, and the engine for a session's other worker when one of its
-// two rows was lost (the session registers both again, so what either
-// claimer still holds is salvaged and left to the next incarnation).
-func (l *Liveness) Lose() {
-	if l == nil {
-		return
-	}
-	l.mu.Lock()
-	l.lost = true
-	l.mu.Unlock()
-	l.poke()
-}
-
-func (l *Liveness) poke() {
-	l.mu.Lock()
-	close(l.changed)
-	l.changed = make(chan struct{})
-	l.mu.Unlock()
-	select {
-	case l.signal <- struct{}{}:
-	default: // a signal is pending already
-	}
-}
-
-// Valid reports whether the incarnation may start work now: not lost, and
-// before its valid-until.
-func (l *Liveness) Valid() bool {
-	if l == nil {
-		return true
-	}
-	now := l.clock.Now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return !l.lost && now.Before(l.validUntil)
-}
-
-// Lost reports whether the incarnation was lost.
-func (l *Liveness) Lost() bool {
-	if l == nil {
-		return false
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.lost
-}
-
-// ValidUntil is the end of the current validity (zero before Start).
-func (l *Liveness) ValidUntil() time.Time {
-	if l == nil {
-		return time.Time{}
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.validUntil
-}
-
-// Wait returns true once the incarnation is valid (at once when it is),
-// false when it is lost or ctx ends first. A worker about to start a handler
-// waits here, so a process that resumes after a stall starts nothing until
-// a renewal has proved its leases are still its own.
-func (l *Liveness) Wait(ctx context.Context) bool {
-	if l == nil {
-		return ctx.Err() == nil
-	}
-	for {
-		l.mu.Lock()
-		ch := l.changed
-		l.mu.Unlock()
-		if l.Valid() {
-			return true
-		}
-		if l.Lost() {
-			return false
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return false
-		}
-	}
-}
-
-// C receives a value after a change (one consumer: the engine); nil for a
-// nil Liveness.
-func (l *Liveness) C() <-chan struct{} {
-	if l == nil {
-		return nil
-	}
-	return l.signal
-}
-
 // Interval is how often the actor beats: a third of the TTL, so two beats
 // may fail before the instance is seen as dead.
 func (a *Actor) Interval() time.Duration { return a.cfg.TTL / 3 }
@@ -256,7 +110,8 @@ func (a *Actor) Step(ctx context.Context) error {
 	}
 	if !a.registered {
 		sent := a.cfg.Clock.Now()
-		if err := a.cfg.Store.InsertInstance(ctx, a.cfg.InstanceID, a.cfg.WorkerConfigID, a.cfg.DeclaredBy, a.cfg.TTL, a.cfg.DBNow()); err != nil {
+		if err := a.cfg.Store.InsertInstance(ctx, store.InsertInstanceParams{
+			ID: a.cfg.InstanceID, WorkerConfigID: a.cfg.WorkerConfigID, DeclaredBy: a.cfg.DeclaredBy, TTL: a.cfg.TTL, Now: a.cfg.DBNow()}); err != nil {
 			return err
 		}
 		a.answered.Add(1)
@@ -276,7 +131,8 @@ func (a *Actor) Step(ctx context.Context) error {
 		return a.renewed(ctx, r.Live, r.Sent)
 	}
 	sent := a.cfg.Clock.Now()
-	live, err := a.cfg.Store.RenewInstance(ctx, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow(), a.holds())
+	live, err := a.cfg.Store.RenewInstance(ctx, store.RenewInstanceParams{
+		ID: a.cfg.InstanceID, StreamID: a.cfg.StreamID, TTL: a.cfg.TTL, Now: a.cfg.DBNow(), Leases: a.holds()})
 	if err != nil {
 		return err
 	}
@@ -296,7 +152,7 @@ func (a *Actor) renewed(ctx context.Context, live bool, sent time.Time) error {
 			"instance", a.cfg.InstanceID)
 		return nil
 	}
-	a.cfg.Liveness.renew(sent)
+	a.cfg.Liveness.Renewed(sent)
 	a.cfg.Health.Confirm() // the incarnation outlived any outage: ready again
 	return nil
 }
@@ -311,11 +167,8 @@ func (a *Actor) StepLeases(ctx context.Context) error {
 	if a.lost || !a.registered || !a.holds() || !a.cfg.Liveness.Valid() {
 		return nil
 	}
-	kinds := a.cfg.Leases
-	if kinds == 0 {
-		kinds = store.AllLeases
-	}
-	err := a.cfg.Store.RenewLeasesOf(ctx, kinds, a.cfg.InstanceID, a.cfg.StreamID, a.cfg.TTL, a.cfg.DBNow())
+	err := a.cfg.Store.RenewLeases(ctx, store.RenewLeasesParams{
+		Kinds: a.cfg.Leases, InstanceID: a.cfg.InstanceID, StreamID: a.cfg.StreamID, TTL: a.cfg.TTL, Now: a.cfg.DBNow()})
 	if err == nil {
 		a.answered.Add(1)
 	}

@@ -21,11 +21,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/c1702965/sqlstreams/internal/codes"
 	"log/slog"
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/settings"
 	"github.com/c1702965/sqlstreams/internal/shutdown"
@@ -167,7 +167,8 @@ func (a *Actor) step(ctx context.Context, w Worker) error {
 	}
 	if s == nil {
 		id := a.cfg.NewID()
-		got, d, err := a.cfg.Store.ProvisionSlot(ctx, row.ID, id, a.cfg.DeclaredBy, a.cfg.TTL, a.cfg.DBNow())
+		got, d, err := a.cfg.Store.ProvisionSlot(ctx, store.ProvisionSlotParams{
+			WorkerConfigID: row.ID, InstanceID: id, DeclaredBy: a.cfg.DeclaredBy, TTL: a.cfg.TTL, Now: a.cfg.DBNow()})
 		if err != nil {
 			a.unseen[name] = id
 			return err

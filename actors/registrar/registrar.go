@@ -17,14 +17,13 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/c1702965/sqlstreams/actors/alerts"
+	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/alert"
 	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/observe"
 	"github.com/c1702965/sqlstreams/internal/outage"
-
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
@@ -44,7 +43,7 @@ type Config struct {
 	DBNow      func() store.Now
 	// Alerts, if set, is told of every waiting attempt (the alerts actor
 	// publishes one alert per wait).
-	Alerts *alerts.Queue
+	Alerts *alert.Queue
 	// Retry is the backoff after a failed attempt (zero: the default); a
 	// failed attempt is retried at least every Interval.
 	Retry backoff.Policy
@@ -153,7 +152,7 @@ func (a *Actor) Run(ctx context.Context) (store.BindingResult, error) {
 			rep.Report(ctx, nil)
 			a.waited = true
 			observe.Or(a.cfg.Observer).Count(a.cfg.StreamName, a.cfg.GroupName, observe.BindingWait, 1)
-			a.cfg.Alerts.Send(alerts.Event{Kind: alerts.BindingWaiting, Since: a.since, Binding: res})
+			a.cfg.Alerts.Send(alert.Event{Kind: alert.BindingWaiting, Since: a.since, Binding: res})
 			codes.BindingWaiting.Log(ctx, a.cfg.Logger, "WAITING: consumer group binding set differs from the installed one while live instances hold it; "+
 				"this instance will not consume until they are gone",
 				"group", a.cfg.GroupName, "wanted", a.cfg.Patterns, "installed", res.Installed,

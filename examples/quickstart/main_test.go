@@ -32,6 +32,9 @@ func TestQuickstartRuns(t *testing.T) {
 
 // Built and run as a user would run it.
 func TestQuickstartAsABinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the program: skipped with -short")
+	}
 	bin := filepath.Join(t.TempDir(), "quickstart")
 	build := exec.Command("go", "build", "-o", bin, ".")
 	build.Stderr = os.Stderr

@@ -19,14 +19,21 @@ type Policy struct {
 	Jitter  float64 // in [0, 1]
 }
 
-// Default is the library's default policy.
-var Default = Policy{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.2}
+// The library's default policy, field by field (Default).
+const (
+	DefaultInitial = 100 * time.Millisecond
+	DefaultMax     = 5 * time.Second
+	DefaultJitter  = 0.2
+)
+
+// Default returns the library's default policy.
+func Default() Policy { return Policy{Initial: DefaultInitial, Max: DefaultMax, Jitter: DefaultJitter} }
 
 // Wait returns the wait before retry number n (1 after the first failure).
 // rnd is a uniform draw in [0, 1), taken from math/rand when negative.
 func (p Policy) Wait(n int, rnd float64) time.Duration {
 	if p.Initial <= 0 {
-		p = Default
+		p = Default()
 	}
 	if n < 1 {
 		n = 1

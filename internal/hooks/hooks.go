@@ -2,10 +2,11 @@
 // points where tests make an actor's step fail or panic, what tests observe
 // of the actors (traces, signals, panics), the settings only tests change,
 // and the switches that break a promise on purpose so the simulator can
-// show its invariants catch it.
+// show its invariants catch it. A client's wake-up hub has hooks of its own
+// (Hub).
 //
-// A nil *Hooks is every production session: each call site checks the
-// pointer once, and nothing here runs.
+// A nil *Hooks is every production session (a nil *Hub every production
+// hub): each call site checks the pointer once, and nothing here runs.
 //
 // It is part of the engine's inside, not an API for users.
 package hooks

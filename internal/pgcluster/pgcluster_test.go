@@ -63,6 +63,9 @@ func TestStartStop(t *testing.T) {
 }
 
 func TestDurable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster of its own: skipped with -short")
+	}
 	t.Parallel()
 	c := startCluster(t, Options{Durable: true})
 	assert.Equal(t, "on", queryString(t, c.URL(""), "show fsync"))
@@ -71,6 +74,9 @@ func TestDurable(t *testing.T) {
 }
 
 func TestSweepRemovesOrphanedCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and orphans a cluster of its own: skipped with -short")
+	}
 	t.Parallel()
 	orphan := startCluster(t, Options{})
 	postmaster := readPostmasterPID(filepath.Join(orphan.Dir(), dataSubdir, "postmaster.pid"))

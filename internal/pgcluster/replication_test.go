@@ -17,6 +17,9 @@ import (
 // primary's crash: the standby, promoted, serves it to a client on the
 // multi-host URL, and takes writes without waiting for a standby of its own.
 func TestSynchronousStandbyKeepsACommittedRowAcrossFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a primary and a standby of its own: skipped with -short")
+	}
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -59,6 +62,9 @@ func TestSynchronousStandbyKeepsACommittedRowAcrossFailover(t *testing.T) {
 // An asynchronous standby streams without the primary waiting for it: the
 // primary names no synchronous standby.
 func TestAsynchronousStandbyStreams(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a primary and a standby of its own: skipped with -short")
+	}
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -73,6 +79,9 @@ func TestAsynchronousStandbyStreams(t *testing.T) {
 }
 
 func TestStartStandbyNeedsAReplicationPrimary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a primary and a standby of its own: skipped with -short")
+	}
 	t.Parallel()
 	c := startCluster(t, Options{})
 	_, err := c.StartStandby(context.Background(), StandbyOptions{})

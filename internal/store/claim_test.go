@@ -102,20 +102,20 @@ func TestARenewalDoesNotReviveARangeItsOwnerLetGo(t *testing.T) {
 	require.NoError(t, g.ReleaseRange(ctx, Release{RangeID: r.ID, Token: r.Token}))
 	require.True(t, expired(), "the hand-back expired the range")
 	for _, kinds := range []LeaseKinds{RangeLeases, AllLeases} {
-		require.NoError(t, st.RenewLeasesOf(ctx, kinds, owner, streamID, time.Minute, nil))
+		require.NoError(t, st.RenewLeases(ctx, RenewLeasesParams{Kinds: kinds, InstanceID: owner, StreamID: streamID, TTL: time.Minute}))
 		require.True(t, expired(), "a renewal (kinds %d) after the hand-back leaves it expired", kinds)
 	}
 
 	// A live range of the same owner is still renewed, and a restart's
 	// expiry is not undone either.
 	live := claim()
-	require.NoError(t, st.RenewLeasesOf(ctx, RangeLeases, owner, streamID, time.Minute, nil))
+	require.NoError(t, st.RenewLeases(ctx, RenewLeasesParams{Kinds: RangeLeases, InstanceID: owner, StreamID: streamID, TTL: time.Minute}))
 	reclaimed, ok, err := g.ReclaimRange(ctx, ClaimParams{Owner: "00000000-0000-4000-8000-000000000002", Limit: 10, Lease: time.Minute})
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, r.ID, reclaimed.ID, "the handed-back range is taken over, not the live one")
 	require.NoError(t, st.ExpireOwnedRanges(ctx, owner, streamID, nil))
-	require.NoError(t, st.RenewLeasesOf(ctx, AllLeases, owner, streamID, time.Minute, nil))
+	require.NoError(t, st.RenewLeases(ctx, RenewLeasesParams{Kinds: AllLeases, InstanceID: owner, StreamID: streamID, TTL: time.Minute}))
 	reclaimed, ok, err = g.ReclaimRange(ctx, ClaimParams{Owner: "00000000-0000-4000-8000-000000000002", Limit: 10, Lease: time.Minute})
 	require.NoError(t, err)
 	require.True(t, ok, "the range a restart expired stays expired after a renewal")

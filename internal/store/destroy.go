@@ -82,7 +82,7 @@ WHERE g.stream_id = $1 AND ($2 = 0 OR g.id = $2) AND i.expires_at > coalesce($3,
 		return Destroyed{}, fmt.Errorf("destroy: %w", err)
 	}
 	if req.GroupID == 0 && !req.DryRun {
-		renderedCache.Delete(st.schema + "\x00" + fmt.Sprint(req.StreamID))
+		renderedCache.drop(renderKey(st.schema, req.StreamID))
 	}
 	return d, nil
 }

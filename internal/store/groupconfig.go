@@ -12,18 +12,27 @@ import (
 // wins) under the group row's lock, appending a snapshot to
 // worker_config_log for every document that changed. It returns the stored
 // documents it replaced; an identical declaration writes nothing.
-func (st *Store) DeclareGroupConfig(ctx context.Context, groupID int64, docs map[string][]byte, declaredBy string, now Now) (old map[string][]byte, changed bool, err error) {
-	return st.declareGroupConfig(ctx, groupID, docs, declaredBy, now, false)
+func (st *Store) DeclareGroupConfig(ctx context.Context, p GroupConfigParams) (old map[string][]byte, changed bool, err error) {
+	return st.declareGroupConfig(ctx, p, false)
+}
+
+// GroupConfigParams are DeclareGroupConfig's and SeedGroupConfig's.
+type GroupConfigParams struct {
+	GroupID    int64
+	Docs       map[string][]byte // worker name → its declared document
+	DeclaredBy string
+	Now        Now
 }
 
 // SeedGroupConfig is DeclareGroupConfig for a worker whose document is
 // still the empty one only: a stored document (an operator's) is kept
 // whole, never merged with the seed.
-func (st *Store) SeedGroupConfig(ctx context.Context, groupID int64, docs map[string][]byte, declaredBy string, now Now) (old map[string][]byte, changed bool, err error) {
-	return st.declareGroupConfig(ctx, groupID, docs, declaredBy, now, true)
+func (st *Store) SeedGroupConfig(ctx context.Context, p GroupConfigParams) (old map[string][]byte, changed bool, err error) {
+	return st.declareGroupConfig(ctx, p, true)
 }
 
-func (st *Store) declareGroupConfig(ctx context.Context, groupID int64, docs map[string][]byte, declaredBy string, now Now, seed bool) (old map[string][]byte, changed bool, err error) {
+func (st *Store) declareGroupConfig(ctx context.Context, p GroupConfigParams, seed bool) (old map[string][]byte, changed bool, err error) {
+	groupID, docs, declaredBy, now := p.GroupID, p.Docs, p.DeclaredBy, p.Now
 	old = map[string][]byte{}
 	err = pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, st.sql(`-- store.DeclareGroupConfig

@@ -6,40 +6,77 @@ import (
 	"time"
 )
 
+// InsertInstanceParams are InsertInstance's.
+type InsertInstanceParams struct {
+	ID             string // the instance's id, a UUID
+	WorkerConfigID int64
+	DeclaredBy     string
+	TTL            time.Duration
+	Now            Now
+}
+
 // InsertInstance claims a worker_instance row: this process now does the
 // worker's job, alive until expires_at unless renewed.
-func (st *Store) InsertInstance(ctx context.Context, id string, workerConfigID int64, declaredBy string, ttl time.Duration, now Now) error {
+func (st *Store) InsertInstance(ctx context.Context, p InsertInstanceParams) error {
 	if _, err := st.pool.Exec(ctx, st.sql(`-- store.InsertInstance
 INSERT INTO %[1]s.worker_instance (id, worker_config_id, declared_by, started_at, heartbeat_at, expires_at)
 VALUES ($1::uuid, $2, $3, coalesce($4, now()), coalesce($4, now()), coalesce($4, now()) + $5::interval)`),
-		id, workerConfigID, declaredBy, now, ttl); err != nil {
+		p.ID, p.WorkerConfigID, p.DeclaredBy, p.Now, p.TTL); err != nil {
 		return fmt.Errorf("insert worker instance: %w", err)
 	}
 	return nil
 }
 
-// RenewInstance extends the instance's heartbeat and, with leases, the leases
-// of every range and exception row it owns on streamID (a heartbeat whose
-// claimer holds nothing skips that second statement: an idle session's beat
-// is one statement). It renews only a live row: live=false means the row
-// lapsed (its expires_at passed: the fleet may have taken over its leases
-// already) or is gone, and the instance must not go on as if it held
-// anything; its session registers again as a new incarnation.
-func (st *Store) RenewInstance(ctx context.Context, id string, streamID int64, ttl time.Duration, now Now, leases bool) (live bool, err error) {
+// RenewInstanceParams are RenewInstance's.
+type RenewInstanceParams struct {
+	ID       string
+	StreamID int64
+	TTL      time.Duration
+	Now      Now
+	// Leases: renew the leases of every range and exception row the
+	// instance owns on StreamID too.
+	Leases bool
+}
+
+// RenewInstance extends the instance's heartbeat and, with Leases, the
+// leases of every range and exception row it owns on StreamID (a heartbeat
+// whose claimer holds nothing skips that second statement: an idle
+// session's beat is one statement). It renews only a live row: live=false
+// means the row lapsed (its expires_at passed: the fleet may have taken
+// over its leases already) or is gone, and the instance must not go on as
+// if it held anything; its session registers again as a new incarnation.
+func (st *Store) RenewInstance(ctx context.Context, p RenewInstanceParams) (live bool, err error) {
 	b := st.sql(`-- store.RenewInstance
 UPDATE %[1]s.worker_instance SET heartbeat_at = coalesce($2, now()), expires_at = coalesce($2, now()) + $3::interval
 WHERE id = $1::uuid AND expires_at > coalesce($2, now())`)
-	tag, err := st.pool.Exec(ctx, b, id, now, ttl)
+	tag, err := st.pool.Exec(ctx, b, p.ID, p.Now, p.TTL)
 	if err != nil {
 		return false, fmt.Errorf("renew worker instance: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
 		return false, nil
 	}
-	if !leases {
+	if !p.Leases {
 		return true, nil
 	}
-	return true, st.RenewLeases(ctx, id, streamID, ttl, now)
+	return true, st.RenewLeases(ctx, RenewLeasesParams{InstanceID: p.ID, StreamID: p.StreamID, TTL: p.TTL, Now: p.Now})
+}
+
+// RenewInstancesParams are RenewInstances'.
+type RenewInstancesParams struct {
+	// Instances are the rows to renew, each by its own TTL.
+	Instances []InstanceRenewal
+	// Watch are the workers (worker_config ids) whose instances that lapsed
+	// within LapsedWithin are reported.
+	Watch        []int64
+	LapsedWithin time.Duration
+	Now          Now
+}
+
+// InstanceRenewal is one row RenewInstances renews.
+type InstanceRenewal struct {
+	ID  string
+	TTL time.Duration
 }
 
 // RenewInstances is RenewInstance's first statement for many instances at
@@ -48,10 +85,14 @@ WHERE id = $1::uuid AND expires_at > coalesce($2, now())`)
 // missing from the result lapsed or is gone. Each process renews only its own
 // rows and one batch at a time, so no lock order is needed.
 //
-// It also reports which of the workers watch have an instance that lapsed
-// within the last lapsedWithin (its holder died or stalled): the sessions of
-// those workers sweep for its leases (decision 0040).
-func (st *Store) RenewInstances(ctx context.Context, ids []string, ttls []time.Duration, watch []int64, lapsedWithin time.Duration, now Now) (live map[string]bool, lapsed map[int64]bool, err error) {
+// It also reports which of the workers Watch have an instance that lapsed
+// within the last LapsedWithin (its holder died or stalled): the sessions
+// of those workers sweep for its leases (decision 0040).
+func (st *Store) RenewInstances(ctx context.Context, p RenewInstancesParams) (live map[string]bool, lapsed map[int64]bool, err error) {
+	ids, ttls := make([]string, len(p.Instances)), make([]time.Duration, len(p.Instances))
+	for i, in := range p.Instances {
+		ids[i], ttls[i] = in.ID, in.TTL
+	}
 	rows, err := st.pool.Query(ctx, st.sql(`-- store.RenewInstances
 WITH renewed AS (
     UPDATE %[1]s.worker_instance w
@@ -66,7 +107,7 @@ WITH renewed AS (
 )
 SELECT id::text, NULL::bigint FROM renewed
 UNION ALL
-SELECT NULL, worker_config_id FROM lapsed`), ids, ttls, now, watch, lapsedWithin)
+SELECT NULL, worker_config_id FROM lapsed`), ids, ttls, p.Now, p.Watch, p.LapsedWithin)
 	if err != nil {
 		return nil, nil, fmt.Errorf("renew worker instances: %w", err)
 	}
@@ -91,12 +132,6 @@ SELECT NULL, worker_config_id FROM lapsed`), ids, ttls, now, watch, lapsedWithin
 	return live, lapsed, nil
 }
 
-// RenewLeases is RenewInstance's second statement: it extends the leases of
-// every range and exception row the instance owns on streamID.
-func (st *Store) RenewLeases(ctx context.Context, id string, streamID int64, ttl time.Duration, now Now) error {
-	return st.RenewLeasesOf(ctx, AllLeases, id, streamID, ttl, now)
-}
-
 // LeaseKinds says which of its leases an instance's renewal renews. A
 // session's range claimer and exception claimer are two instances, and
 // each takes one kind of lease only: ranges, or exception rows.
@@ -108,20 +143,31 @@ const (
 	AllLeases       = RangeLeases | ExceptionLeases
 )
 
-// RenewLeasesOf is RenewLeases for the kinds of lease the instance takes.
-// A statement over one table is the cheaper to plan, and over 1,000
-// streams a stream's statements are planned afresh on most calls: the
-// statement over both tables planned for 3.5 ms a call there (decision
+// RenewLeasesParams are RenewLeases'.
+type RenewLeasesParams struct {
+	// Kinds are the kinds of lease the instance takes (zero: AllLeases).
+	Kinds      LeaseKinds
+	InstanceID string
+	StreamID   int64
+	TTL        time.Duration
+	Now        Now
+}
+
+// RenewLeases is RenewInstance's second statement: it extends the leases
+// of the kinds the instance takes (ranges, exception rows) it owns on
+// StreamID. A statement over one table is the cheaper to plan, and over
+// 1,000 streams a stream's statements are planned afresh on most calls:
+// the statement over both tables planned for 3.5 ms a call there (decision
 // 0042).
-func (st *Store) RenewLeasesOf(ctx context.Context, kinds LeaseKinds, id string, streamID int64, ttl time.Duration, now Now) error {
+func (st *Store) RenewLeases(ctx context.Context, p RenewLeasesParams) error {
 	stmt := renewRangesSQL
-	switch kinds {
+	switch p.Kinds {
 	case RangeLeases:
 		stmt = renewRangeLeasesSQL
 	case ExceptionLeases:
 		stmt = renewExceptionLeasesSQL
 	}
-	if _, err := st.onLane(id).Exec(ctx, st.stream(streamID).sql(stmt), oneShot, id, now, ttl); err != nil {
+	if _, err := st.onLane(p.InstanceID).Exec(ctx, st.stream(p.StreamID).sql(stmt), oneShot, p.InstanceID, p.Now, p.TTL); err != nil {
 		return fmt.Errorf("renew leases: %w", err)
 	}
 	return nil

@@ -458,7 +458,7 @@ func TestOccasionalStatementsRunUnprepared(t *testing.T) {
 	st := g.st
 	id := "00000000-0000-0000-0000-000000000002"
 	for _, kinds := range []LeaseKinds{AllLeases, RangeLeases, ExceptionLeases} {
-		require.NoError(t, st.RenewLeasesOf(ctx, kinds, id, g.StreamID, time.Minute, nil))
+		require.NoError(t, st.RenewLeases(ctx, RenewLeasesParams{Kinds: kinds, InstanceID: id, StreamID: g.StreamID, TTL: time.Minute}))
 	}
 	rows, err := g.db().Query(ctx, `SELECT split_part(statement, E'\n', 1) FROM pg_catalog.pg_prepared_statements`)
 	require.NoError(t, err)

@@ -60,7 +60,16 @@ VALUES ($1, $2, $3, coalesce($4, now()))`), id, doc, declaredBy, now)
 	return nil
 }
 
-// ProvisionSlot takes an instance slot of a fleet worker for instanceID when
+// ProvisionSlotParams are ProvisionSlot's.
+type ProvisionSlotParams struct {
+	WorkerConfigID int64  // the fleet worker's row
+	InstanceID     string // the slot's instance row, inserted when one is free
+	DeclaredBy     string
+	TTL            time.Duration
+	Now            Now
+}
+
+// ProvisionSlot takes an instance slot of a fleet worker for InstanceID when
 // fewer live instances than the row's target ("instances", default 1; 0
 // suspends the worker) hold one. The worker row's lock serializes
 // provisioners, so the target is never exceeded. It returns the row's
@@ -70,16 +79,16 @@ VALUES ($1, $2, $3, coalesce($4, now()))`), id, doc, declaredBy, now)
 // held: every Consume session's manager asks every TTL/3, and with a lock
 // each time, hundreds of idle sessions queued on the worker row (46 ms a
 // call, most of the server's CPU in the many-sessions idle window).
-func (st *Store) ProvisionSlot(ctx context.Context, workerConfigID int64, instanceID, declaredBy string, ttl time.Duration, now Now) (ok bool, doc []byte, err error) {
+func (st *Store) ProvisionSlot(ctx context.Context, p ProvisionSlotParams) (ok bool, doc []byte, err error) {
 	var target, live int
-	if err := st.pool.QueryRow(ctx, st.sql(provisionReadSQL), workerConfigID, now).Scan(&doc, &target, &live); err != nil {
+	if err := st.pool.QueryRow(ctx, st.sql(provisionReadSQL), p.WorkerConfigID, p.Now).Scan(&doc, &target, &live); err != nil {
 		return false, nil, fmt.Errorf("provision slot: %w", err)
 	}
 	if live >= target {
 		return false, doc, nil
 	}
 	err = pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, st.sql(provisionReadSQL+"\nFOR UPDATE OF w"), workerConfigID, now).Scan(&doc, &target, &live); err != nil {
+		if err := tx.QueryRow(ctx, st.sql(provisionReadSQL+"\nFOR UPDATE OF w"), p.WorkerConfigID, p.Now).Scan(&doc, &target, &live); err != nil {
 			return err
 		}
 		if live >= target {
@@ -88,7 +97,7 @@ func (st *Store) ProvisionSlot(ctx context.Context, workerConfigID int64, instan
 		if _, err := tx.Exec(ctx, st.sql(`-- store.ProvisionSlot
 INSERT INTO %[1]s.worker_instance (id, worker_config_id, declared_by, started_at, heartbeat_at, expires_at)
 VALUES ($1::uuid, $2, $3, coalesce($4, now()), coalesce($4, now()), coalesce($4, now()) + $5::interval)`),
-			instanceID, workerConfigID, declaredBy, now, ttl); err != nil {
+			p.InstanceID, p.WorkerConfigID, p.DeclaredBy, p.Now, p.TTL); err != nil {
 			return err
 		}
 		ok = true

@@ -77,7 +77,12 @@ func (st *Store) Produce(ctx context.Context, q Querier, stream StreamRef, msgs 
 		for i := range idx {
 			idx[i] = i
 		}
-		if err := st.produceUnkeyed(ctx, q, own, r, stream, now, msgs, idx, out, channel, wake); err != nil {
+		text := []string{stream.Name} // the guard
+		if !own {
+			text = append(text, channel, wake)
+		}
+		p := unkeyedProduce{q: q, own: own, r: r, stream: stream, rows: insertRows{now: now, msgs: msgs, idx: idx, out: out, text: text}}
+		if err := st.produceUnkeyed(ctx, p); err != nil {
 			return nil, err
 		}
 		return out, nil
@@ -189,6 +194,28 @@ SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`, st.NotifyChannel(), paylo
 	return err
 }
 
+// unkeyedProduce is a produce of unkeyed messages only: one insert.
+type unkeyedProduce struct {
+	q      Querier // the caller's transaction, or the pool (own)
+	own    bool    // on the pool: the caller sends the wake-up after the commit
+	r      *rendered
+	stream StreamRef
+	// rows: their text parameters are the guard (stream.Name) and, on a
+	// caller's transaction, the wake's channel and payload.
+	rows insertRows
+}
+
+// insertRows are what one multi-row insert writes: the messages msgs[idx...]
+// at now, whose ids go to out; and the statement's text parameters after
+// the seven produceParams encodes.
+type insertRows struct {
+	now  Now
+	msgs []NewMessage
+	idx  []int
+	out  []Produced
+	text []string
+}
+
 // produceUnkeyed is the common case: one insert whose parameters wire.go
 // encodes; on the pool, unnamed the first unnamedSightings times a
 // connection meets the stream and prepared after that. On a caller's
@@ -196,31 +223,31 @@ SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`, st.NotifyChannel(), paylo
 // finished one (pgx.ErrTxClosed): only then is its connection used, so a
 // produce never writes on a connection the transaction gave back to the
 // pool, where another caller's transaction may run by now.
-func (st *Store) produceUnkeyed(ctx context.Context, q Querier, own bool, r *rendered, stream StreamRef, now Now, msgs []NewMessage, idx []int, out []Produced, channel, wake string) error {
+func (st *Store) produceUnkeyed(ctx context.Context, p unkeyedProduce) error {
 	guarded := func(err error) error {
 		if errors.Is(err, errGuard) {
-			return streamChanged(stream.Name, stream.ID)
+			return streamChanged(p.stream.Name, p.stream.ID)
 		}
 		return err
 	}
-	if own {
+	if p.own {
 		c, err := st.pool.Acquire(ctx)
 		if err != nil {
 			return fmt.Errorf("acquire a connection: %w", err)
 		}
 		conn := c.Conn()
-		if sighting(conn.PgConn(), r.name(insertBatchSQL)) <= unnamedSightings {
-			err = insertUnnamed(ctx, conn, r.sql(insertBatchSQL), now, msgs, idx, out, stream.Name)
+		if sighting(conn.PgConn(), p.r.name(insertBatchSQL)) <= unnamedSightings {
+			err = insertUnnamed(ctx, conn, p.r.sql(insertBatchSQL), p.rows)
 		} else {
-			err = insertPrepared(ctx, conn, conn.Prepare, r.name(insertBatchSQL), r.sql(insertBatchSQL), now, msgs, idx, out, stream.Name)
+			err = insertPrepared(ctx, conn, conn.Prepare, p.r.named(insertBatchSQL), p.rows)
 		}
 		c.Release()
 		return guarded(err)
 	}
-	if tx, ok := q.(txConn); ok {
-		return guarded(insertPrepared(ctx, tx.Conn(), tx.Prepare, r.name(insertBatchWakeSQL), r.sql(insertBatchWakeSQL), now, msgs, idx, out, stream.Name, channel, wake))
+	if tx, ok := p.q.(txConn); ok {
+		return guarded(insertPrepared(ctx, tx.Conn(), tx.Prepare, p.r.named(insertBatchWakeSQL), p.rows))
 	}
-	return guarded(st.insertPlain(ctx, q, r.sql(insertBatchWakeSQL), append(plainParams(now, msgs, idx, stream.Name), channel, wake), idx, out))
+	return guarded(insertPlain(ctx, p.q, p.r.sql(insertBatchWakeSQL), p.rows))
 }
 
 // txConn is what a pgx.Tx offers: its connection, and a Prepare that
@@ -230,12 +257,18 @@ type txConn interface {
 	Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error)
 }
 
-func (st *Store) insertPlain(ctx context.Context, q Querier, insert string, args []any, idx []int, out []Produced) error {
-	rows, err := q.Query(ctx, insert, args...)
+// insertPlain runs insert with rows through q's own protocol (a
+// Querier that is neither the pool nor a pgx.Tx).
+func insertPlain(ctx context.Context, q Querier, insert string, rows insertRows) error {
+	args := plainParams(rows.now, rows.msgs, rows.idx, rows.text[0])
+	for _, x := range rows.text[1:] {
+		args = append(args, x)
+	}
+	res, err := q.Query(ctx, insert, args...)
 	if err != nil {
 		return fmt.Errorf("insert: %w", err)
 	}
-	return scanIDs(rows, idx, out)
+	return scanIDs(res, rows.idx, rows.out)
 }
 
 // scanIDs reads the ids an insert returned and assigns them (assignIDs).

@@ -118,16 +118,17 @@ func statementName(sql string) string {
 // column) in binary".
 var binaryFormat = []int16{1}
 
-// insertPrepared runs insert (prepared as name by prepare, on conn) with
-// msgs[idx...] and assigns the returned ids. extra are the statement's text
-// parameters after the seven produceParams encodes.
-func insertPrepared(ctx context.Context, conn *pgx.Conn, prepare func(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error),
-	name, insert string, now Now, msgs []NewMessage, idx []int, out []Produced, extra ...string) error {
-	sd, err := prepare(ctx, name, insert)
+// preparer prepares a statement: a connection's or a transaction's Prepare.
+type preparer func(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error)
+
+// insertPrepared runs insert (prepared under its name by prepare, on conn)
+// with rows and assigns the returned ids.
+func insertPrepared(ctx context.Context, conn *pgx.Conn, prepare preparer, insert namedSQL, rows insertRows) error {
+	sd, err := prepare(ctx, insert.name, insert.sql)
 	if err != nil {
 		return fmt.Errorf("prepare the insert: %w", err)
 	}
-	return insertWith(now, msgs, idx, out, extra, func(values [][]byte) *pgconn.ResultReader {
+	return insertWith(rows, func(values [][]byte) *pgconn.ResultReader {
 		return conn.PgConn().ExecPrepared(ctx, sd.Name, values, binaryFormat, binaryFormat)
 	})
 }
@@ -135,9 +136,9 @@ func insertPrepared(ctx context.Context, conn *pgx.Conn, prepare func(ctx contex
 // insertUnnamed runs insert as an unnamed statement: parse, bind and execute
 // in one round trip, for the first unnamedSightings times a connection meets
 // a stream (sighting).
-func insertUnnamed(ctx context.Context, conn *pgx.Conn, insert string, now Now, msgs []NewMessage, idx []int, out []Produced, extra ...string) error {
-	oids := insertParamOIDs[:7+len(extra)]
-	return insertWith(now, msgs, idx, out, extra, func(values [][]byte) *pgconn.ResultReader {
+func insertUnnamed(ctx context.Context, conn *pgx.Conn, insert string, rows insertRows) error {
+	oids := insertParamOIDs[:7+len(rows.text)]
+	return insertWith(rows, func(values [][]byte) *pgconn.ResultReader {
 		return conn.PgConn().ExecParams(ctx, insert, values, oids, binaryFormat, binaryFormat)
 	})
 }
@@ -154,12 +155,12 @@ const (
 	oidTextArray   = 1009
 )
 
-// insertWith encodes the insert's parameters, runs it with exec and assigns
-// the returned ids.
-func insertWith(now Now, msgs []NewMessage, idx []int, out []Produced, extra []string, exec func(values [][]byte) *pgconn.ResultReader) error {
+// insertWith encodes the insert's parameters (rows), runs it with exec and
+// assigns the returned ids.
+func insertWith(rows insertRows, exec func(values [][]byte) *pgconn.ResultReader) error {
 	bp := paramBufs.Get().(*[]byte)
-	values, buf := produceParams(*bp, now, msgs, idx)
-	for _, x := range extra {
+	values, buf := produceParams(*bp, rows.now, rows.msgs, rows.idx)
+	for _, x := range rows.text {
 		values = append(values, []byte(x)) // text's binary form is its bytes
 	}
 	defer func() {
@@ -169,7 +170,7 @@ func insertWith(now Now, msgs []NewMessage, idx []int, out []Produced, extra []s
 		}
 	}()
 	rr := exec(values)
-	ids := make([]int64, 0, len(idx))
+	ids := make([]int64, 0, len(rows.idx))
 	for rr.NextRow() {
 		v := rr.Values()[0]
 		if len(v) != 8 {
@@ -181,7 +182,7 @@ func insertWith(now Now, msgs []NewMessage, idx []int, out []Produced, extra []s
 	if _, err := rr.Close(); err != nil {
 		return fmt.Errorf("insert: %w", err)
 	}
-	return assignIDs(ids, idx, out)
+	return assignIDs(ids, rows.idx, rows.out)
 }
 
 // maxSeenStreams bounds the streams a connection remembers for sighting;

@@ -9,10 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stretchr/testify/require"
-
 	"github.com/c1702965/sqlstreams/internal/conformance"
 	"github.com/c1702965/sqlstreams/internal/topic"
+	"github.com/stretchr/testify/require"
 )
 
 // conformanceDir locates the repository's copy of the shared cases

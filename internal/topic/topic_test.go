@@ -5,9 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stretchr/testify/require"
-
 	"github.com/c1702965/sqlstreams/internal/topic"
+	"github.com/stretchr/testify/require"
 )
 
 // refMatch is deliberately the naive recursive definition of AMQP topic

@@ -24,11 +24,11 @@ package wakeup
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/benbjohnson/clock"
-	"slices"
-	"sync"
 )
 
 // MaxKeysBytes bounds the routing keys one stream's wake-up lists (each key
