@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -25,7 +26,13 @@ import (
 func TestAnOutageIsLoggedTwiceASession(t *testing.T) {
 	skipOutageWhenShort(t)
 	ctx := context.Background()
-	const n, down = 900, 3 * time.Second
+	const n = 900
+	down := 3 * time.Second
+	if v := os.Getenv("SQLSTREAMS_OUTAGE"); v != "" { // a longer outage: SQLSTREAMS_OUTAGE=30s
+		var err error
+		down, err = time.ParseDuration(v)
+		require.NoError(t, err, "SQLSTREAMS_OUTAGE")
+	}
 	retry := Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}
 	first := newEnv(t, &ClientConfig{Retry: retry})
 	s := first.stream("orders")
