@@ -190,6 +190,12 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 	if handler == nil {
 		return fmt.Errorf("%w: Consume needs a handler", ErrInvalidConfig)
 	}
+	return c.consume(ctx, c.adapt(handler), nil, opts)
+}
+
+// consume runs one session with a plain handler h or a transactional one
+// th.
+func (c *Consumer[T]) consume(ctx context.Context, h engine.Handler, th engine.TxHandler, opts *ConsumeOptions) error {
 	o := opts.withDefaults()
 	if err := o.validate(); err != nil {
 		return err
@@ -216,7 +222,7 @@ func (c *Consumer[T]) Consume(ctx context.Context, handler Handler[T], opts *Con
 	return engine.Run(ctx, engine.Config{Manager: mgr, Health: health, Retry: client.cfg.Retry.policy(),
 		Store: client.store, StreamID: c.group.StreamID, GroupID: c.group.ID, GroupName: c.group.Name,
 		StreamName: c.s.name, Observer: client.cfg.Observer, EndSession: endSession,
-		Workers: c.group.Workers, DeclaredBy: declaredBy(), Handler: c.adapt(handler), Slabs: client.slabsFor(),
+		Workers: c.group.Workers, DeclaredBy: declaredBy(), Handler: h, TxHandler: th, Slabs: client.slabsFor(),
 		Options: engine.Options{
 			BatchLimit: o.BatchLimit, QueueSize: o.QueueSize, MessageConcurrency: o.MessageConcurrency,
 			ClaimPollRate: o.ClaimPollRate, InstanceTTL: o.InstanceTTL, ShutdownTimeout: o.ShutdownTimeout,

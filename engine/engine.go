@@ -102,6 +102,9 @@ type Config struct {
 	Observer   observe.Observer
 	DeclaredBy string
 	Handler    claimer.Handler
+	// TxHandler, if set instead of Handler, runs each message inside the
+	// transaction that settles it (decision 0086).
+	TxHandler claimer.TxHandler
 	// Slabs, if set, is the client's pool of payload slabs; only a handler
 	// that keeps no payload bytes past its return may be given one
 	// (claimer.Common.Slabs).
@@ -320,7 +323,7 @@ func (s *session) incarnation(ctx context.Context, n int) (lapsed bool, err erro
 		})
 	}
 	common := claimer.Common{
-		Leftovers: cfg.Leftovers, Store: cfg.Store, Slabs: cfg.Slabs, StreamID: cfg.StreamID, GroupID: cfg.GroupID, Handler: cfg.Handler, Group: s.snap.Group,
+		Leftovers: cfg.Leftovers, Store: cfg.Store, Slabs: cfg.Slabs, StreamID: cfg.StreamID, GroupID: cfg.GroupID, Handler: cfg.Handler, TxHandler: cfg.TxHandler, Group: s.snap.Group,
 		Concurrency: o.MessageConcurrency, PollRate: o.ClaimPollRate, Lease: o.InstanceTTL,
 		KeyBusyDelay: o.KeyBusyDelay, TimeoutGrace: o.TimeoutGrace, ShutdownTimeout: ShutdownBudget(o, s.snap),
 		Clock: cfg.Clock, Logger: logger, DBNow: s.dbNow, Stats: cfg.Stats, Drain: s.plan, Hooks: cfg.Hooks,

@@ -19,6 +19,8 @@ import (
 type (
 	// Handler runs one delivery (the range and exception claimers' handler).
 	Handler = claimer.Handler
+	// TxHandler runs one delivery inside the transaction that settles it.
+	TxHandler = claimer.TxHandler
 	// Delivery is what a Handler is given.
 	Delivery = claimer.Delivery
 	// Stats are a session's counters, safe to read while it runs.
@@ -82,3 +84,7 @@ func (s *Shared) parts(h *hooks.Hooks) (*Hub, *heartbeat.Beats, *refresher.Reads
 	}
 	return s.hub, s.beats, s.reads
 }
+
+// MaxTxMessages is the most messages a transactional handler's session
+// runs in one transaction (claimer.MaxTxBatch).
+const MaxTxMessages = claimer.MaxTxBatch

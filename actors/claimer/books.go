@@ -267,7 +267,7 @@ func (b *books) start(rf ref) Job {
 
 func (in *inflight) job(i int) Job {
 	e := in.eff[i]
-	return Job{Ref: ref{rangeID: in.r.ID, token: in.r.Token, index: i}, Delivery: Delivery{
+	return Job{Ref: ref{rangeID: in.r.ID, token: in.r.Token, index: i}, eff: e, Delivery: Delivery{
 		Msg: &in.r.Messages[i], Attempt: 1, Concurrency: e.Concurrency, Timeout: e.Timeout, Bindings: in.r.Bindings}}
 }
 
@@ -307,6 +307,15 @@ func (b *books) outcome(rf ref, w *store.ExceptionWrite, holdBack bool) (jobs []
 		}
 	}
 	return jobs, in.pending == 0
+}
+
+// recordedAt marks message rf's outcome as written already (a
+// transactional handler's settlement committed with it): no commit or
+// progress record writes it again.
+func (b *books) recordedAt(rf ref) {
+	if in := b.ranges.of(rf); in != nil {
+		in.writes[rf.index], in.rec[rf.index] = nil, true
+	}
 }
 
 // running reports whether rf names a running message of a held range: an

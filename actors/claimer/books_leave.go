@@ -18,21 +18,30 @@ import (
 // the claimer no longer knows. It returns the jobs of other ranges' messages
 // that the old incarnation's running ones held up.
 func (b *books) dropStale(old *inflight) []Job {
-	var heads []string // keys whose running message was the old incarnation's
+	jobs, _ := b.letGo(old)
+	return jobs
+}
+
+// letGo takes a range out of the books while some of its messages may
+// still run (a stale incarnation, a transaction that committed nothing
+// known): its keys' queues forget its messages, the next message of a key
+// whose running one was the range's (another range's) starts, and the
+// leases no other range uses are returned for release.
+func (b *books) letGo(old *inflight) (jobs []Job, release []store.KeyLease) {
+	var heads []string // keys whose running message was the range's
 	for _, key := range old.keys {
 		if ks := b.keys.get(key); ks != nil && len(ks.queue) > 0 && ks.queue[0].rangeID == old.r.ID && ks.queue[0].token == old.r.Token {
 			heads = append(heads, key)
 		}
 	}
-	b.leaveKeys(old, false, time.Time{})
+	release = b.leaveKeys(old, false, time.Time{})
 	b.ranges.forget(old.r.ID)
-	var jobs []Job
 	for _, key := range heads { // the next message of the key, another range's, starts
 		if ks := b.keys.get(key); ks != nil && len(ks.queue) > 0 && !ks.pending {
 			jobs = append(jobs, b.start(ks.queue[0]))
 		}
 	}
-	return jobs
+	return jobs, release
 }
 
 // releaseKeys detaches a leaving range from the keys it used and returns the

@@ -101,6 +101,9 @@ func New(cfg Config) *Actor {
 	a := &Actor{cfg: cfg, runner: cfg.newRunner()}
 	a.db = cfg.Store.Group(cfg.StreamID, cfg.GroupID).InLane(false).Counting(&a.answered)
 	a.outage = cfg.reporter("claimer store call", &a.answered)
+	if a.runner.tx != nil {
+		a.runner.tx.settler = a
+	}
 	a.b = books{keyBusyDelay: cfg.KeyBusyDelay, stats: cfg.Stats, hooks: cfg.Hooks, broken: cfg.Hooks.Breaks()}
 	a.b.keys.hold = cfg.keyHold()
 	a.b.ranges.keepDue = cfg.Hooks.Breaks().ForgetsKeepingCommitDue()

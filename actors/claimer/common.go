@@ -1,6 +1,7 @@
 package claimer
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"sync/atomic"
@@ -61,6 +62,9 @@ type Common struct {
 	GroupID    int64
 	InstanceID string
 	Handler    Handler
+	// TxHandler, if set instead of Handler, runs each message inside the
+	// transaction that settles it (tx.go, decision 0086).
+	TxHandler TxHandler
 	// Group returns the group config in force now. It is read at each claim
 	// and exception write and never from the database on the claim path.
 	Group func() policy.Group
@@ -216,6 +220,10 @@ func (s *Stats) count(next policy.Next, err error, attempts int) {
 // handler starts only once the incarnation is valid.
 func (c *Common) newRunner() *runner {
 	r := &runner{handler: c.Handler, clock: c.Clock, grace: c.TimeoutGrace, stats: c.Stats}
+	if th := c.TxHandler; th != nil {
+		r.handler = func(ctx context.Context, d *Delivery) error { return th(ctx, d.Tx, d) }
+		r.tx = &txMode{pool: c.Store.Pool(), batch: MaxTxBatch} // its settler is the actor's
+	}
 	if c.Liveness != nil {
 		r.gate = c.Liveness.Wait
 	}

@@ -106,13 +106,16 @@ func NewExceptionActor(cfg ExceptionConfig) *ExceptionActor {
 	if cfg.Chain == 0 {
 		cfg.Chain = DefaultChain
 	}
-	if cfg.Chain < 0 {
+	if cfg.Chain < 0 || cfg.TxHandler != nil { // a transactional row settles alone (tx.go)
 		cfg.Chain = 0
 	}
 	cfg.Prefetch = max(cfg.Prefetch, 0)
 	a := &ExceptionActor{cfg: cfg, running: map[store.Position]*excRun{}, runner: cfg.newRunner()}
 	a.db = cfg.Store.Group(cfg.StreamID, cfg.GroupID).InLane(true).Counting(&a.answered)
 	a.outage = cfg.reporter("exception claimer store call", &a.answered)
+	if a.runner.tx != nil {
+		a.runner.tx.settler = a
+	}
 	return a
 }
 
@@ -226,7 +229,7 @@ func (a *ExceptionActor) startRow(ctx context.Context, r *excRun, haveKey bool) 
 	}
 	a.running[m.Position] = r
 	a.cfg.Stats.Retried.Add(1)
-	return []Job{{Ref: Ref{row: m.Position}, Delivery: Delivery{Msg: m, Attempt: r.run.Attempts + 1,
+	return []Job{{Ref: Ref{row: m.Position, token: r.run.Token}, eff: r.eff, Delivery: Delivery{Msg: m, Attempt: r.run.Attempts + 1,
 		Delays: r.run.Delays, Concurrency: r.eff.Concurrency, Timeout: r.eff.Timeout}}}, nil
 }
 
@@ -316,6 +319,20 @@ func (a *ExceptionActor) apply(ctx context.Context, o Outcome) ([]Job, error) {
 		return nil, nil
 	}
 	a.cfg.Hooks.TraceOne(hooks.TraceApplied, r.run.Message.ID)
+	switch {
+	case o.tx.lost:
+		// Its transaction committed nothing known: the row goes back to
+		// pending under its token, no attempt spent; a commit that did
+		// apply left no row under the token (the write finds it gone).
+		return a.settle(ctx, r, store.Settlement{Status: policy.StatusPending, Attempts: r.run.Attempts, Delays: r.run.Delays,
+			Error: "handed back: " + errText(o.Err)})
+	case o.tx.recorded: // settled in the handler's transaction
+		a.cfg.Stats.count(o.tx.next, o.Err, r.run.Attempts)
+		a.cfg.observeAttempt(o, o.tx.next, r.run.Attempts, r.run.Message.ProducedAt)
+		a.cfg.Hooks.TraceOne(hooks.TraceRecorded, r.run.Message.ID)
+		delete(a.running, pos)
+		return nil, a.giveBack(ctx, r.queued)
+	}
 	group := a.cfg.Group()
 	next := policy.Decide(a.atWrite(r.eff, &r.run.Message, group), group.InitialBackoffOrDefault(), r.run.Attempts, r.run.Delays, o.Err)
 	a.cfg.Stats.count(next, o.Err, r.run.Attempts)

@@ -15,6 +15,7 @@ import (
 	"github.com/c1702965/sqlstreams/internal/handlerctx"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/jackc/pgx/v5"
 )
 
 // Delivery is one handler attempt of one message.
@@ -28,6 +29,9 @@ type Delivery struct {
 	// Bindings is the binding declaration whose set routed the message to
 	// the group (0: whole stream), as read by the claim that handed it out.
 	Bindings int64
+	// Tx is the transaction a transactional handler runs in (TxHandler);
+	// nil otherwise.
+	Tx pgx.Tx
 }
 
 // Handler runs one delivery. nil is success; see policy.Classify for errors.
@@ -37,6 +41,12 @@ type Handler func(ctx context.Context, d *Delivery) error
 type Job struct {
 	Ref      Ref
 	Delivery Delivery
+	// eff is the message's policy as pinned at its claim (a tx worker
+	// decides its result with it).
+	eff policy.Effective
+	// batch, in a transactional runner, is the jobs one transaction runs
+	// (batches); the job itself is then only its carrier.
+	batch []Job
 }
 
 // Outcome is a finished job. Canceled means the run was cut short by the
@@ -53,6 +63,8 @@ type Outcome struct {
 	// handlerLeft: the handler was abandoned and may still run (and read
 	// its Delivery).
 	handlerLeft bool
+	// tx is a transactional runner's word on the attempt's settlement.
+	tx txResult
 }
 
 // errNotLive is the outcome of a job the runner did not start because the
@@ -70,6 +82,8 @@ type runner struct {
 	// gate, if set, is waited on before each handler starts: false (the
 	// incarnation was lost, or ctx ended) and the job is not run.
 	gate func(ctx context.Context) bool
+	// tx, if set, runs the jobs as transactional batches (tx.go).
+	tx *txMode
 
 	mu       sync.Mutex
 	handlers *sync.WaitGroup // this Serve generation's handler goroutines, abandoned ones included
@@ -342,6 +356,14 @@ func (p *pool) work() {
 		p.queued.Add(-1)
 		if p.skip.Load() {
 			p.idle.Add(1)
+			continue
+		}
+		if j.batch != nil {
+			os := p.r.runTx(p.ctx, j.batch, &ex)
+			p.idle.Add(1)
+			for _, o := range os {
+				p.out <- o
+			}
 			continue
 		}
 		o := p.r.run(p.ctx, j, &ex)

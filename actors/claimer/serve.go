@@ -112,6 +112,9 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		}
 	}()
 	send := func(jobs []Job) {
+		if r.tx != nil && len(jobs) > 0 {
+			jobs = batches(jobs, r.tx.batch)
+		}
 		for _, j := range jobs {
 			p.submit(j)
 		}

@@ -12,10 +12,17 @@ import (
 
 // Outcome records one finished job, releases the next message of its key,
 // and commits the range when every message has an outcome. A canceled
-// outcome settles nothing: the message is handed back with its range.
+// outcome settles nothing: the message is handed back with its range. A
+// transactional attempt's outcome was written with its handler's writes
+// (tx.recorded), or committed nothing known (tx.lost: the range is let go
+// of).
 func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 	a.cfg.Hooks.Point(hooks.ClaimerOutcome)
 	rf := o.Ref
+	if o.tx.lost && !o.Canceled {
+		a.cfg.Hooks.TraceOne(hooks.TraceLost, o.msgID)
+		return a.letGo(ctx, rf)
+	}
 	if o.Canceled || !a.b.running(rf) {
 		a.cfg.Hooks.TraceOne(hooks.TraceDropped, o.msgID)
 		return nil, nil // a range dropped after a lost lease or a hand-back, or an earlier incarnation's job
@@ -24,26 +31,53 @@ func (a *Actor) Outcome(ctx context.Context, o Outcome) ([]Job, error) {
 	i := rf.index
 	m := &in.r.Messages[i]
 	a.cfg.Hooks.TraceOne(hooks.TraceApplied, m.ID)
-	group := a.cfg.Group()
-	e := a.atWrite(in.eff[i], m, group)
-	next := policy.Decide(e, group.InitialBackoffOrDefault(), 0, 0, o.Err)
-	var w *store.ExceptionWrite
-	if !next.Delete {
-		w = &store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(e.Concurrency),
-			Status: next.Status, Attempts: next.Attempts, Delays: next.Delays, Error: errText(o.Err), After: next.After}
+	d := o.tx.decided
+	concurrency := in.eff[i].Concurrency
+	if !o.tx.recorded {
+		d = a.decideNow(in.eff[i], m, o.Err)
 	}
 	in.handlerLeft = in.handlerLeft || o.handlerLeft
-	if outcome := policy.OutcomeOf(next, o.Err, 0); group.Logs(outcome) {
-		in.log = append(in.log, store.DeliveryWrite{Position: m.Position, Attempt: 1, Outcome: outcome, Error: errText(o.Err)})
+	if d.log != nil && !o.tx.recorded {
+		in.log = append(in.log, *d.log)
 	}
-	a.cfg.Stats.count(next, o.Err, 0)
-	a.cfg.observeAttempt(o, next, 0, m.ProducedAt)
-	holdBack := e.Concurrency == policy.Ordered && !next.Delete && !a.cfg.Hooks.Breaks().IgnoresOrderedFailure()
-	jobs, complete := a.b.outcome(rf, w, holdBack)
+	a.cfg.Stats.count(d.next, o.Err, 0)
+	a.cfg.observeAttempt(o, d.next, 0, m.ProducedAt)
+	holdBack := concurrency == policy.Ordered && !d.next.Delete && !a.cfg.Hooks.Breaks().IgnoresOrderedFailure()
+	jobs, complete := a.b.outcome(rf, d.write, holdBack)
+	if o.tx.recorded {
+		a.cfg.Hooks.TraceOne(hooks.TraceRecorded, m.ID)
+		a.b.recordedAt(rf)
+		if d.write != nil {
+			a.cfg.Nudge.give() // written: the exception claimer's probe must look
+		}
+	}
 	if !complete {
 		return jobs, nil
 	}
 	return jobs, a.settle(ctx, rf.rangeID)
+}
+
+// decideNow decides an attempt's result on the actor's loop, with its memo
+// of parsed options (decide is the tx workers' form).
+func (a *Actor) decideNow(claimed policy.Effective, m *store.Message, err error) decided {
+	group := a.cfg.Group()
+	return rangeDecision(a.atWrite(claimed, m, group), m, group, err)
+}
+
+// rangeDecision is a range message's first attempt's result under e (the
+// policy at the exception write): its exception row unless it succeeded,
+// and its delivery-log row when the group logs the outcome.
+func rangeDecision(e policy.Effective, m *store.Message, group policy.Group, err error) decided {
+	next := policy.Decide(e, group.InitialBackoffOrDefault(), 0, 0, err)
+	d := decided{next: next}
+	if !next.Delete {
+		d.write = &store.ExceptionWrite{Position: m.Position, Key: m.Key, Concurrency: string(e.Concurrency),
+			Status: next.Status, Attempts: next.Attempts, Delays: next.Delays, Error: errText(err), After: next.After}
+	}
+	if outcome := policy.OutcomeOf(next, err, 0); group.Logs(outcome) {
+		d.log = &store.DeliveryWrite{Position: m.Position, Attempt: 1, Outcome: outcome, Error: errText(err)}
+	}
+	return d
 }
 
 // settle commits a complete range; a commit that fails stays due (the

@@ -9,6 +9,14 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// InTx returns the handle with its statements run on tx: a transactional
+// handler's settlement commits with what the handler wrote (RecordProgress,
+// SettleException), or not at all.
+func (g Group) InTx(tx Querier) Group {
+	g.tx = tx
+	return g
+}
+
 // Counting returns the handle with every statement of it that the database
 // answers counted in n. An actor's outage reporter reads it to tell a step
 // that reached the database from one that made no store call at all (a

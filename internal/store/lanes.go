@@ -194,7 +194,10 @@ func (ls *laneSet) endSession(ctx context.Context) {
 // db is where the group's engine statements run: its lane, or the pool.
 func (g Group) db() Querier {
 	var q Querier = g.st.pool
-	if g.lane != nil {
+	switch {
+	case g.tx != nil:
+		q = g.tx
+	case g.lane != nil:
 		q = laneQ{l: g.lane, generic: !g.custom}
 	}
 	if g.answered != nil {

@@ -157,6 +157,8 @@ type Group struct {
 	// answered, if set, counts the statements the database answered
 	// (Counting).
 	answered *atomic.Uint64
+	// tx, if set, runs the group's statements (InTx).
+	tx Querier
 }
 
 // Group returns the handle of group groupID of stream streamID.
