@@ -562,3 +562,11 @@ func TestFastJSONDecodeDivergences(t *testing.T) {
 		}
 	}
 }
+
+// TestTheDefaultDecoderIsEncodingJSON: FastJSON does not decode exactly like
+// encoding/json (TestFastJSONDecodeDivergences), so it is opt-in.
+func TestTheDefaultDecoderIsEncodingJSON(t *testing.T) {
+	if d := (&ClientConfig{}).withDefaults().Decoder; d != (StandardJSON{}) {
+		t.Fatalf("the default Decoder is %T, want StandardJSON", d)
+	}
+}
