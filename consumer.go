@@ -158,8 +158,8 @@ func (c *Consumer[T]) db() store.Group { return c.s.c.store.Group(c.group.Stream
 // Delay(d) runs it again after d without spending a retry. A panic is a
 // failure, never a crash. The handler's ctx ends at the message's Timeout.
 //
-// msg is decoded with the client's Decoder (ClientConfig.Decoder: FastJSON
-// by default, which keeps encoding/json's rules). A consumer of
+// msg is decoded with the client's Decoder (ClientConfig.Decoder:
+// StandardJSON, encoding/json, by default). A consumer of
 // Stream[json.RawMessage] receives the payload's bytes as stored, with no
 // decoding at all (the database validated them as JSON at produce): a
 // handler that only looks at part of the message starts there.

@@ -271,23 +271,24 @@ func Example_groupStatus() {
 	// true
 }
 
-// Consumers decode payloads with the client's Decoder: FastJSON unless
-// ClientConfig.Decoder says otherwise. It keeps encoding/json's rules
-// (unknown fields ignored, a type mismatch reported as a
-// *json.UnmarshalTypeError naming the field), so switching between it and
-// StandardJSON changes speed, not results.
+// Consumers decode payloads with the client's Decoder: StandardJSON
+// (encoding/json, as producers encode) unless ClientConfig.Decoder says
+// otherwise. Unknown fields are ignored, and a type mismatch is a
+// *json.UnmarshalTypeError naming the field. FastJSON (go-json) is the
+// faster opt-in, which differs from encoding/json at a few edges its
+// comment lists.
 func Example_decoder() {
 	var ok PaymentRequestedV1
-	err := sqlstreams.FastJSON{}.Unmarshal([]byte(`{"order_id":"o-1","cents":1999,"note":"unknown field"}`), &ok)
+	err := sqlstreams.StandardJSON{}.Unmarshal([]byte(`{"order_id":"o-1","cents":1999,"note":"unknown field"}`), &ok)
 	fmt.Println(ok, err)
 
 	var bad PaymentRequestedV1
-	err = sqlstreams.FastJSON{}.Unmarshal([]byte(`{"order_id":"o-2","cents":"lots"}`), &bad)
+	err = sqlstreams.StandardJSON{}.Unmarshal([]byte(`{"order_id":"o-2","cents":"lots"}`), &bad)
 	var mismatch *json.UnmarshalTypeError
 	fmt.Println(errors.As(err, &mismatch), mismatch.Field)
 
-	// encoding/json for every consumer of this client:
-	cfg := &sqlstreams.ClientConfig{Decoder: sqlstreams.StandardJSON{}}
+	// go-json for every consumer of this client:
+	cfg := &sqlstreams.ClientConfig{Decoder: sqlstreams.FastJSON{}}
 	fmt.Println(cfg.Decoder.Unmarshal([]byte(`{"cents":5}`), &ok), ok.Cents)
 	// Output:
 	// {o-1 1999} <nil>

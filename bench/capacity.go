@@ -155,7 +155,7 @@ func (b *bench) capacityWindow(ctx context.Context, prefix string, sc capacitySc
 			return nil, err
 		}
 		pools = append(pools, p)
-		return sqlstreams.NewClient(ctx, p, &sqlstreams.ClientConfig{Schema: "sqlstreams_bench", Logger: b.logger})
+		return sqlstreams.NewClient(ctx, p, b.clientConfig())
 	}
 	producer, err := newClient(app + "-producer")
 	if err != nil {

@@ -19,7 +19,7 @@ package main
 // before the backlog is produced (a PgQ consumer sees only events after its
 // registration), so every run reads the same backlog: next_batch,
 // get_batch_events, decode each event into an Order with the decoder
-// sqlstreams' typed handlers use by default, finish_batch.
+// sqlstreams' typed handlers use in the harness (benchDecoder), finish_batch.
 
 import (
 	"context"
@@ -29,7 +29,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/c1702965/sqlstreams"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -45,7 +44,7 @@ func (b *bench) pgqConfig() string {
 		"no pgqd: the harness calls pgq.ticker(queue) every %s while producing, then once more; "+
 		"produce: %d connections, pgq.insert_event for %d events a statement (SELECT ... FROM unnest), each its own transaction; "+
 		"consume: 1 consumer per run, registered before the backlog (%d events) is produced, next_batch / get_batch_events / "+
-		"decode each ev_data into an Order with sqlstreams.FastJSON (the typed handlers' default decoder) / finish_batch",
+		"decode each ev_data into an Order with sqlstreams.FastJSON (the harness's typed handlers' decoder) / finish_batch",
 		pgqQueue, pgqTickCount, pgqTickEvery, pgqTickEvery, produceWorkers, produceBatchLen, b.c.n)
 }
 
@@ -211,7 +210,7 @@ func (b *bench) pgqConsume(ctx context.Context, consumer, label string) (float64
 		var data []byte
 		_, err = pgx.ForEachRow(rows, []any{&data}, func() error {
 			o = Order{}
-			if err := (sqlstreams.FastJSON{}).Unmarshal(data, &o); err != nil {
+			if err := (benchDecoder{}).Unmarshal(data, &o); err != nil {
 				return err
 			}
 			k++

@@ -75,7 +75,7 @@ func (b *bench) scale(ctx context.Context) error {
 	fmt.Printf("scale: %d streams, %d groups each, %d processes; idle for %s (from %s after the warm-up); spread %d messages\n", S, G, P, b.c.scaleIdle, scaleSettle, b.c.scaleN)
 
 	// 1. Registration, on the benchmark's pool.
-	client, err := sqlstreams.NewClient(ctx, b.pool, &sqlstreams.ClientConfig{Schema: "sqlstreams_bench", Logger: b.logger})
+	client, err := sqlstreams.NewClient(ctx, b.pool, b.clientConfig())
 	if err != nil {
 		return err
 	}
@@ -222,7 +222,7 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 		return 0, 0, 0, cpu, err
 	}
 	defer ppool.Close()
-	producer, err := sqlstreams.NewClient(ctx, ppool, &sqlstreams.ClientConfig{Schema: "sqlstreams_bench", Logger: b.logger})
+	producer, err := sqlstreams.NewClient(ctx, ppool, b.clientConfig())
 	if err != nil {
 		return 0, 0, 0, cpu, err
 	}
@@ -297,7 +297,7 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 			return 0, 0, 0, cpu, err
 		}
 		pools = append(pools, p)
-		c, err := sqlstreams.NewClient(ctx, p, &sqlstreams.ClientConfig{Schema: "sqlstreams_bench", Logger: b.logger})
+		c, err := sqlstreams.NewClient(ctx, p, b.clientConfig())
 		if err != nil {
 			return 0, 0, 0, cpu, err
 		}
