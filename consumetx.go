@@ -27,7 +27,7 @@ type TxHandler[T any] func(ctx context.Context, tx pgx.Tx, msg *T) error
 //
 // Up to MaxTxMessages messages of one range run in one transaction, each in
 // a savepoint, so that one failure rolls back only its own writes
-// (decision 0086). Each of MessageConcurrency workers holds a pool
+// (decision 0087). Each of MessageConcurrency workers holds a pool
 // connection while its transaction runs: size the pool for it.
 func (c *Consumer[T]) ConsumeTx(ctx context.Context, handler TxHandler[T], opts *ConsumeOptions) error {
 	if handler == nil {

@@ -103,7 +103,7 @@ type Config struct {
 	DeclaredBy string
 	Handler    claimer.Handler
 	// TxHandler, if set instead of Handler, runs each message inside the
-	// transaction that settles it (decision 0086).
+	// transaction that settles it (decision 0087).
 	TxHandler claimer.TxHandler
 	// Slabs, if set, is the client's pool of payload slabs; only a handler
 	// that keeps no payload bytes past its return may be given one

@@ -63,7 +63,7 @@ type Common struct {
 	InstanceID string
 	Handler    Handler
 	// TxHandler, if set instead of Handler, runs each message inside the
-	// transaction that settles it (tx.go, decision 0086).
+	// transaction that settles it (tx.go, decision 0087).
 	TxHandler TxHandler
 	// Group returns the group config in force now. It is read at each claim
 	// and exception write and never from the database on the claim path.

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Transactional handlers (decision 0086).
+// Transactional handlers (decision 0087).
 //
 // A transactional handler runs inside a transaction that also settles its
 // message: whatever it writes commits with the message's settlement (its
