@@ -83,7 +83,7 @@ type ClientConfig struct {
 	// Default StandardJSON{} (encoding/json, which producers always encode
 	// with); FastJSON{} (github.com/goccy/go-json) decodes about 5.5 times as
 	// fast, where decoding is most of a typed consumer's CPU, but differs
-	// from encoding/json at a few edges its comment lists (decision 0087).
+	// from encoding/json at a few edges its comment lists (decision 0086).
 	Decoder Decoder
 	// PayloadPool is how many bytes of claimed payload memory the client
 	// keeps, once the ranges that held them have settled, for its

@@ -23,7 +23,7 @@ type Decoder interface {
 }
 
 // StandardJSON is the Decoder that decodes with encoding/json, the rules
-// producers encode with. StandardJSON{} is the default (decision 0087).
+// producers encode with. StandardJSON{} is the default (decision 0086).
 type StandardJSON struct{}
 
 // Unmarshal decodes with encoding/json.
@@ -33,7 +33,7 @@ func (StandardJSON) Unmarshal(data []byte, v any) error { return json.Unmarshal(
 // 5.5 times as fast as encoding/json on the benchmark's Order on the
 // reference machine (decision 0033), and opt-in (set ClientConfig.Decoder to
 // FastJSON{}), because it does not decode exactly like encoding/json
-// (decision 0087, whose fuzz target compares the two):
+// (decision 0086, whose fuzz target compares the two):
 //   - a number into a float32 is parsed as a float64 and then narrowed:
 //     json.Marshal's text of ±math.MaxFloat32 (3.4028235e+38) is out of range
 //     and fails to decode, and a number that is halfway between two

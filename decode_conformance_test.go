@@ -145,7 +145,7 @@ var decodeCorpus = []struct {
 
 // TestFastJSONDecodesAsEncodingJSON decodes the corpus with both decoders and
 // compares values and errors: FastJSON, opt-in, keeps encoding/json's rules
-// on it (FuzzFastJSONDecodesAsEncodingJSON looks further, and decision 0087
+// on it (FuzzFastJSONDecodesAsEncodingJSON looks further, and decision 0086
 // lists where it does not).
 func TestFastJSONDecodesAsEncodingJSON(t *testing.T) {
 	for _, c := range decodeCorpus {

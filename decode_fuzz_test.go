@@ -14,7 +14,7 @@ import (
 )
 
 // FuzzFastJSONDecodesAsEncodingJSON is the differential fuzz target of
-// decision 0087: for any payload it decodes into each of fuzzTargets' types,
+// decision 0086: for any payload it decodes into each of fuzzTargets' types,
 // fresh as adapt (consumer.go) makes them, with FastJSON{} and StandardJSON{}
 // (each on a copy of the payload it overwrites afterwards, as a claim's
 // recycled buffer is), and requires the same outcome: both fail or neither
@@ -266,7 +266,7 @@ func fuzzDiverges(tg fuzzTarget, data []byte) (diff, known string) {
 }
 
 // fuzzKnown names the divergence of FastJSON from encoding/json that
-// decision 0087 lists (and FastJSON's comment), or "" for a new one:
+// decision 0086 lists (and FastJSON's comment), or "" for a new one:
 //   - "float32": go-json parses a number into a float32 as a float64 and then
 //     narrows it, so it rounds twice and rejects numbers that round to
 //     math.MaxFloat32 (json.Marshal writes it as 3.4028235e+38). Known when
@@ -491,7 +491,7 @@ var fuzzSeeds = []string{
 }
 
 // TestFastJSONDecodeDivergences pins each divergence of FastJSON from
-// encoding/json that decision 0087 lists, with the class fuzzKnown gives it
+// encoding/json that decision 0086 lists, with the class fuzzKnown gives it
 // (the fuzz target lets those pass and no other). When go-json changes and a
 // case stops diverging, update the decision and FastJSON's comment.
 func TestFastJSONDecodeDivergences(t *testing.T) {

@@ -31,6 +31,13 @@ func (PaymentRequestedV1) SchemaVersion() int { return 1 }
 // The examples each use a schema of their own, emptied first so that they
 // print the same every time.
 func connect(schema string) *sqlstreams.Client {
+	client, _ := connectPool(schema)
+	return client
+}
+
+// connectPool is connect, also returning the pool, for an example that
+// makes tables of its own.
+func connectPool(schema string) (*sqlstreams.Client, *pgxpool.Pool) {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(os.Getenv("SQLSTREAMS_DATABASE_URL"))
 	check(err)
@@ -42,7 +49,7 @@ func connect(schema string) *sqlstreams.Client {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil)) // the examples' output is their prints
 	client, err := sqlstreams.NewClient(ctx, pool, &sqlstreams.ClientConfig{Schema: schema, Logger: quiet})
 	check(err)
-	return client
+	return client, pool
 }
 
 func check(err error) {
@@ -294,4 +301,47 @@ func Example_decoder() {
 	// {o-1 1999} <nil>
 	// true cents
 	// <nil> 5
+}
+
+type ReceiptIssuedV1 struct {
+	OrderID string `json:"order_id"`
+}
+
+func (ReceiptIssuedV1) SchemaVersion() int { return 1 }
+
+// A transactional handler: the row it writes, the message it produces to a
+// second stream and its message's settlement commit together, exactly once,
+// whatever happens to the process or the database between them.
+func Example_transactional() {
+	ctx, stop := context.WithCancel(context.Background())
+	client, pool := connectPool("example_tx")
+	payments := sqlstreams.Stream[PaymentRequestedV1](client, "payments.requested")
+	check(payments.Register(ctx, nil))
+	receipts := sqlstreams.Stream[ReceiptIssuedV1](client, "receipts.issued")
+	check(receipts.Register(ctx, nil))
+	_, err := pool.Exec(ctx, "CREATE TABLE example_tx.charges (order_id text PRIMARY KEY, cents bigint NOT NULL)")
+	check(err)
+	_, err = payments.Produce(ctx, PaymentRequestedV1{OrderID: "o-1", Cents: 1250}, nil)
+	check(err)
+
+	charge, err := payments.Consumer("charge-cards").Register(ctx, nil)
+	check(err)
+	err = charge.ConsumeTx(ctx, func(ctx context.Context, tx pgx.Tx, p *PaymentRequestedV1) error {
+		if _, err := tx.Exec(ctx, "INSERT INTO example_tx.charges (order_id, cents) VALUES ($1, $2)", p.OrderID, p.Cents); err != nil {
+			return err
+		}
+		if _, err := receipts.Produce(ctx, ReceiptIssuedV1{OrderID: p.OrderID}, &sqlstreams.ProduceOptions{Tx: tx}); err != nil {
+			return err
+		}
+		fmt.Printf("charged %s in the transaction that settles it\n", p.OrderID)
+		stop()
+		return nil
+	}, nil)
+	check(err)
+	var n int
+	check(pool.QueryRow(context.Background(), "SELECT count(*) FROM example_tx.charges").Scan(&n))
+	fmt.Println("charges:", n)
+	// Output:
+	// charged o-1 in the transaction that settles it
+	// charges: 1
 }

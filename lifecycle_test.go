@@ -451,6 +451,9 @@ func TestChildConsumer(t *testing.T) {
 		require.NoError(t, err)
 		hooks.OnStart = func(id string) { childSay("INSTANCE " + id) }
 		require.NoError(t, childFreeze(ctx, client, hooks))
+	case "tx":
+		hooks.OnStart = func(id string) { childSay("INSTANCE " + id) }
+		require.NoError(t, childTx(ctx, schema, hooks))
 	case "share":
 		goSignal := make(chan struct{})
 		go func() { // the parent says GO once it is handling a range too

@@ -30,7 +30,7 @@ var burnOptions = sqlstreams.ConsumeOptions{BatchLimit: 1000, QueueSize: 2000, M
 
 // benchDecoder is the Decoder of the harness's clients and of the PgQ
 // consumer: go-json, as the recorded figures were measured with (it was the
-// default until decision 0087; StandardJSON, the default now, costs about
+// default until decision 0086; StandardJSON, the default now, costs about
 // 5.5 times as much a decode: decision 0033).
 type benchDecoder = sqlstreams.FastJSON
 
