@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/c1702965/sqlstreams"
+	"github.com/jackc/pgx/v5"
 )
 
 const (
@@ -113,6 +114,9 @@ func (b *bench) streams(ctx context.Context) error {
 		}
 		// The same with a json.RawMessage handler: what the typed decode costs.
 		rawRes := b.rep.throughput("burndown_raw_4", "sqlstreams burn-down, 4 instances, json.RawMessage handler (no decode)", "msg/s")
+		// And with a transactional handler writing one row a message
+		// (ConsumeTx, decision 0087): exactly-once effects' cost.
+		txRes := b.rep.throughput("burndown_tx_4", "sqlstreams transactional burn-down, 4 instances, typed, one row written a message", "msg/s")
 		for r := 1; r <= b.c.runs; r++ {
 			for _, inst := range insts {
 				b.checkpoint(ctx)
@@ -146,6 +150,31 @@ func (b *bench) streams(ctx context.Context) error {
 			rawRes.addCPU(c0, c1, ok, b.c.n)
 			if ok {
 				fmt.Printf("  %-34s CPU a message: %s\n", "", c0.perMessage(c1, b.c.n))
+			}
+
+			b.checkpoint(ctx)
+			label = fmt.Sprintf("burn-down 4 tx run %d/%d", r, b.c.runs)
+			txCons, err := backlog.Consumer(fmt.Sprintf("burntx-run%d", r)).Register(ctx, &sqlstreams.ConsumerConfig{Start: sqlstreams.StartBeginning})
+			if err != nil {
+				return err
+			}
+			table := fmt.Sprintf("%s.tx_effects_run%d", client.Schema(), r)
+			if _, err := b.pool.Exec(ctx, "CREATE TABLE "+table+" (order_id bigint NOT NULL, customer text NOT NULL)"); err != nil {
+				return err
+			}
+			c0, _ = b.cpuNow(ctx)
+			rate, err = runBurnTx(ctx, txCons, 4, b.c.n, table, label)
+			if err != nil {
+				return err
+			}
+			c1, ok = b.cpuNow(ctx)
+			txRes.add(label, rate)
+			txRes.addCPU(c0, c1, ok, b.c.n)
+			if ok {
+				fmt.Printf("  %-34s CPU a message: %s\n", "", c0.perMessage(c1, b.c.n))
+			}
+			if _, err := b.pool.Exec(ctx, "DROP TABLE "+table); err != nil {
+				return err
 			}
 		}
 		b.lap("burndown")
@@ -359,6 +388,45 @@ func runBurn[T any](ctx context.Context, cons *sqlstreams.Consumer[T], instances
 		fmt.Printf("  %-34s note: %d messages delivered more than once\n", "", extra)
 	}
 	return rate, nil
+}
+
+// runBurnTx runs instances transactional sessions of cons until n messages
+// were handled, each handler inserting one row into table in the
+// transaction that settles its message. A handler call is counted when it
+// returns: its transaction commits a little later, with its batch.
+func runBurnTx(ctx context.Context, cons *sqlstreams.Consumer[Order], instances, n int, table, label string) (float64, error) {
+	var count atomic.Int64
+	all := make(chan struct{})
+	insert := "INSERT INTO " + table + " (order_id, customer) VALUES ($1, $2)"
+	handler := func(ctx context.Context, tx pgx.Tx, m *Order) error {
+		if _, err := tx.Exec(ctx, insert, m.OrderID, m.Customer); err != nil {
+			return err
+		}
+		if count.Add(1) == int64(n) {
+			close(all)
+		}
+		return nil
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, instances)
+	stop := progress(label, "msgs", int64(n), &count)
+	start := wall.Now()
+	for range instances {
+		go func() {
+			opts := burnOptions
+			opts.MessageConcurrency = 4 // each worker holds a connection for its transaction
+			errs <- cons.ConsumeTx(cctx, handler, &opts)
+		}()
+	}
+	elapsed, err := awaitRun(ctx, start, all, errs, instances, &count, int64(n), "handled", stop, cancel)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", label, err)
+	}
+	if st := cons.Stats(); st.Failed > 0 {
+		return 0, fmt.Errorf("%s: %d handler failures", label, st.Failed)
+	}
+	return report1(label, "msgs", n, elapsed), nil
 }
 
 // awaitRun waits until all is closed (the run's work is done), an instance
