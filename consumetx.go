@@ -14,7 +14,8 @@ import (
 // or none of it does. Its results mean what a Handler's do (nil, an error
 // for the retry curve, Terminal, Delay); a failed attempt's writes are
 // rolled back and its outcome is recorded. It must use tx only until it
-// returns, and no other connection for what must commit with the message.
+// returns, never commit or roll it back itself, and use no other
+// connection for what must commit with the message.
 type TxHandler[T any] func(ctx context.Context, tx pgx.Tx, msg *T) error
 
 // ConsumeTx runs one instance of the group, as Consume does, with a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
@@ -162,8 +163,10 @@ func (r *runner) runTx(ctx context.Context, batch []Job, slot **executor) []Outc
 // if that commits, else lost with the batch.
 func (r *runner) settleAlone(ctx context.Context, j Job, o Outcome) Outcome {
 	res := r.tx.settler.decide(j, o.Err)
-	err := pgx.BeginFunc(context.WithoutCancel(ctx), r.tx.pool, func(tx pgx.Tx) error {
-		ok, err := r.tx.settler.write(ctx, tx, []Job{j}, []decided{res})
+	sctx, cancel := r.clock.WithTimeout(context.WithoutCancel(ctx), settleAloneBound)
+	defer cancel()
+	err := pgx.BeginFunc(sctx, r.tx.pool, func(tx pgx.Tx) error {
+		ok, err := r.tx.settler.write(sctx, tx, []Job{j}, []decided{res})
 		if err == nil && !ok {
 			err = store.ErrLeaseLost
 		}
@@ -172,6 +175,10 @@ func (r *runner) settleAlone(ctx context.Context, j Job, o Outcome) Outcome {
 	o.tx = txResult{recorded: err == nil, lost: err != nil, decided: res}
 	return o
 }
+
+// settleAloneBound bounds the transaction that records a failed attempt
+// alone (its batch's was unusable).
+const settleAloneBound = 5 * time.Second
 
 // batches groups jobs into the runner's transactions: consecutive jobs of
 // one range (its incarnation) in batches of at most n; an exception row's
