@@ -7,13 +7,14 @@ import (
 	"time"
 
 	"github.com/c1702965/sqlstreams/actors/claimer"
+	"github.com/c1702965/sqlstreams/internal/actortest"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/stretchr/testify/require"
 )
 
 // countedGroup registers the stream "orders" and its group "g"
 // (StartBeginning) on a counting client.
-func countedGroup(t *testing.T) (*Client, *callerCounter, *StreamHandle[order], *Consumer[order]) {
+func countedGroup(t *testing.T) (*Client, *actortest.Counter, *StreamHandle[order], *Consumer[order]) {
 	t.Helper()
 	ctx := context.Background()
 	client, counter := countingClient(t, "", 0)
@@ -26,7 +27,7 @@ func countedGroup(t *testing.T) (*Client, *callerCounter, *StreamHandle[order], 
 
 // keyedThenParallel is countedGroup with one range's worth (BatchLimit 2)
 // of exclusive messages produced, keys "a" and "b", then n parallel ones.
-func keyedThenParallel(t *testing.T, n int) (*callerCounter, *Consumer[order]) {
+func keyedThenParallel(t *testing.T, n int) (*actortest.Counter, *Consumer[order]) {
 	t.Helper()
 	ctx := context.Background()
 	_, counter, s, c := countedGroup(t)
@@ -48,7 +49,7 @@ func keyedThenParallel(t *testing.T, n int) (*callerCounter, *Consumer[order]) {
 func TestAKeyAcquisitionDoesNotHoldUpTheRangesAfterIt(t *testing.T) {
 	counter, c := keyedThenParallel(t, 4)
 
-	waiting, release := counter.hold("store.AcquireKeys")
+	waiting, release := counter.Hold("store.AcquireKeys")
 	t.Cleanup(release)
 	handled := make(chan string, 6)
 	consume(t, c, func(_ context.Context, o *order) error {
@@ -63,7 +64,7 @@ func TestAKeyAcquisitionDoesNotHoldUpTheRangesAfterIt(t *testing.T) {
 	}
 	require.Equal(t, map[string]bool{"p-0": true, "p-1": true, "p-2": true, "p-3": true}, got,
 		"only the later ranges' messages ran while the keys were being acquired")
-	within(t, counter.when("store.CommitRange", 2), "the later ranges' commits, while the keys were being acquired")
+	within(t, counter.When("store.CommitRange", 2), "the later ranges' commits, while the keys were being acquired")
 	select {
 	case id := <-handled:
 		t.Fatalf("%s ran before its key was leased", id)
@@ -84,7 +85,7 @@ func TestAKeyAcquisitionDoesNotHoldUpTheRangesAfterIt(t *testing.T) {
 func TestAFailedKeyAcquisitionParksItsMessagesAndLosesNone(t *testing.T) {
 	counter, c := keyedThenParallel(t, 2)
 
-	counter.failNext("store.AcquireKeys")
+	counter.FailNext("store.AcquireKeys")
 	col := newCollector(4)
 	consume(t, c, func(_ context.Context, o *order) error {
 		col.add(o.OrderID)
@@ -92,7 +93,7 @@ func TestAFailedKeyAcquisitionParksItsMessagesAndLosesNone(t *testing.T) {
 	}, &ConsumeOptions{BatchLimit: 2, QueueSize: 4, ClaimPollRate: 5 * time.Millisecond})
 	within(t, col.done, "every message, the keyed ones parked and retried")
 	require.Zero(t, col.duplicates(), "each message delivered once")
-	require.Positive(t, counter.snapshot()["store.ClaimExceptions"], "the keyed messages came back as exception rows")
+	require.Positive(t, counter.Snapshot()["store.ClaimExceptions"], "the keyed messages came back as exception rows")
 }
 
 // A range claimed while the first range's acquisition is asking for the key
@@ -108,7 +109,7 @@ func TestARangeClaimedWhileTheKeyGateIsAskedForRunsUnderIt(t *testing.T) {
 	_, err := s.ProduceBatch(ctx, items, &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}})
 	require.NoError(t, err)
 
-	waiting, release := counter.hold("store.AcquireKeys")
+	waiting, release := counter.Hold("store.AcquireKeys")
 	t.Cleanup(release)
 	col := newCollector(4)
 	consume(t, c, func(_ context.Context, o *order) error {
@@ -116,12 +117,12 @@ func TestARangeClaimedWhileTheKeyGateIsAskedForRunsUnderIt(t *testing.T) {
 		return nil
 	}, &ConsumeOptions{BatchLimit: 2, QueueSize: 4, ClaimPollRate: 5 * time.Millisecond})
 	within(t, waiting, "the first range's acquisition, asking for the gate")
-	within(t, counter.when("store.ClaimRange: the range's messages", 2), "the second range, claimed meanwhile")
+	within(t, counter.When("store.ClaimRange: the range's messages", 2), "the second range, claimed meanwhile")
 	release()
 	within(t, col.done, "every message")
 	require.Zero(t, col.duplicates())
 	require.Positive(t, c.Stats().KeyGates, "the gate granted")
-	require.Equal(t, 1, counter.batchesOf("store.AcquireKeys"), "the second range's keys taken under the gate, with no statement")
+	require.Equal(t, 1, counter.BatchesOf("store.AcquireKeys"), "the second range's keys taken under the gate, with no statement")
 }
 
 // A key acquisition that finds its key busy elsewhere parks the messages

@@ -149,12 +149,12 @@ func TestChangedSetWaitsForLiveIncumbentsThenSwapsAndRollsBack(t *testing.T) {
 	require.NoError(t, err, "Register attempts once and returns, even when it must wait")
 	ready := NewReadiness()
 	got := make(chan string, 10)
-	first := e.logs.next(waitingLog)
+	first := e.logs.Next(waitingLog)
 	b := consume(t, c2, func(_ context.Context, o *order) error { got <- o.OrderID; return nil },
 		&ConsumeOptions{BindingRetryInterval: 10 * time.Second, ClaimPollRate: time.Second, Readiness: ready})
 	within(t, first, "the first waiting attempt")
 	for range 6 * 60 * 2 { // two hours of mock time, attempt by attempt
-		next := e.logs.next(waitingLog)
+		next := e.logs.Next(waitingLog)
 		mock.Add(10 * time.Second)
 		require.NoError(t, a.hb.Step(ctx))
 		within(t, next, "a waiting attempt")
@@ -178,7 +178,7 @@ func TestChangedSetWaitsForLiveIncumbentsThenSwapsAndRollsBack(t *testing.T) {
 
 	// The incumbent dies: its heartbeat lapses and the waiter swaps.
 	for !ready.Ready() {
-		next := e.logs.next(waitingLog)
+		next := e.logs.Next(waitingLog)
 		mock.Add(10 * time.Second)
 		select {
 		case <-ready.Done():
@@ -463,7 +463,7 @@ func TestSystemProducesAlerts(t *testing.T) {
 	got := make(chan Alert, 4)
 	ws := consume(t, watch, func(_ context.Context, a *Alert) error { got <- *a; return nil }, &ConsumeOptions{DisableManager: true})
 	within(t, listening, "the notification listener")
-	first := e.logs.next(waitingLog)
+	first := e.logs.Next(waitingLog)
 	// The mock clock moves minutes ahead below (the stall): the waiting
 	// session must not retry, swap and start a manager meanwhile, whose
 	// retention DDL on the alert stream would race the watcher's claims, and
@@ -569,7 +569,7 @@ func TestDeclaredAtCarriesFromRegisterIntoConsume(t *testing.T) {
 	c2, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: s2})
 	require.NoError(t, err)
 	mock.Add(time.Hour) // Consume starts an hour after Register waited
-	first := e.logs.next(waitingLog)
+	first := e.logs.Next(waitingLog)
 	b := consume(t, c2, func(context.Context, *order) error { return nil },
 		&ConsumeOptions{BindingRetryInterval: 10 * time.Second, ClaimPollRate: time.Second})
 	within(t, first, "Consume's first waiting attempt")
@@ -598,7 +598,7 @@ func TestSystemRegisterKeepsAnAlertGroupsConfig(t *testing.T) {
 	require.NoError(t, err)
 	before, err := c.Inspect(ctx)
 	require.NoError(t, err)
-	warned := len(e.logs.messages(slog.LevelWarn))
+	warned := len(e.logs.Messages(slog.LevelWarn))
 	for range 2 { // a process restarting twice
 		require.NoError(t, e.client.System().Register(ctx))
 	}
@@ -607,7 +607,7 @@ func TestSystemRegisterKeepsAnAlertGroupsConfig(t *testing.T) {
 	require.Equal(t, before.Config, after.Config, "the operator's config stays")
 	require.Len(t, after.Log, len(before.Log), "nothing was redeclared")
 	require.Equal(t, 7, after.Config.Message.Retry.MaxRetries)
-	for _, m := range e.logs.messages(slog.LevelWarn)[warned:] {
+	for _, m := range e.logs.Messages(slog.LevelWarn)[warned:] {
 		require.NotContains(t, m, "redeclared")
 	}
 }
@@ -632,7 +632,7 @@ func TestTheConfigIsReadAgainWhenABindingWaitEnds(t *testing.T) {
 	c2, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: s2, Message: &MessageOptions{Timeout: 5 * time.Second}})
 	require.NoError(t, err)
 	timeouts := make(chan time.Duration, 1)
-	first := e.logs.next(waitingLog)
+	first := e.logs.Next(waitingLog)
 	b := consume(t, c2, func(ctx context.Context, _ *order) error {
 		meta, _ := MetaFromContext(ctx)
 		timeouts <- meta.Timeout
@@ -640,7 +640,7 @@ func TestTheConfigIsReadAgainWhenABindingWaitEnds(t *testing.T) {
 	}, &ConsumeOptions{BindingRetryInterval: 10 * time.Second, ConfigRefreshInterval: time.Hour})
 	within(t, first, "the first waiting attempt")
 	for range 6 * 60 * 2 { // two hours of waiting
-		next := e.logs.next(waitingLog)
+		next := e.logs.Next(waitingLog)
 		mock.Add(10 * time.Second)
 		within(t, next, "a waiting attempt")
 	}

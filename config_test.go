@@ -13,6 +13,7 @@ import (
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/actors/refresher"
 	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/actortest"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/c1702965/sqlstreams/internal/policy"
@@ -179,7 +180,7 @@ func TestRedeclarationWarnsSQL0059NamingEachChange(t *testing.T) {
 	}
 	warnings := func() []string {
 		var out []string
-		for _, m := range e.logs.messages(0) {
+		for _, m := range e.logs.Messages(0) {
 			if strings.HasPrefix(m, "SQL0059") {
 				out = append(out, m)
 			}
@@ -346,7 +347,7 @@ func TestClaimPathNeverReadsConfigFromTheDatabase(t *testing.T) {
 	mock := clock.NewMock()
 	client, err := NewClient(ctx, pool, &ClientConfig{Schema: pgtest.Schema(t), Clock: mock})
 	require.NoError(t, err)
-	e := &env{t: t, pool: pool, client: client, logs: newSink(t)}
+	e := &env{t: t, pool: pool, client: client, logs: actortest.NewLogs(t)}
 	s := e.stream("orders")
 	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Message: &MessageOptions{Retry: &RetryPolicy{MaxRetries: 1}}})
 	require.NoError(t, err)
@@ -377,11 +378,11 @@ func TestStreamConfigLadder(t *testing.T) {
 	s := Stream[order](e.client, "orders")
 	require.NoError(t, s.Register(ctx, &StreamConfig{MaxMessageBytes: 4096}))
 	require.NoError(t, s.Register(ctx, &StreamConfig{MaxMessageBytes: 4096}))
-	for _, m := range e.logs.messages(0) {
+	for _, m := range e.logs.Messages(0) {
 		require.NotContains(t, m, "SQL0059", "creation and identical redeclaration are silent")
 	}
 	require.NoError(t, s.Register(ctx, &StreamConfig{MaxMessageBytes: 8192}))
-	require.Contains(t, e.logs.messages(0), "SQL0059 stream config redeclared; newest wins: max_message_bytes: 4096 → 8192")
+	require.Contains(t, e.logs.Messages(0), "SQL0059 stream config redeclared; newest wins: max_message_bytes: 4096 → 8192")
 	var n int
 	require.NoError(t, e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.client.Schema()+".stream_config_log").Scan(&n))
 	require.Equal(t, 2, n, "one snapshot per change, the first declaration included")

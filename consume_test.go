@@ -175,7 +175,7 @@ func TestSeveralInstancesShareTheWork(t *testing.T) {
 	require.EqualValues(t, n, st.Succeeded)
 	require.Equal(t, sa.Stats().Succeeded+sb.Stats().Succeeded, st.Succeeded)
 	require.Zero(t, st.LeasesLost)
-	require.Empty(t, e.logs.messages(slog.LevelWarn), "steady state logs nothing at warn")
+	require.Empty(t, e.logs.Messages(slog.LevelWarn), "steady state logs nothing at warn")
 }
 
 func TestFanOutToGroups(t *testing.T) {
@@ -213,7 +213,7 @@ func TestStartHeadSkipsExistingMessages(t *testing.T) {
 	// Redeclaring with another Start changes nothing and says so.
 	_, err = s.Consumer("late").Register(ctx, &ConsumerConfig{Start: StartBeginning})
 	require.NoError(t, err)
-	_, ok := e.logs.record("consumer group Start differs from the one its cursor was created with; Start is read only at creation")
+	_, ok := e.logs.Record("consumer group Start differs from the one its cursor was created with; Start is read only at creation")
 	require.True(t, ok)
 	_, err = s.Consumer("late").Register(ctx, &ConsumerConfig{Start: "middle"})
 	require.ErrorIs(t, err, ErrInvalidConfig)
@@ -356,7 +356,7 @@ func TestARegistrarPanicIsRestarted(t *testing.T) {
 	e.produceN(s, "m", 1)
 	var panicked atomic.Bool
 	handled := make(chan struct{}, 1)
-	restarted := e.logs.next("actor panicked; restarting")
+	restarted := e.logs.Next("actor panicked; restarting")
 	b := consume(t, c, func(context.Context, *order) error { handled <- struct{}{}; return nil },
 		&ConsumeOptions{test: &hooks.Hooks{Step: func(site hooks.Site) error {
 			if site == hooks.Registrar && panicked.CompareAndSwap(false, true) {

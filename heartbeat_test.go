@@ -12,6 +12,7 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/actortest"
 	"github.com/c1702965/sqlstreams/internal/incarnation"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/store/storetest"
@@ -103,7 +104,7 @@ func TestEachHeartbeatRenewsItsOwnClaimersLeases(t *testing.T) {
 	ctx := context.Background()
 	const ttl = 3 * time.Second // a beat every second
 	client, counter := countingClient(t, "", 0)
-	e := &env{t: t, client: client, logs: newSink(t)}
+	e := &env{t: t, client: client, logs: actortest.NewLogs(t)}
 	s := e.stream("orders")
 	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Start: StartBeginning, ExceptionInitialBackoff: time.Millisecond})
 	require.NoError(t, err)
@@ -139,8 +140,8 @@ func TestEachHeartbeatRenewsItsOwnClaimersLeases(t *testing.T) {
 	require.True(t, running["held"] && running["retried"], "running: %v", running)
 
 	// Two beats of each heartbeat after both began.
-	renewals := counter.snapshot()["store.RenewLeases"]
-	within(t, counter.when("store.RenewLeases", renewals+4), "four lease renewals")
+	renewals := counter.Snapshot()["store.RenewLeases"]
+	within(t, counter.When("store.RenewLeases", renewals+4), "four lease renewals")
 	ranges, exceptions, err := storetest.LeaseLengths(ctx, client.store, c.group.StreamID)
 	require.NoError(t, err)
 	require.Len(t, ranges, 1, "the held message's range")

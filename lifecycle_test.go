@@ -104,7 +104,7 @@ func TestOpenTransactionStallIsVisible(t *testing.T) {
 	_, err = cl.Claim(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, stats.Stalls.Load())
-	rec, ok := e.logs.record("delivery stalled: committed messages wait behind an open transaction")
+	rec, ok := e.logs.Record("delivery stalled: committed messages wait behind an open transaction")
 	require.True(t, ok)
 	attrs := map[string]string{}
 	rec.Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value.String(); return true })
@@ -115,7 +115,7 @@ func TestOpenTransactionStallIsVisible(t *testing.T) {
 	jobs, err = cl.Claim(ctx)
 	require.NoError(t, err)
 	require.Len(t, jobs, 4, "the late message and the ones behind it all arrive")
-	_, ok = e.logs.record("delivery resumed after a stall")
+	_, ok = e.logs.Record("delivery resumed after a stall")
 	require.True(t, ok)
 }
 
@@ -617,10 +617,10 @@ func TestACommitWhoseReplyWasLostIsNotReportedAsALostLease(t *testing.T) {
 	require.Zero(t, st.stats.LeasesLost.Load(), "no lease was lost")
 	require.EqualValues(t, 1, st.stats.Committed.Load())
 	require.Zero(t, st.ranges.Queued())
-	for _, m := range st.e.logs.messages(slog.LevelWarn) {
+	for _, m := range st.e.logs.Messages(slog.LevelWarn) {
 		require.NotContains(t, m, "range lease lost", "nothing is delivered again")
 	}
-	_, ok := st.e.logs.record("range committed by an earlier attempt whose reply was lost")
+	_, ok := st.e.logs.Record("range committed by an earlier attempt whose reply was lost")
 	require.True(t, ok)
 
 	// A range another instance took over is still reported as lost.
@@ -636,6 +636,6 @@ func TestACommitWhoseReplyWasLostIsNotReportedAsALostLease(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.EqualValues(t, 1, st.stats.LeasesLost.Load())
-	_, ok = st.e.logs.record("range lease lost before commit; a reclaimer delivers it again")
+	_, ok = st.e.logs.Record("range lease lost before commit; a reclaimer delivers it again")
 	require.True(t, ok)
 }

@@ -535,7 +535,7 @@ JOIN %[1]s.worker_config w ON w.id = i.worker_config_id WHERE w.name = $1`, clie
 
 	// The first worker's provisioning fails as if its context had ended,
 	// and its row is written as if the insert had committed all the same.
-	counter.failNext("store.ProvisionSlot")
+	counter.FailNext("store.ProvisionSlot")
 	require.Error(t, mgr.Step(ctx))
 	require.False(t, mgr.Holds(manager.RetentionWorker))
 	_, err := client.store.Pool().Exec(ctx, fmt.Sprintf(`INSERT INTO %s.worker_instance (id, worker_config_id, declared_by, started_at, heartbeat_at, expires_at)
@@ -559,7 +559,7 @@ SELECT $1::uuid, w.id, 'test', now(), now(), now() + interval '30 seconds' FROM 
 			return ids[len(ids)-1]
 		},
 		Clock: clock.New(), DBNow: engine.DBNow(clock.New())})
-	counter.failNext("store.ProvisionSlot")
+	counter.FailNext("store.ProvisionSlot")
 	require.Error(t, mgr2.Step(ctx))
 	_, err = client.store.Pool().Exec(ctx, fmt.Sprintf(`INSERT INTO %s.worker_instance (id, worker_config_id, declared_by, started_at, heartbeat_at, expires_at)
 SELECT $1::uuid, w.id, 'test', now(), now(), now() + interval '30 seconds' FROM %[1]s.worker_config w WHERE w.name = $2`, client.Schema()),

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/c1702965/sqlstreams/internal/actortest"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -120,7 +121,7 @@ func TestConfigurePoolKeepsAConnectionInStep(t *testing.T) {
 func TestConfigurePoolCarriesABurnDown(t *testing.T) {
 	ctx := context.Background()
 	pool, _, _ := configuredPool(t, 8, nil)
-	client, err := NewClient(ctx, pool, &ClientConfig{Schema: pgtest.Schema(t), Logger: slog.New(newSink(t))})
+	client, err := NewClient(ctx, pool, &ClientConfig{Schema: pgtest.Schema(t), Logger: slog.New(actortest.NewLogs(t))})
 	require.NoError(t, err)
 	s := Stream[order](client, "orders")
 	require.NoError(t, s.Register(ctx, nil))

@@ -204,7 +204,7 @@ func TestAClaimerPanicKeepsWhatItSettled(t *testing.T) {
 	var mu sync.Mutex
 	runs := map[string]int{}
 	done := make(chan string, 64)
-	restarted := e.logs.next("actor panicked; restarting")
+	restarted := e.logs.Next("actor panicked; restarting")
 	h := func(ctx context.Context, o *order) error {
 		mu.Lock()
 		runs[o.OrderID]++
@@ -285,7 +285,7 @@ func TestALapsedIncarnationRecordsWhatItSettled(t *testing.T) {
 			// session has stopped that incarnation and registers again,
 			// its range lease is expired too, so the next incarnation
 			// reclaims the range.
-			lapsed := e.logs.next("instance lapsed")
+			lapsed := e.logs.Next("instance lapsed")
 			tag, err := e.pool.Exec(ctx, fmt.Sprintf(`UPDATE %[1]s.worker_instance w SET expires_at = '-infinity'
 FROM %[1]s.worker_config wc WHERE wc.id = w.worker_config_id AND wc.consumer_group_id = $1 AND wc.name = $2`, e.client.Schema()), c.group.ID, worker)
 			require.NoError(t, err)
@@ -372,7 +372,7 @@ func TestTheNextSessionWritesAnExceptionResultAStoppedSessionCouldNot(t *testing
 	require.Equal(t, 1, c.leftovers.Len(), "the row whose result could not be written is left to the next session")
 	start()
 
-	written := e.logs.next("wrote the exception rows an earlier session of this consumer could not hand back")
+	written := e.logs.Next("wrote the exception rows an earlier session of this consumer could not hand back")
 	second := consume(t, c, h, opts)
 	within(t, written, "the second session to write the result")
 	g, err := e.client.Group(context.Background(), "orders", "g")

@@ -123,7 +123,7 @@ func TestTheNextIncarnationRecordsWhatALapsedOneCouldNot(t *testing.T) {
 	defer lock.Rollback(ctx)
 	_, err = lock.Exec(ctx, fmt.Sprintf("SELECT id FROM %s.stream_%d_range FOR UPDATE", e.client.Schema(), c.group.StreamID))
 	require.NoError(t, err)
-	lapsed := e.logs.next("instance lapsed")
+	lapsed := e.logs.Next("instance lapsed")
 	_, err = e.pool.Exec(ctx, fmt.Sprintf("UPDATE %s.worker_instance SET expires_at = '-infinity' WHERE id = $1", e.client.Schema()), id)
 	require.NoError(t, err)
 	within(t, lapsed, "the lapse")
