@@ -103,6 +103,35 @@ func (st *stepper) retry() int {
 	return n
 }
 
+// drainRanges claims and runs ranges until a claim finds nothing.
+func (st *stepper) drainRanges() {
+	st.t.Helper()
+	for {
+		jobs, err := st.ranges.Claim(context.Background())
+		require.NoError(st.t, err)
+		if len(jobs) == 0 {
+			return
+		}
+		st.runAll(jobs)
+	}
+}
+
+// runAll runs jobs and the jobs their outcomes release, to the end.
+func (st *stepper) runAll(jobs []claimer.Job) int {
+	st.t.Helper()
+	ctx := context.Background()
+	n := 0
+	for len(jobs) > 0 {
+		j := jobs[0]
+		jobs = jobs[1:]
+		more, err := st.ranges.Outcome(ctx, st.ranges.Run(ctx, j))
+		require.NoError(st.t, err)
+		jobs = append(jobs, more...)
+		n++
+	}
+	return n
+}
+
 func (st *stepper) states() []store.ExceptionState {
 	st.t.Helper()
 	xs, err := st.c.db().ExceptionStates(context.Background())
