@@ -6,9 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/internal/actortest"
-	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/stretchr/testify/require"
 )
 
@@ -123,63 +121,4 @@ func TestARangeClaimedWhileTheKeyGateIsAskedForRunsUnderIt(t *testing.T) {
 	require.Zero(t, col.duplicates())
 	require.Positive(t, c.Stats().KeyGates, "the gate granted")
 	require.Equal(t, 1, counter.BatchesOf("store.AcquireKeys"), "the second range's keys taken under the gate, with no statement")
-}
-
-// A key acquisition that finds its key busy elsewhere parks the messages
-// queued behind it, in every range that shares the key: here the first and
-// the third of three ranges, the second still running. Both settle at once.
-// Settling one must not upset the walk over the others (a freeze at scale
-// made the claimer panic here: a range forgotten mid-walk was looked up).
-func TestABusyKeyParksEveryRangeQueuedBehindItAndSettlesThem(t *testing.T) {
-	ctx := context.Background()
-	st, s := newStepper(t, nil, func(*order, int) error { return nil })
-	st.ranges = claimer.New(claimer.Config{Common: st.common, BatchLimit: 10, QueueSize: 30, StallAfter: time.Hour})
-	st.ranges.DeferAcquire(true)
-	keyed := func(prefix string) []BatchItem[order] {
-		items := make([]BatchItem[order], 10)
-		for i := range items {
-			items[i] = BatchItem[order]{Msg: order{OrderID: fmt.Sprintf("%s-%d", prefix, i)}, Key: "hot"}
-		}
-		return items
-	}
-	plain := make([]BatchItem[order], 10)
-	for i := range plain {
-		plain[i] = BatchItem[order]{Msg: order{OrderID: fmt.Sprintf("p-%d", i)}}
-	}
-	excl := &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}}
-	_, err := s.ProduceBatch(ctx, keyed("a"), excl)
-	require.NoError(t, err)
-	_, err = s.ProduceBatch(ctx, plain, nil)
-	require.NoError(t, err)
-	_, err = s.ProduceBatch(ctx, keyed("c"), excl)
-	require.NoError(t, err)
-
-	// Another live instance holds the key.
-	other := store.NewID()
-	require.NoError(t, st.e.client.store.InsertInstance(ctx, store.InsertInstanceParams{ID: other, WorkerConfigID: st.c.group.Workers[store.WorkerMessageConsumer], DeclaredBy: "test", TTL: time.Hour, Now: st.now()}))
-	held, _, err := st.c.db().AcquireKeys(ctx, store.AcquireKeys{Want: []store.KeyClaim{{Key: "hot"}},
-		Token: store.NewID(), Owner: other, TTL: time.Hour, Now: st.now()})
-	require.NoError(t, err)
-	require.True(t, held["hot"])
-
-	first, err := st.ranges.Claim(ctx)
-	require.NoError(t, err)
-	require.Empty(t, first, "the first range waits for its key")
-	second, err := st.ranges.Claim(ctx)
-	require.NoError(t, err)
-	require.Len(t, second, 10, "the second range runs (and is left running)")
-	third, err := st.ranges.Claim(ctx)
-	require.NoError(t, err)
-	require.Empty(t, third, "the third range queues behind the same pending key")
-	require.True(t, st.ranges.Acquiring())
-
-	jobs, err := st.ranges.Acquire(ctx)
-	require.NoError(t, err)
-	require.Empty(t, jobs)
-	require.EqualValues(t, 20, st.stats.Deferred.Load(), "both keyed ranges' messages parked")
-	require.EqualValues(t, 2, st.stats.Committed.Load(), "both keyed ranges settled")
-	require.Equal(t, 10, st.ranges.Queued(), "the second range alone is in flight")
-	require.Equal(t, 10, st.runAll(second))
-	require.EqualValues(t, 3, st.stats.Committed.Load())
-	require.EqualValues(t, 20, st.e.exceptions(st.c), "every keyed message is an exception row")
 }
