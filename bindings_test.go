@@ -339,68 +339,6 @@ func TestConsumeReattemptsAfterACompetitorReplacedTheSet(t *testing.T) {
 	require.Equal(t, []string{"mine.#"}, installed)
 }
 
-// No union window: during a rolling change every claim is filtered by
-// exactly one declared set, and every delivered message matches the set of
-// the claim that handed it out.
-func TestEveryClaimUsesExactlyOneDeclaredSet(t *testing.T) {
-	mock := clock.NewMock()
-	e := newEnv(t, &ClientConfig{Clock: mock})
-	ctx := context.Background()
-	s := e.stream("orders")
-	sets := map[int64][]string{}
-	var mu sync.Mutex
-	type seen struct {
-		decl int64
-		rk   string
-	}
-	var deliveries []seen
-	h := func(_ context.Context, d *claimer.Delivery) error {
-		mu.Lock()
-		defer mu.Unlock()
-		deliveries = append(deliveries, seen{d.Bindings, d.Msg.RoutingKey})
-		return nil
-	}
-	keys := []string{"a.x", "b.x", "a.y.z", "c", "b.q"}
-	produce := func(n int) {
-		items := make([]BatchItem[order], n)
-		for i := range items {
-			items[i] = BatchItem[order]{Msg: order{OrderID: fmt.Sprint(i)}, RoutingKey: keys[i%len(keys)]}
-		}
-		_, err := s.ProduceBatch(ctx, items, nil)
-		require.NoError(t, err)
-	}
-	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: []string{"a.#"}})
-	require.NoError(t, err)
-	for step, set := range [][]string{{"a.#"}, {"b.*"}, {"a.#", "c"}, nil} {
-		if step > 0 {
-			_, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Bindings: set}) // no live instance: swaps
-			require.NoError(t, err)
-		}
-		inst, _, err := c.db().BindingLedger(ctx)
-		require.NoError(t, err)
-		if len(inst.Patterns) == 0 {
-			sets[0] = nil // the whole stream: no binding rows
-		} else {
-			sets[inst.ID] = inst.Patterns
-		}
-		st := newStepperFor(t, e, c, mock, h)
-		produce(23)
-		for st.claimRange() > 0 {
-		}
-	}
-	require.NotEmpty(t, deliveries)
-	usedSets := map[int64]bool{}
-	for _, d := range deliveries {
-		set, ok := sets[d.decl]
-		require.True(t, ok, "claim used declaration %d, which was never installed", d.decl)
-		usedSets[d.decl] = true
-		if len(set) > 0 {
-			require.True(t, topic.MatchAny(set, d.rk), "%q delivered under %v", d.rk, set)
-		}
-	}
-	require.Len(t, usedSets, 4, "each declared set filtered its own claims")
-}
-
 func TestSQLMatchingPassesConformance(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := context.Background()

@@ -13,7 +13,6 @@ import (
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/internal/actortest"
 	"github.com/c1702965/sqlstreams/internal/hooks"
-	"github.com/c1702965/sqlstreams/internal/incarnation"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -375,49 +374,6 @@ func TestABurstsLastRangeLeavesNoClaimThatFindsNothing(t *testing.T) {
 	at := within(t, counter.At("store.GateProbe", before["store.GateProbe"]+1), "the sweep's probe after the burst")
 	require.Equal(t, 2, at["store.ClaimRange"]-before["store.ClaimRange"],
 		"two claims, each of a full range, and none that found nothing")
-}
-
-// A wake that reaches a quiet claimer while its incarnation is not provably
-// live (its last renewal is older than the TTL allows, as when a loaded
-// machine runs the heartbeat late) cannot claim. The claimer must not stay
-// quiet: it polls until a claim runs, so the produce the wake announced is
-// delivered once the incarnation is valid again, without another wake.
-// Quiet, it skipped its poll ticks and left the message for the backstop
-// sweep (ten minutes at this Lease).
-func TestAWakeThatFindsTheIncarnationNotValidIsNotLost(t *testing.T) {
-	ctx := context.Background()
-	client, _ := countingClient(t, "", 0)
-	e := &env{t: t, client: client, logs: actortest.NewLogs(t)}
-	s := e.stream("orders")
-	c, err := s.Consumer("g").Register(ctx, nil)
-	require.NoError(t, err)
-
-	lives := clock.NewMock() // the incarnation's validity alone runs on it
-	live := incarnation.NewLiveness(lives, time.Minute)
-	live.Start(lives.Now())
-	handled := make(chan int64, 4)
-	cfg := e.common(c, clock.New(), func(_ context.Context, d *claimer.Delivery) error { handled <- d.Msg.ID; return nil })
-	cfg.PollRate, cfg.Liveness = 10*time.Millisecond, live
-	cfg.Listening = func() bool { return true }
-	cfg.Alarm = make(chan struct{}) // alarms come: the reconcile ticks' sweeps are skipped too
-	cfg.Hooks = &hooks.Hooks{}
-	cfg.Hooks.QuietTick.Init()
-	cfg.Hooks.NotValid.Init()
-	wake := make(chan struct{}) // unbuffered: a send returns once the claimer took it
-	a := claimer.New(claimer.Config{Common: cfg, BatchLimit: 10, QueueSize: 20, StallAfter: time.Hour, Wake: wake})
-	sctx, stop := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() { served <- a.Serve(sctx) }()
-	t.Cleanup(func() { stop(); within(t, served, "the claimer to stop") })
-
-	within(t, cfg.Hooks.QuietTick.C(), "a quiet poll tick: the begin's probe found nothing")
-	lives.Add(time.Minute) // no renewal for a TTL: not valid
-	e.produceN(s, "m", 1)
-	wake <- struct{}{}
-	within(t, cfg.Hooks.NotValid.C(), "the wake's claim, refused: the incarnation is not valid")
-	live.Start(lives.Now()) // renewed
-
-	within(t, handled, "the produced message, claimed at a poll tick once the incarnation is valid")
 }
 
 // quietRanges drains the stale quiet ticks, then waits for the range
