@@ -262,18 +262,18 @@ func TestOverrideIsPinnedAtClaimAcrossARefresh(t *testing.T) {
 	require.NoError(t, err)
 	var seen []Concurrency
 	var in *instance
-	bad := newFailures(t)
+	bad := actortest.NewFailures(t)
 	in = newInstance(t, e, c, mock, func(_ context.Context, d *claimer.Delivery) error {
 		seen = append(seen, d.Concurrency)
 		if len(seen) == 1 {
 			if _, err := s.Consumer("g").Register(ctx, &ConsumerConfig{ConcurrencyOverride: Parallel}); err != nil {
-				bad.add("redeclare: %v", err)
+				bad.Add("redeclare: %v", err)
 			}
 			if _, err := in.ref.Step(ctx); err != nil {
-				bad.add("refresh: %v", err)
+				bad.Add("refresh: %v", err)
 			}
 			if got := in.snap.Group().Override; got != Parallel {
-				bad.add("the refresh did not land mid-message: override %q", got)
+				bad.Add("the refresh did not land mid-message: override %q", got)
 			}
 			return errors.New("retry me")
 		}
@@ -285,7 +285,7 @@ func TestOverrideIsPinnedAtClaimAcrossARefresh(t *testing.T) {
 	require.NoError(t, err)
 	mock.Add(time.Hour)
 	require.Equal(t, 1, in.retry(t))
-	bad.check(t)
+	bad.Check(t)
 	require.Equal(t, []Concurrency{Exclusive, Exclusive}, seen)
 }
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/actortest"
 	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/store/storetest"
@@ -131,7 +132,7 @@ func TestSeveralInstancesShareTheWork(t *testing.T) {
 
 	const n = 1000
 	col := newCollector(n)
-	bad := newFailures(t)
+	bad := actortest.NewFailures(t)
 	// Each instance's first handler waits until the other is handling too,
 	// so the split does not depend on timing.
 	handling := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
@@ -140,7 +141,7 @@ func TestSeveralInstancesShareTheWork(t *testing.T) {
 		return func(ctx context.Context, o *order) error {
 			info, ok := MetaFromContext(ctx)
 			if !ok || info.Group != "billing" {
-				bad.add("handler meta: %+v, %v", info, ok)
+				bad.Add("handler meta: %+v, %v", info, ok)
 			}
 			once[me].Do(func() { close(handling[me]) })
 			select {
@@ -164,7 +165,7 @@ func TestSeveralInstancesShareTheWork(t *testing.T) {
 	within(t, col.done, "all messages")
 	require.NoError(t, a.stop(t))
 	require.NoError(t, b.stop(t))
-	bad.check(t)
+	bad.Check(t)
 
 	require.Zero(t, col.duplicates(), "no overlap between instances in the steady state")
 	require.Positive(t, sa.Stats().Succeeded, "the first instance did some of the work")

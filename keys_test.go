@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/actortest"
 	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/stretchr/testify/require"
 )
@@ -72,7 +73,7 @@ func TestExclusiveKeysNeverOverlapAcrossInstances(t *testing.T) {
 	_, err := s.ProduceBatch(context.Background(), keyedBatch(n, keys), &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}})
 	require.NoError(t, err)
 	kt := newKeyTracker(n)
-	bad := newFailures(t)
+	bad := actortest.NewFailures(t)
 	// Each instance's first handler holds its keys until the other has
 	// made a claim, so the other's claim meets busy keys whatever the
 	// timing: the contention the test is about always happens.
@@ -94,7 +95,7 @@ func TestExclusiveKeysNeverOverlapAcrossInstances(t *testing.T) {
 		return func(ctx context.Context, o *order) error {
 			meta, _ := MetaFromContext(ctx)
 			if meta.Concurrency != Exclusive {
-				bad.add("%s ran as %s, want exclusive", o.OrderID, meta.Concurrency)
+				bad.Add("%s ran as %s, want exclusive", o.OrderID, meta.Concurrency)
 			}
 			kt.start(meta.Key)
 			var err error

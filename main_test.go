@@ -2,10 +2,8 @@ package sqlstreams
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -113,36 +111,4 @@ func (e *env) common(c *Consumer[order], clk clock.Clock, h claimer.Handler) cla
 		ShutdownTimeout: func() time.Duration { return time.Second }, Clock: clk, Logger: slog.New(e.logs), DBNow: engine.DBNow(clk),
 		Stats: &claimer.Stats{},
 	}
-}
-
-// failures collects what goes wrong on goroutines other than the test's
-// own (handlers, workers): require there would call FailNow off the test's
-// goroutine and turn a failure into a hang or a timeout. check reports them
-// on the test's goroutine; a cleanup checks again at the end.
-type failures struct {
-	mu   sync.Mutex
-	list []string
-}
-
-func newFailures(t *testing.T) *failures {
-	f := &failures{}
-	t.Cleanup(func() { f.check(t) })
-	return f
-}
-
-func (f *failures) add(format string, args ...any) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.list = append(f.list, fmt.Sprintf(format, args...))
-}
-
-// check fails t with every failure reported so far (once each).
-func (f *failures) check(t *testing.T) {
-	t.Helper()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, m := range f.list {
-		t.Error(m)
-	}
-	f.list = nil
 }

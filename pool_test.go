@@ -138,18 +138,18 @@ func TestConfigurePoolCarriesABurnDown(t *testing.T) {
 	require.NoError(t, err)
 
 	col := newCollector(n)
-	bad := newFailures(t)
+	bad := actortest.NewFailures(t)
 	opts := fast()
 	opts.BatchLimit = 500
 	sess := consume(t, c, func(_ context.Context, o *order) error {
 		if !strings.HasSuffix(o.OrderID, pad) {
-			bad.add("message %d arrived with a payload of %d bytes", o.Amount, len(o.OrderID))
+			bad.Add("message %d arrived with a payload of %d bytes", o.Amount, len(o.OrderID))
 		}
 		col.add(o.OrderID)
 		return nil
 	}, opts)
 	within(t, col.done, "all messages")
 	require.NoError(t, sess.stop(t))
-	bad.check(t)
+	bad.Check(t)
 	require.Zero(t, col.duplicates())
 }
