@@ -2,6 +2,7 @@ package actortest
 
 import (
 	"context"
+	"sync"
 
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/policy"
@@ -19,8 +20,9 @@ type Group struct {
 	Row store.GroupRow
 	// DB is the group's handle on the store.
 	DB store.Group
-	// Declared is the config the group was last declared with here.
-	Declared groupconfig.Declared
+
+	mu       sync.Mutex
+	declared groupconfig.Declared // the config last declared here
 }
 
 // Group registers the consumer group name on the stream as Consumer.Register
@@ -57,19 +59,35 @@ func (g *Group) Worker(worker string) int64 { return g.Row.Workers[worker] }
 // Declare declares the group's config again (newest wins), as a Register
 // with another ConsumerConfig does.
 func (g *Group) Declare(cfg groupconfig.Declared) {
-	e := g.env
-	e.T.Helper()
+	g.env.T.Helper()
+	require.NoError(g.env.T, g.TryDeclare(cfg))
+}
+
+// TryDeclare is Declare for a goroutine other than the test's (a handler):
+// it returns the error instead of failing the test.
+func (g *Group) TryDeclare(cfg groupconfig.Declared) error {
 	docs, err := cfg.Docs()
-	require.NoError(e.T, err)
-	_, _, err = e.Store.DeclareGroupConfig(context.Background(), store.GroupConfigParams{GroupID: g.Row.ID, Docs: docs,
-		DeclaredBy: DeclaredBy, Now: e.Now()})
-	require.NoError(e.T, err)
-	g.Declared = cfg
+	if err != nil {
+		return err
+	}
+	_, _, err = g.env.Store.DeclareGroupConfig(context.Background(), store.GroupConfigParams{GroupID: g.Row.ID, Docs: docs,
+		DeclaredBy: DeclaredBy, Now: g.env.Now()})
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	g.declared = cfg
+	g.mu.Unlock()
+	return nil
 }
 
 // Policy is the group layer the claimers resolve messages against, of the
 // config last declared here.
-func (g *Group) Policy() policy.Group { return g.Declared.Group() }
+func (g *Group) Policy() policy.Group {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.declared.Group()
+}
 
 // DeclareBindings makes one attempt at declaring the binding set patterns
 // (none: the whole stream), with no instance row, as Register does.
