@@ -58,23 +58,10 @@ func newStepperFor(t *testing.T, e *env, c *Consumer[order], mock *clock.Mock, h
 	common := e.common(c, mock, h)
 	st.stats, st.common = common.Stats, common
 	st.ranges = claimer.New(claimer.Config{Common: common, BatchLimit: 10, QueueSize: 20, StallAfter: time.Hour})
-	st.exc, _ = st.newExc()
+	ec := common
+	ec.InstanceID = engine.NewID() // its own, as a session's exception claimer has
+	st.exc = claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec})
 	return st
-}
-
-// newExc returns a fresh exception claimer with its own instance id, as a
-// new process would have.
-func (st *stepper) newExc() (*claimer.ExceptionActor, string) { return st.newExcWith(0, 0) }
-
-// newExcWith is newExc with a prefetch and, when concurrency > 0, that many
-// handler slots.
-func (st *stepper) newExcWith(prefetch, concurrency int) (*claimer.ExceptionActor, string) {
-	ec := st.common
-	ec.InstanceID = engine.NewID()
-	if concurrency > 0 {
-		ec.Concurrency = concurrency
-	}
-	return claimer.NewExceptionActor(claimer.ExceptionConfig{Common: ec, Prefetch: prefetch}), ec.InstanceID
 }
 
 // now is the mock clock's time as the database sees it.
