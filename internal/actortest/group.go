@@ -113,7 +113,7 @@ func Bindings(patterns ...string) (set, regexes []string) {
 	return set, regexes
 }
 
-// States returns the group's exception rows, by message id.
+// States returns the group's exception rows, in log order.
 func (g *Group) States() []store.ExceptionState {
 	g.env.T.Helper()
 	xs, err := g.DB.ExceptionStates(context.Background())
