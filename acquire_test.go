@@ -6,14 +6,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/c1702965/sqlstreams/actors/claimer"
-	"github.com/c1702965/sqlstreams/internal/store"
+	"github.com/c1702965/sqlstreams/internal/actortest"
 	"github.com/stretchr/testify/require"
 )
 
 // countedGroup registers the stream "orders" and its group "g"
 // (StartBeginning) on a counting client.
-func countedGroup(t *testing.T) (*Client, *callerCounter, *StreamHandle[order], *Consumer[order]) {
+func countedGroup(t *testing.T) (*Client, *actortest.Counter, *StreamHandle[order], *Consumer[order]) {
 	t.Helper()
 	ctx := context.Background()
 	client, counter := countingClient(t, "", 0)
@@ -26,7 +25,7 @@ func countedGroup(t *testing.T) (*Client, *callerCounter, *StreamHandle[order], 
 
 // keyedThenParallel is countedGroup with one range's worth (BatchLimit 2)
 // of exclusive messages produced, keys "a" and "b", then n parallel ones.
-func keyedThenParallel(t *testing.T, n int) (*callerCounter, *Consumer[order]) {
+func keyedThenParallel(t *testing.T, n int) (*actortest.Counter, *Consumer[order]) {
 	t.Helper()
 	ctx := context.Background()
 	_, counter, s, c := countedGroup(t)
@@ -48,7 +47,7 @@ func keyedThenParallel(t *testing.T, n int) (*callerCounter, *Consumer[order]) {
 func TestAKeyAcquisitionDoesNotHoldUpTheRangesAfterIt(t *testing.T) {
 	counter, c := keyedThenParallel(t, 4)
 
-	waiting, release := counter.hold("store.AcquireKeys")
+	waiting, release := counter.Hold("store.AcquireKeys")
 	t.Cleanup(release)
 	handled := make(chan string, 6)
 	consume(t, c, func(_ context.Context, o *order) error {
@@ -63,7 +62,7 @@ func TestAKeyAcquisitionDoesNotHoldUpTheRangesAfterIt(t *testing.T) {
 	}
 	require.Equal(t, map[string]bool{"p-0": true, "p-1": true, "p-2": true, "p-3": true}, got,
 		"only the later ranges' messages ran while the keys were being acquired")
-	within(t, counter.when("store.CommitRange", 2), "the later ranges' commits, while the keys were being acquired")
+	within(t, counter.When("store.CommitRange", 2), "the later ranges' commits, while the keys were being acquired")
 	select {
 	case id := <-handled:
 		t.Fatalf("%s ran before its key was leased", id)
@@ -84,7 +83,7 @@ func TestAKeyAcquisitionDoesNotHoldUpTheRangesAfterIt(t *testing.T) {
 func TestAFailedKeyAcquisitionParksItsMessagesAndLosesNone(t *testing.T) {
 	counter, c := keyedThenParallel(t, 2)
 
-	counter.failNext("store.AcquireKeys")
+	counter.FailNext("store.AcquireKeys")
 	col := newCollector(4)
 	consume(t, c, func(_ context.Context, o *order) error {
 		col.add(o.OrderID)
@@ -92,7 +91,7 @@ func TestAFailedKeyAcquisitionParksItsMessagesAndLosesNone(t *testing.T) {
 	}, &ConsumeOptions{BatchLimit: 2, QueueSize: 4, ClaimPollRate: 5 * time.Millisecond})
 	within(t, col.done, "every message, the keyed ones parked and retried")
 	require.Zero(t, col.duplicates(), "each message delivered once")
-	require.Positive(t, counter.snapshot()["store.ClaimExceptions"], "the keyed messages came back as exception rows")
+	require.Positive(t, counter.Snapshot()["store.ClaimExceptions"], "the keyed messages came back as exception rows")
 }
 
 // A range claimed while the first range's acquisition is asking for the key
@@ -108,7 +107,7 @@ func TestARangeClaimedWhileTheKeyGateIsAskedForRunsUnderIt(t *testing.T) {
 	_, err := s.ProduceBatch(ctx, items, &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}})
 	require.NoError(t, err)
 
-	waiting, release := counter.hold("store.AcquireKeys")
+	waiting, release := counter.Hold("store.AcquireKeys")
 	t.Cleanup(release)
 	col := newCollector(4)
 	consume(t, c, func(_ context.Context, o *order) error {
@@ -116,69 +115,10 @@ func TestARangeClaimedWhileTheKeyGateIsAskedForRunsUnderIt(t *testing.T) {
 		return nil
 	}, &ConsumeOptions{BatchLimit: 2, QueueSize: 4, ClaimPollRate: 5 * time.Millisecond})
 	within(t, waiting, "the first range's acquisition, asking for the gate")
-	within(t, counter.when("store.ClaimRange: the range's messages", 2), "the second range, claimed meanwhile")
+	within(t, counter.When("store.ClaimRange: the range's messages", 2), "the second range, claimed meanwhile")
 	release()
 	within(t, col.done, "every message")
 	require.Zero(t, col.duplicates())
 	require.Positive(t, c.Stats().KeyGates, "the gate granted")
-	require.Equal(t, 1, counter.batchesOf("store.AcquireKeys"), "the second range's keys taken under the gate, with no statement")
-}
-
-// A key acquisition that finds its key busy elsewhere parks the messages
-// queued behind it, in every range that shares the key: here the first and
-// the third of three ranges, the second still running. Both settle at once.
-// Settling one must not upset the walk over the others (a freeze at scale
-// made the claimer panic here: a range forgotten mid-walk was looked up).
-func TestABusyKeyParksEveryRangeQueuedBehindItAndSettlesThem(t *testing.T) {
-	ctx := context.Background()
-	st, s := newStepper(t, nil, func(*order, int) error { return nil })
-	st.ranges = claimer.New(claimer.Config{Common: st.common, BatchLimit: 10, QueueSize: 30, StallAfter: time.Hour})
-	st.ranges.DeferAcquire(true)
-	keyed := func(prefix string) []BatchItem[order] {
-		items := make([]BatchItem[order], 10)
-		for i := range items {
-			items[i] = BatchItem[order]{Msg: order{OrderID: fmt.Sprintf("%s-%d", prefix, i)}, Key: "hot"}
-		}
-		return items
-	}
-	plain := make([]BatchItem[order], 10)
-	for i := range plain {
-		plain[i] = BatchItem[order]{Msg: order{OrderID: fmt.Sprintf("p-%d", i)}}
-	}
-	excl := &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}}
-	_, err := s.ProduceBatch(ctx, keyed("a"), excl)
-	require.NoError(t, err)
-	_, err = s.ProduceBatch(ctx, plain, nil)
-	require.NoError(t, err)
-	_, err = s.ProduceBatch(ctx, keyed("c"), excl)
-	require.NoError(t, err)
-
-	// Another live instance holds the key.
-	other := store.NewID()
-	require.NoError(t, st.e.client.store.InsertInstance(ctx, store.InsertInstanceParams{ID: other, WorkerConfigID: st.c.group.Workers[store.WorkerMessageConsumer], DeclaredBy: "test", TTL: time.Hour, Now: st.now()}))
-	held, _, err := st.c.db().AcquireKeys(ctx, store.AcquireKeys{Want: []store.KeyClaim{{Key: "hot"}},
-		Token: store.NewID(), Owner: other, TTL: time.Hour, Now: st.now()})
-	require.NoError(t, err)
-	require.True(t, held["hot"])
-
-	first, err := st.ranges.Claim(ctx)
-	require.NoError(t, err)
-	require.Empty(t, first, "the first range waits for its key")
-	second, err := st.ranges.Claim(ctx)
-	require.NoError(t, err)
-	require.Len(t, second, 10, "the second range runs (and is left running)")
-	third, err := st.ranges.Claim(ctx)
-	require.NoError(t, err)
-	require.Empty(t, third, "the third range queues behind the same pending key")
-	require.True(t, st.ranges.Acquiring())
-
-	jobs, err := st.ranges.Acquire(ctx)
-	require.NoError(t, err)
-	require.Empty(t, jobs)
-	require.EqualValues(t, 20, st.stats.Deferred.Load(), "both keyed ranges' messages parked")
-	require.EqualValues(t, 2, st.stats.Committed.Load(), "both keyed ranges settled")
-	require.Equal(t, 10, st.ranges.Queued(), "the second range alone is in flight")
-	require.Equal(t, 10, st.runAll(second))
-	require.EqualValues(t, 3, st.stats.Committed.Load())
-	require.EqualValues(t, 20, st.e.exceptions(st.c), "every keyed message is an exception row")
+	require.Equal(t, 1, counter.BatchesOf("store.AcquireKeys"), "the second range's keys taken under the gate, with no statement")
 }

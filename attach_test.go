@@ -31,7 +31,7 @@ func TestAttachKeepsAnOperatorsConfig(t *testing.T) {
 	require.NoError(t, err)
 	declared, err := g.Inspect(ctx)
 	require.NoError(t, err)
-	warned := len(e.logs.messages(slog.LevelWarn))
+	warned := len(e.logs.Messages(slog.LevelWarn))
 
 	for range 2 { // the application restarts, twice
 		_, err := s.Consumer("billing").Attach(ctx, initial)
@@ -41,7 +41,7 @@ func TestAttachKeepsAnOperatorsConfig(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, time.Minute, after.Config.Message.Timeout, "the operator's declaration stays")
 	require.Len(t, after.Log, len(declared.Log), "nothing was declared")
-	require.Len(t, e.logs.messages(slog.LevelWarn), warned, "no SQL0059: nothing changed")
+	require.Len(t, e.logs.Messages(slog.LevelWarn), warned, "no SQL0059: nothing changed")
 
 	// Register, by contrast, declares what it is given.
 	_, err = s.Consumer("billing").Register(ctx, initial)

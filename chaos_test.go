@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/actortest"
 	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
@@ -102,7 +103,7 @@ func TestChaos(t *testing.T) {
 			_, _ = control.Exec(context.Background(), "SELECT pg_reload_conf()")
 		})
 	}
-	sink := newSink(t)
+	sink := actortest.NewLogs(t)
 	client, err := NewClient(ctx, pool, &ClientConfig{Schema: schema, Logger: slog.New(sink)})
 	require.NoError(t, err)
 	s := Stream[order](client, "chaos")
@@ -491,7 +492,7 @@ FROM (SELECT concurrency, status, count(*) n FROM %s.stream_%d_exception GROUP B
 		"ranges reclaimed %d, committed %d, progress records %d, leases lost %d, handlers abandoned %d",
 		firstAgain, retryAgain, st.Reclaimed, st.Committed, st.ProgressRecorded, st.LeasesLost, st.Abandoned)
 	t.Logf("chaos: each repeated successful run by the first event between it and the run before it "+
-		"(the earlier run's instance, or the whole database): %s", runs.causes(sink.warnings()))
+		"(the earlier run's instance, or the whole database): %s", runs.causes(logWarnings(sink)))
 	require.Positive(t, produced.Load())
 	require.Zero(t, missing)
 	require.Zero(t, uninjected.Load(), "actor panics that no hook injected (the log has their stacks, SQL0401)")
@@ -811,13 +812,11 @@ func sortedCounts(m map[string]int) string {
 	return strings.Join(out, " ")
 }
 
-// warnings returns the WARN and ERROR lines logged so far as database-wide
+// logWarnings returns the WARN and ERROR lines s logged so far as database-wide
 // chaos events (the log does not say which session wrote them).
-func (s *logSink) warnings() []chaosEvent {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func logWarnings(s *actortest.Logs) []chaosEvent {
 	var out []chaosEvent
-	for _, r := range s.records {
+	for _, r := range s.Records() {
 		if r.Level >= slog.LevelWarn {
 			msg := r.Message
 			if len(msg) > 60 {

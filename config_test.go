@@ -3,15 +3,10 @@ package sqlstreams
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
-	"github.com/c1702965/sqlstreams/actors/claimer"
-	"github.com/c1702965/sqlstreams/actors/refresher"
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
@@ -20,107 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
-
-// instance is one simulated Consume session driven by its step functions:
-// its own config snapshot and refresher, range claimer and exception claimer.
-type instance struct {
-	snap   *groupconfig.Snapshot
-	ref    *refresher.Actor
-	ranges *claimer.Actor
-	exc    *claimer.ExceptionActor
-}
-
-func newInstance(t *testing.T, e *env, c *Consumer[order], clk clock.Clock, h claimer.Handler) *instance {
-	t.Helper()
-	in := &instance{snap: groupconfig.NewSnapshot(groupconfig.Declared{})}
-	in.ref = refresher.New(refresher.Config{Store: e.client.store, GroupID: c.group.ID, Interval: 30 * time.Second,
-		Snapshot: in.snap, Clock: clk, Logger: e.client.cfg.Logger})
-	_, err := in.ref.Step(context.Background())
-	require.NoError(t, err)
-	common := e.common(c, clk, h)
-	common.Group = in.snap.Group
-	in.ranges = claimer.New(claimer.Config{Common: common, BatchLimit: 10, QueueSize: 10, StallAfter: time.Hour})
-	common.InstanceID = engine.NewID()
-	in.exc = claimer.NewExceptionActor(claimer.ExceptionConfig{Common: common})
-	return in
-}
-
-func (in *instance) retry(t *testing.T) int {
-	t.Helper()
-	ctx := context.Background()
-	jobs, err := in.exc.Claim(ctx)
-	require.NoError(t, err)
-	n := 0
-	for ; len(jobs) > 0; n++ { // a chain's next row starts as the one before settles
-		more, err := in.exc.Outcome(ctx, in.exc.Run(ctx, jobs[0]))
-		require.NoError(t, err)
-		jobs = append(jobs[1:], more...)
-	}
-	return n
-}
-
-// The seed's worked case: charge-cards runs MaxRetries 3; a message sits at
-// its third retry, about to dead-letter; another service redeclares
-// MaxRetries 5; within one refresh interval every instance uses 5 and the
-// message gets retries 4 and 5 before it is dead.
-func TestRedeclaredMaxRetriesReachesEveryInstanceWithinOneRefresh(t *testing.T) {
-	mock := clock.NewMock()
-	mock.Set(time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC))
-	e := newEnv(t, &ClientConfig{Clock: mock})
-	ctx := context.Background()
-	s := e.stream("payments.requested")
-	declare := func(client *Client, retries int) *Consumer[order] {
-		c, err := Stream[order](client, "payments.requested").Consumer("charge-cards").Register(ctx, &ConsumerConfig{
-			Message:                 &MessageOptions{Timeout: 10 * time.Second, Retry: &RetryPolicy{MaxRetries: retries, BaseDelay: time.Second, Exponent: 1}},
-			ExceptionInitialBackoff: time.Second,
-		})
-		require.NoError(t, err)
-		return c
-	}
-	c := declare(e.client, 3)
-	var runs atomic.Int32
-	h := c.adapt(func(context.Context, *order) error { runs.Add(1); return errors.New("card processor flaky") })
-	a, b := newInstance(t, e, c, mock, h), newInstance(t, e, c, mock, h)
-	_, err := s.Produce(ctx, order{OrderID: "o1"}, nil)
-	require.NoError(t, err)
-
-	// Run 1 on A's range claimer, retries 1 and 2 on A's and B's exception claimers.
-	jobs, err := a.ranges.Claim(ctx)
-	require.NoError(t, err)
-	_, err = a.ranges.Outcome(ctx, a.ranges.Run(ctx, jobs[0]))
-	require.NoError(t, err)
-	for _, in := range []*instance{a, b} {
-		mock.Add(10 * time.Second)
-		require.Equal(t, 1, in.retry(t))
-	}
-	require.EqualValues(t, 3, runs.Load())
-	require.Equal(t, 3, a.snap.Group().Message.MaxRetries)
-
-	// Another service redeclares; nobody has refreshed yet.
-	other, err := NewClient(ctx, e.pool, &ClientConfig{Schema: e.client.Schema(), Clock: mock, Logger: e.client.cfg.Logger})
-	require.NoError(t, err)
-	declare(other, 5)
-	require.Equal(t, 3, b.snap.Group().Message.MaxRetries, "the claim path never reads the database")
-
-	mock.Add(30 * time.Second) // one refresh interval
-	for _, in := range []*instance{a, b} {
-		changed, err := in.ref.Step(ctx)
-		require.NoError(t, err)
-		require.True(t, changed)
-		require.Equal(t, 5, in.snap.Group().Message.MaxRetries)
-	}
-	for i, in := range []*instance{a, b, a} { // retries 3, 4, 5
-		mock.Add(10 * time.Second)
-		require.Equal(t, 1, in.retry(t), "retry %d", i+3)
-	}
-	mock.Add(time.Hour)
-	require.Zero(t, a.retry(t)+b.retry(t))
-	require.EqualValues(t, 6, runs.Load(), "the first run and five retries")
-	xs, err := c.db().ExceptionStates(ctx)
-	require.NoError(t, err)
-	require.Equal(t, "dead", xs[0].Status)
-	require.Equal(t, 6, xs[0].Attempts)
-}
 
 // The seed's query, as written, against the default schema.
 func TestSeedWorkedCaseQuery(t *testing.T) {
@@ -179,7 +73,7 @@ func TestRedeclarationWarnsSQL0059NamingEachChange(t *testing.T) {
 	}
 	warnings := func() []string {
 		var out []string
-		for _, m := range e.logs.messages(0) {
+		for _, m := range e.logs.Messages(0) {
 			if strings.HasPrefix(m, "SQL0059") {
 				out = append(out, m)
 			}
@@ -249,45 +143,6 @@ func TestShutdownBudgetFollowsTheDeclaredMessageTimeoutWithoutACeiling(t *testin
 	require.Equal(t, 6*time.Second, budget(), "a ceiling wins")
 }
 
-// A refresh that flips ConcurrencyOverride does not change the policy of a
-// message already claimed.
-func TestOverrideIsPinnedAtClaimAcrossARefresh(t *testing.T) {
-	mock := clock.NewMock()
-	e, s, c := setup(t, &ClientConfig{Clock: mock}, "g", 0)
-	ctx := context.Background()
-	_, err := s.Consumer("g").Register(ctx, &ConsumerConfig{ConcurrencyOverride: Exclusive})
-	require.NoError(t, err)
-	_, err = s.Produce(ctx, order{OrderID: "o1"}, &ProduceOptions{Key: "k"})
-	require.NoError(t, err)
-	var seen []Concurrency
-	var in *instance
-	bad := newFailures(t)
-	in = newInstance(t, e, c, mock, func(_ context.Context, d *claimer.Delivery) error {
-		seen = append(seen, d.Concurrency)
-		if len(seen) == 1 {
-			if _, err := s.Consumer("g").Register(ctx, &ConsumerConfig{ConcurrencyOverride: Parallel}); err != nil {
-				bad.add("redeclare: %v", err)
-			}
-			if _, err := in.ref.Step(ctx); err != nil {
-				bad.add("refresh: %v", err)
-			}
-			if got := in.snap.Group().Override; got != Parallel {
-				bad.add("the refresh did not land mid-message: override %q", got)
-			}
-			return errors.New("retry me")
-		}
-		return nil
-	})
-	jobs, err := in.ranges.Claim(ctx)
-	require.NoError(t, err)
-	_, err = in.ranges.Outcome(ctx, in.ranges.Run(ctx, jobs[0]))
-	require.NoError(t, err)
-	mock.Add(time.Hour)
-	require.Equal(t, 1, in.retry(t))
-	bad.check(t)
-	require.Equal(t, []Concurrency{Exclusive, Exclusive}, seen)
-}
-
 func TestInspectShowsDeclaredAndDefaults(t *testing.T) {
 	e, s, _ := setup(t, nil, "g", 0)
 	ctx := context.Background()
@@ -323,65 +178,17 @@ func TestInspectShowsDeclaredAndDefaults(t *testing.T) {
 	_ = e
 }
 
-// countingTracer counts statements that read the group's config.
-type countingTracer struct{ reads atomic.Int64 }
-
-func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, "worker_config") {
-		c.reads.Add(1)
-	}
-	return ctx
-}
-func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func TestClaimPathNeverReadsConfigFromTheDatabase(t *testing.T) {
-	ctx := context.Background()
-	tracer := &countingTracer{}
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
-	require.NoError(t, err)
-	cfg.ConnConfig.Tracer = tracer
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	mock := clock.NewMock()
-	client, err := NewClient(ctx, pool, &ClientConfig{Schema: pgtest.Schema(t), Clock: mock})
-	require.NoError(t, err)
-	e := &env{t: t, pool: pool, client: client, logs: newSink(t)}
-	s := e.stream("orders")
-	c, err := s.Consumer("g").Register(ctx, &ConsumerConfig{Message: &MessageOptions{Retry: &RetryPolicy{MaxRetries: 1}}})
-	require.NoError(t, err)
-	in := newInstance(t, e, c, mock, func(context.Context, *claimer.Delivery) error { return errors.New("fail") })
-	e.produceN(s, "m", 30)
-
-	before := tracer.reads.Load()
-	for range 3 {
-		jobs, err := in.ranges.Claim(ctx)
-		require.NoError(t, err)
-		for _, j := range jobs {
-			_, err := in.ranges.Outcome(ctx, in.ranges.Run(ctx, j))
-			require.NoError(t, err)
-		}
-	}
-	mock.Add(time.Hour)
-	require.Positive(t, in.retry(t))
-	require.Equal(t, before, tracer.reads.Load(), "claims, commits and exception writes read no config")
-	_, err = in.ref.Step(ctx)
-	require.NoError(t, err)
-	require.Equal(t, before+1, tracer.reads.Load(), "only the refresher does, once per interval")
-
-}
-
 func TestStreamConfigLadder(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := context.Background()
 	s := Stream[order](e.client, "orders")
 	require.NoError(t, s.Register(ctx, &StreamConfig{MaxMessageBytes: 4096}))
 	require.NoError(t, s.Register(ctx, &StreamConfig{MaxMessageBytes: 4096}))
-	for _, m := range e.logs.messages(0) {
+	for _, m := range e.logs.Messages(0) {
 		require.NotContains(t, m, "SQL0059", "creation and identical redeclaration are silent")
 	}
 	require.NoError(t, s.Register(ctx, &StreamConfig{MaxMessageBytes: 8192}))
-	require.Contains(t, e.logs.messages(0), "SQL0059 stream config redeclared; newest wins: max_message_bytes: 4096 → 8192")
+	require.Contains(t, e.logs.Messages(0), "SQL0059 stream config redeclared; newest wins: max_message_bytes: 4096 → 8192")
 	var n int
 	require.NoError(t, e.pool.QueryRow(ctx, "SELECT count(*) FROM "+e.client.Schema()+".stream_config_log").Scan(&n))
 	require.Equal(t, 2, n, "one snapshot per change, the first declaration included")

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/actortest"
 	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/store/storetest"
@@ -131,7 +132,7 @@ func TestSeveralInstancesShareTheWork(t *testing.T) {
 
 	const n = 1000
 	col := newCollector(n)
-	bad := newFailures(t)
+	bad := actortest.NewFailures(t)
 	// Each instance's first handler waits until the other is handling too,
 	// so the split does not depend on timing.
 	handling := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
@@ -140,7 +141,7 @@ func TestSeveralInstancesShareTheWork(t *testing.T) {
 		return func(ctx context.Context, o *order) error {
 			info, ok := MetaFromContext(ctx)
 			if !ok || info.Group != "billing" {
-				bad.add("handler meta: %+v, %v", info, ok)
+				bad.Add("handler meta: %+v, %v", info, ok)
 			}
 			once[me].Do(func() { close(handling[me]) })
 			select {
@@ -164,7 +165,7 @@ func TestSeveralInstancesShareTheWork(t *testing.T) {
 	within(t, col.done, "all messages")
 	require.NoError(t, a.stop(t))
 	require.NoError(t, b.stop(t))
-	bad.check(t)
+	bad.Check(t)
 
 	require.Zero(t, col.duplicates(), "no overlap between instances in the steady state")
 	require.Positive(t, sa.Stats().Succeeded, "the first instance did some of the work")
@@ -175,7 +176,7 @@ func TestSeveralInstancesShareTheWork(t *testing.T) {
 	require.EqualValues(t, n, st.Succeeded)
 	require.Equal(t, sa.Stats().Succeeded+sb.Stats().Succeeded, st.Succeeded)
 	require.Zero(t, st.LeasesLost)
-	require.Empty(t, e.logs.messages(slog.LevelWarn), "steady state logs nothing at warn")
+	require.Empty(t, e.logs.Messages(slog.LevelWarn), "steady state logs nothing at warn")
 }
 
 func TestFanOutToGroups(t *testing.T) {
@@ -213,7 +214,7 @@ func TestStartHeadSkipsExistingMessages(t *testing.T) {
 	// Redeclaring with another Start changes nothing and says so.
 	_, err = s.Consumer("late").Register(ctx, &ConsumerConfig{Start: StartBeginning})
 	require.NoError(t, err)
-	_, ok := e.logs.record("consumer group Start differs from the one its cursor was created with; Start is read only at creation")
+	_, ok := e.logs.Record("consumer group Start differs from the one its cursor was created with; Start is read only at creation")
 	require.True(t, ok)
 	_, err = s.Consumer("late").Register(ctx, &ConsumerConfig{Start: "middle"})
 	require.ErrorIs(t, err, ErrInvalidConfig)
@@ -356,7 +357,7 @@ func TestARegistrarPanicIsRestarted(t *testing.T) {
 	e.produceN(s, "m", 1)
 	var panicked atomic.Bool
 	handled := make(chan struct{}, 1)
-	restarted := e.logs.next("actor panicked; restarting")
+	restarted := e.logs.Next("actor panicked; restarting")
 	b := consume(t, c, func(context.Context, *order) error { handled <- struct{}{}; return nil },
 		&ConsumeOptions{test: &hooks.Hooks{Step: func(site hooks.Site) error {
 			if site == hooks.Registrar && panicked.CompareAndSwap(false, true) {

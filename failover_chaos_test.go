@@ -146,7 +146,7 @@ func TestFailoverChaos(t *testing.T) {
 		100*float64(dups)/float64(max(1, len(ledger.handled))), worst.Round(time.Millisecond), roundAll(recoveries))
 	require.NotEmpty(t, recoveries, "SQLSTREAMS_FAILOVER_CHAOS must be longer than SQLSTREAMS_FAILOVER_EVERY")
 	assert.LessOrEqual(t, worst, opts.InstanceTTL+5*time.Second, "issue 23: consuming again within InstanceTTL + 5 s of each promotion")
-	warnings := sink.messages(slog.LevelWarn)
+	warnings := sink.Messages(slog.LevelWarn)
 	t.Logf("failover chaos: %d WARN/ERROR lines logged by the library: %s", len(warnings), summarize(warnings))
 }
 

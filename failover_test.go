@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/actortest"
 	"github.com/c1702965/sqlstreams/internal/pgcluster"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
@@ -278,7 +279,7 @@ func synchronousFailover(t *testing.T, promoteAfter time.Duration) {
 // takes writes (promotedAt): consuming resumes within InstanceTTL + 5 s,
 // every acknowledged message is consumed, the group's state on the new
 // primary is whole; it reports duplicates and the recovery time.
-func checkFailover(t *testing.T, client *Client, sink *logSink, ledger *failoverLedger, opts *ConsumeOptions,
+func checkFailover(t *testing.T, client *Client, sink *actortest.Logs, ledger *failoverLedger, opts *ConsumeOptions,
 	stopConsuming func() error, producer *failoverProducer, promotedAt time.Time) {
 	t.Helper()
 	ctx := context.Background()
@@ -328,7 +329,7 @@ func checkFailover(t *testing.T, client *Client, sink *logSink, ledger *failover
 		"InstanceTTL %s, the issue's bound InstanceTTL + 5s = %s",
 		recovery.Round(time.Millisecond), ledger.firstAnyAfter.Sub(promotedAt).Round(time.Millisecond), opts.InstanceTTL, opts.InstanceTTL+5*time.Second)
 	assert.LessOrEqual(t, recovery, opts.InstanceTTL+5*time.Second, "issue 23: consuming again within InstanceTTL + 5 s of the promotion")
-	warnings := sink.messages(slog.LevelWarn)
+	warnings := sink.Messages(slog.LevelWarn)
 	t.Logf("failover: %d WARN/ERROR lines logged by the library: %s", len(warnings), summarize(warnings))
 }
 
@@ -606,10 +607,10 @@ func TestNoPositionIsSkippedAcrossAPromotion(t *testing.T) {
 // failoverClient is a client on pool (schema "failover", logging to the
 // returned sink, retrying every 20–500 ms), stream registered, and its
 // group "g".
-func failoverClient(t *testing.T, pool *pgxpool.Pool, stream string) (*Client, *logSink, *StreamHandle[order], *Consumer[order]) {
+func failoverClient(t *testing.T, pool *pgxpool.Pool, stream string) (*Client, *actortest.Logs, *StreamHandle[order], *Consumer[order]) {
 	t.Helper()
 	ctx := context.Background()
-	sink := newSink(t)
+	sink := actortest.NewLogs(t)
 	client, err := NewClient(ctx, pool, &ClientConfig{Schema: "failover", Logger: slog.New(sink),
 		Retry: Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}})
 	require.NoError(t, err)

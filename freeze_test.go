@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/actortest"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/stretchr/testify/require"
@@ -177,7 +178,7 @@ func runFreeze(t *testing.T, plan freezePlan, seed uint64) {
 	for _, g := range plan.groups {
 		seen[g.name] = map[string]bool{}
 	}
-	bad := newFailures(t)
+	bad := actortest.NewFailures(t)
 	var readers sync.WaitGroup
 	for _, k := range kids {
 		readers.Add(1)
@@ -192,7 +193,7 @@ func runFreeze(t *testing.T, plan freezePlan, seed uint64) {
 					in, err3 := strconv.ParseInt(f[4], 10, 64)
 					out, err4 := strconv.ParseInt(f[5], 10, 64)
 					if err1 != nil || err2 != nil || err3 != nil || err4 != nil || n < 0 || n >= total {
-						bad.add("a child's line does not parse: %q", l)
+						bad.Add("a child's line does not parse: %q", l)
 						continue
 					}
 					mu.Lock()
@@ -318,7 +319,7 @@ func runFreeze(t *testing.T, plan freezePlan, seed uint64) {
 		require.NoError(t, k.cmd.Wait(), "a child stops gracefully")
 	}
 	readers.Wait()
-	bad.check(t)
+	bad.Check(t)
 
 	mu.Lock()
 	defer mu.Unlock()

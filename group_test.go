@@ -377,7 +377,7 @@ func TestConsumerConfigDocumentIsStrict(t *testing.T) {
 // sql0059 lists the SQL0059 lines logged.
 func sql0059(e *env) []string {
 	var out []string
-	for _, m := range e.logs.messages(slog.LevelWarn) {
+	for _, m := range e.logs.Messages(slog.LevelWarn) {
 		if strings.HasPrefix(m, "SQL0059") {
 			out = append(out, m)
 		}

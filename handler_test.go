@@ -79,7 +79,7 @@ func TestHungHandlerPastTimeoutIsAbandonedAndTheInstanceKeepsConsuming(t *testin
 	require.Equal(t, "dead", xs[0].Status)
 	require.Contains(t, xs[0].LastError, "handler timed out after 20ms")
 	require.Contains(t, xs[0].LastError, "abandoned")
-	require.Contains(t, e.logs.messages(0), "handlers still running after shutdown: they ignore their context and are left behind")
+	require.Contains(t, e.logs.Messages(0), "handlers still running after shutdown: they ignore their context and are left behind")
 }
 
 func TestTimeoutCancelsTheHandlerContext(t *testing.T) {
@@ -185,7 +185,7 @@ func TestAStopDoesNotWaitForAHandlerThatIgnoresItsContext(t *testing.T) {
 	require.NoError(t, err)
 	within(t, started, "the handler")
 	require.NoError(t, sess.stop(t))
-	require.Contains(t, e.logs.messages(0), "handlers still running after shutdown: they ignore their context and are left behind")
+	require.Contains(t, e.logs.Messages(0), "handlers still running after shutdown: they ignore their context and are left behind")
 	require.Zero(t, c.Stats().Abandoned, "a stop gives up on handlers without counting them abandoned")
 
 	once.Do(func() { close(release) })

@@ -312,7 +312,7 @@ func TestASecondSessionMakesTheFirstGiveItsKeyGateUp(t *testing.T) {
 	within(t, col.started, "a-1 running in the first session")
 	require.Positive(t, c.Stats().KeyGates, "the first session, alone, took the gate")
 
-	gaveUp := counter.when("store.ReleaseKeyGate", 1)
+	gaveUp := counter.When("store.ReleaseKeyGate", 1)
 	consume(t, c, col.handle, opts)
 	within(t, gaveUp, "the first session giving its gate up to the second")
 	_, err = s.ProduceBatch(ctx, []BatchItem[order]{{Msg: order{OrderID: "a-2"}, Key: "a"}, {Msg: order{OrderID: "b-1"}, Key: "b"}}, excl)
@@ -389,7 +389,7 @@ func TestARangeClaimedUnderAHeldKeyGatePlacesEachKey(t *testing.T) {
 	require.Zero(t, d.count("a-2"), "a-2 waits behind a-1")
 	require.Zero(t, d.count("o-2"), "o-2 waits: its key is held for an ordered message")
 	require.Positive(t, c.Stats().Deferred, "o-2 parked as busy")
-	require.Equal(t, 1, counter.batchesOf("store.AcquireKeys"), "the second range's keys taken with no statement")
+	require.Equal(t, 1, counter.BatchesOf("store.AcquireKeys"), "the second range's keys taken with no statement")
 
 	close(release)
 	within(t, d.done, "every message")

@@ -3,7 +3,6 @@ package sqlstreams
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,14 +15,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
-	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/store/storetest"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -71,52 +67,6 @@ func TestLateCommitIsNotSkipped(t *testing.T) {
 	_, ok, err = db.ClaimRange(ctx, args)
 	require.NoError(t, err)
 	require.False(t, ok)
-}
-
-// A producer transaction left open stalls delivery; the stall is logged with
-// the blocking session and counted, and nothing is lost when it commits.
-func TestOpenTransactionStallIsVisible(t *testing.T) {
-	mock := clock.NewMock()
-	mock.Set(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	e, s, c := setup(t, &ClientConfig{Clock: mock}, "g", 0)
-	ctx := context.Background()
-
-	tx1, err := e.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx1.Rollback(ctx)
-	_, err = tx1.Exec(ctx, "SET application_name = 'slow-producer'")
-	require.NoError(t, err)
-	_, err = s.Produce(ctx, order{OrderID: "late"}, &ProduceOptions{Tx: tx1})
-	require.NoError(t, err)
-	e.produceN(s, "after", 3)
-
-	cfg := e.common(c, mock, func(context.Context, *claimer.Delivery) error { return nil })
-	stats := cfg.Stats
-	cl := claimer.New(claimer.Config{Common: cfg, BatchLimit: 10, QueueSize: 20, StallAfter: 10 * time.Second})
-	jobs, err := cl.Claim(ctx)
-	require.NoError(t, err)
-	require.Empty(t, jobs)
-	mock.Add(5 * time.Second)
-	_, err = cl.Claim(ctx)
-	require.NoError(t, err)
-	require.Zero(t, stats.Stalls.Load(), "not yet past StallAfter")
-	mock.Add(6 * time.Second)
-	_, err = cl.Claim(ctx)
-	require.NoError(t, err)
-	require.EqualValues(t, 1, stats.Stalls.Load())
-	rec, ok := e.logs.record("delivery stalled: committed messages wait behind an open transaction")
-	require.True(t, ok)
-	attrs := map[string]string{}
-	rec.Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value.String(); return true })
-	require.Equal(t, "slow-producer", attrs["blocker_application"])
-	require.Equal(t, rec.Level, slog.LevelWarn)
-
-	require.NoError(t, tx1.Commit(ctx))
-	jobs, err = cl.Claim(ctx)
-	require.NoError(t, err)
-	require.Len(t, jobs, 4, "the late message and the ones behind it all arrive")
-	_, ok = e.logs.record("delivery resumed after a stall")
-	require.True(t, ok)
 }
 
 // The lease token fences a slow instance whose range was reclaimed: its
@@ -475,170 +425,4 @@ func TestChildConsumer(t *testing.T) {
 		}, &ConsumeOptions{BatchLimit: 10, QueueSize: 10, MessageConcurrency: 2, ClaimPollRate: 5 * time.Millisecond, test: hooks})
 		require.NoError(t, err)
 	}
-}
-
-// A claim whose reply is lost (the connection dies after the commit) leaves
-// a lease the claimer never learned of; its heartbeat would renew it
-// forever. Reconcile lets go of it, and of key leases the claimer does not
-// hold, and the messages are delivered.
-func TestALostClaimReplyIsLetGo(t *testing.T) {
-	st, s := newStepper(t, &ConsumerConfig{ExceptionInitialBackoff: time.Millisecond}, func(o *order, attempt int) error {
-		if o.OrderID == "x" && attempt == 1 {
-			return errors.New("fails once")
-		}
-		return nil
-	})
-	ctx := context.Background()
-	_, err := s.ProduceBatch(ctx, keyedBatch(4, 2), &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}})
-	require.NoError(t, err)
-	db := st.c.db()
-	me := st.common.InstanceID
-	args := store.ClaimParams{Owner: me, Limit: 10, Lease: time.Minute, Now: st.now()}
-	lost, ok, err := db.ClaimRange(ctx, args) // the claimer never sees this reply
-	require.NoError(t, err)
-	require.True(t, ok)
-	_, _, err = db.AcquireKeys(ctx, store.AcquireKeys{RangeID: lost.ID, Want: []store.KeyClaim{{Key: "k0"}, {Key: "k1"}},
-		Token: lost.Token, Owner: me, TTL: time.Minute, Now: st.now()})
-	require.NoError(t, err)
-
-	require.Zero(t, st.claimRange(), "nothing new to claim, and the lost range is live")
-	require.NoError(t, st.ranges.Reconcile(ctx))
-	require.Equal(t, 4, st.claimRange(), "the let-go range is reclaimed and delivered")
-	require.Zero(t, st.stats.Deferred.Load(), "its keys were released too")
-	require.Empty(t, st.e.leases(st.c))
-
-	// The same for an exception claim whose reply was lost.
-	_, err = s.Produce(ctx, order{OrderID: "x"}, nil)
-	require.NoError(t, err)
-	require.Equal(t, 1, st.claimRange())
-	st.mock.Add(time.Second)
-	ex, exID := st.newExc()
-	runs, err := db.ClaimExceptions(ctx, store.ClaimExceptions{Owner: exID, Limit: 10, Lease: time.Minute, Now: st.now()})
-	require.NoError(t, err)
-	require.Len(t, runs, 1)
-	require.Equal(t, "running", st.states()[0].Status)
-	require.NoError(t, ex.Reconcile(ctx))
-	xs := st.states()
-	require.Len(t, xs, 1)
-	require.Equal(t, "pending", xs[0].Status, "handed back")
-	require.Equal(t, 1, xs[0].Attempts, "no attempt spent: it never ran")
-	require.Equal(t, 1, st.retry(), "and it is retried")
-	require.Empty(t, st.states())
-}
-
-// An instance whose own lease lapsed (its heartbeat failed while the
-// database restarted) may reclaim its own range. What it still holds of the
-// earlier incarnation — a commit that failed and waits for a retry, jobs
-// whose outcomes arrive late — belongs to a lease that is gone: applied to
-// the new incarnation they settled messages that had not run. The 30-minute
-// chaos run lost five messages this way.
-func TestAReclaimedRangeIsNeverSettledByItsEarlierIncarnation(t *testing.T) {
-	failOnce := map[string]bool{"m-2": true}
-	st, s := newStepper(t, nil, func(o *order, attempt int) error {
-		if failOnce[o.OrderID] {
-			delete(failOnce, o.OrderID)
-			return errors.New("transient")
-		}
-		return nil
-	})
-	ctx := context.Background()
-	_, err := s.ProduceBatch(ctx, keyedBatch(5, 5), nil)
-	require.NoError(t, err)
-	schema, stream := st.e.client.Schema(), st.c.group.StreamID
-	lapse := func() { // the instance's own lease lapses
-		_, err := st.e.pool.Exec(ctx, fmt.Sprintf("UPDATE %s.stream_%d_range SET expires_at = '-infinity'", schema, stream))
-		require.NoError(t, err)
-	}
-	ranges := func() (n int) {
-		require.NoError(t, st.e.pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s.stream_%d_range", schema, stream)).Scan(&n))
-		return n
-	}
-
-	// A failed commit, retried after the instance reclaimed its own range.
-	first, err := st.ranges.Claim(ctx)
-	require.NoError(t, err)
-	require.Len(t, first, 5)
-	down, cancel := context.WithCancel(ctx)
-	cancel() // the database is unreachable when the range completes
-	for _, j := range first {
-		_, _ = st.ranges.Outcome(down, st.ranges.Run(ctx, j))
-	}
-	lapse()
-	second, err := st.ranges.Claim(ctx)
-	require.NoError(t, err)
-	require.Len(t, second, 5, "the same range, reclaimed under a new token")
-	require.NoError(t, st.ranges.Flush(ctx))
-	require.Equal(t, 1, ranges(), "the failed commit of the earlier incarnation must not settle the new one")
-
-	// Late outcomes of an earlier incarnation whose low bound moved.
-	for _, j := range second[:2] {
-		_, err := st.ranges.Outcome(ctx, st.ranges.Run(ctx, j))
-		require.NoError(t, err)
-	}
-	require.NoError(t, st.ranges.HandBack(ctx)) // m-0 and m-1 settled: lo moves past them
-	third, err := st.ranges.Claim(ctx)
-	require.NoError(t, err)
-	require.Len(t, third, 3)
-	_, err = st.ranges.Outcome(ctx, st.ranges.Run(ctx, second[2]))
-	require.NoError(t, err)
-	require.Equal(t, 3, st.ranges.Queued(), "an outcome of the earlier incarnation settles nothing in the new one")
-	for _, j := range third {
-		_, err := st.ranges.Outcome(ctx, st.ranges.Run(ctx, j))
-		require.NoError(t, err)
-	}
-	require.Zero(t, ranges())
-	require.Empty(t, st.states(), "every message ran and succeeded; m-2 failed only in the dropped incarnation")
-}
-
-// A range commit whose outcome is unknown (its attempt failed without
-// saying whether it applied, as when the reply is lost to a restart) is
-// retried; when the retry finds the range row gone and no one holding it,
-// the earlier attempt applied: the range is counted committed, and nothing
-// claims it was lost to a reclaimer that delivers it again.
-func TestACommitWhoseReplyWasLostIsNotReportedAsALostLease(t *testing.T) {
-	st, s := newStepper(t, nil, func(*order, int) error { return nil })
-	ctx := context.Background()
-	st.e.produceN(s, "m", 3)
-	jobs, err := st.ranges.Claim(ctx)
-	require.NoError(t, err)
-	require.Len(t, jobs, 3)
-	leases := st.e.leases(st.c)
-	require.Len(t, leases, 1)
-
-	lost, cancel := context.WithCancel(ctx)
-	cancel() // the commit's attempt fails without knowing whether it applied
-	for _, j := range jobs {
-		_, _ = st.ranges.Outcome(lost, st.ranges.Run(ctx, j))
-	}
-	require.Len(t, st.e.leases(st.c), 1, "the attempt failed")
-	// What the lost attempt would have done on the server: the range,
-	// committed under its own token.
-	require.NoError(t, st.c.db().CommitRange(ctx,
-		store.RangeCommit{RangeID: leases[0].ID, Token: leases[0].Token, Now: st.now()}))
-
-	require.NoError(t, st.ranges.Flush(ctx)) // the retry finds the range gone
-	require.Zero(t, st.stats.LeasesLost.Load(), "no lease was lost")
-	require.EqualValues(t, 1, st.stats.Committed.Load())
-	require.Zero(t, st.ranges.Queued())
-	for _, m := range st.e.logs.messages(slog.LevelWarn) {
-		require.NotContains(t, m, "range lease lost", "nothing is delivered again")
-	}
-	_, ok := st.e.logs.record("range committed by an earlier attempt whose reply was lost")
-	require.True(t, ok)
-
-	// A range another instance took over is still reported as lost.
-	st.e.produceN(s, "n", 3)
-	jobs, err = st.ranges.Claim(ctx)
-	require.NoError(t, err)
-	require.Len(t, jobs, 3)
-	_, err = st.e.pool.Exec(ctx, fmt.Sprintf("UPDATE %s.stream_%d_range SET token = gen_random_uuid()",
-		pgx.Identifier{st.e.client.Schema()}.Sanitize(), st.c.group.StreamID))
-	require.NoError(t, err)
-	for _, j := range jobs {
-		_, err := st.ranges.Outcome(ctx, st.ranges.Run(ctx, j))
-		require.NoError(t, err)
-	}
-	require.EqualValues(t, 1, st.stats.LeasesLost.Load())
-	_, ok = st.e.logs.record("range lease lost before commit; a reclaimer delivers it again")
-	require.True(t, ok)
 }

@@ -2,17 +2,15 @@ package sqlstreams
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/engine"
-	"github.com/c1702965/sqlstreams/internal/codes"
+	"github.com/c1702965/sqlstreams/internal/actortest"
 	conformancecases "github.com/c1702965/sqlstreams/internal/conformance"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/c1702965/sqlstreams/internal/policy"
@@ -30,14 +28,14 @@ type env struct {
 	t      *testing.T
 	pool   *pgxpool.Pool
 	client *Client
-	logs   *logSink
+	logs   *actortest.Logs
 }
 
 func newEnv(t *testing.T, cfg *ClientConfig) *env {
 	t.Helper()
 	schema := pgtest.Schema(t)
 	pool := pgtest.Pool(t)
-	sink := newSink(t)
+	sink := actortest.NewLogs(t)
 	c := ClientConfig{}
 	if cfg != nil {
 		c = *cfg
@@ -49,121 +47,6 @@ func newEnv(t *testing.T, cfg *ClientConfig) *env {
 	client, err := NewClient(context.Background(), pool, &c)
 	require.NoError(t, err)
 	return &env{t: t, pool: pool, client: client, logs: sink}
-}
-
-// logSink is a slog.Handler that keeps records for assertions and can signal
-// when a message is logged. Every WARN or ERROR it receives must carry a
-// registered code (internal/codes), and every actor panic it hears of
-// (SQL0401) must have been injected by a test hook (hooks.Inject): newSink
-// fails the test otherwise.
-type logSink struct {
-	mu      sync.Mutex
-	records []slog.Record
-	waiters map[string]chan struct{}
-	uncoded []string
-	panics  []string
-}
-
-// newSink returns a sink that fails t, when t ends, if any WARN or ERROR
-// line lacked a registered code.
-func newSink(t *testing.T) *logSink {
-	s := &logSink{}
-	t.Cleanup(func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		for _, m := range s.uncoded {
-			t.Errorf("logged without a registered code: %s", m)
-		}
-		for _, m := range s.panics {
-			t.Errorf("an actor panicked, and no test hook injected it: %s", m)
-		}
-	})
-	return s
-}
-
-func (s *logSink) Enabled(context.Context, slog.Level) bool { return true }
-func (s *logSink) WithAttrs([]slog.Attr) slog.Handler       { return s }
-func (s *logSink) WithGroup(string) slog.Handler            { return s }
-func (s *logSink) Handle(_ context.Context, r slog.Record) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if r.Level >= slog.LevelWarn {
-		code := ""
-		r.Attrs(func(a slog.Attr) bool {
-			if a.Key == "code" {
-				code = a.Value.String()
-				return false
-			}
-			return true
-		})
-		if _, ok := codes.Lookup(code); !ok || code == "" {
-			s.uncoded = append(s.uncoded, r.Level.String()+" "+r.Message)
-		}
-		if code == codes.ActorPanicked.ID {
-			var value, stack string
-			r.Attrs(func(a slog.Attr) bool {
-				switch a.Key {
-				case "panic":
-					value = a.Value.String()
-				case "stack":
-					stack = a.Value.String()
-				}
-				return true
-			})
-			if !strings.HasPrefix(value, "injected panic at ") {
-				s.panics = append(s.panics, value+"\n"+stack)
-			}
-		}
-	}
-	s.records = append(s.records, r.Clone())
-	for prefix, ch := range s.waiters {
-		if strings.HasPrefix(r.Message, prefix) {
-			close(ch)
-			delete(s.waiters, prefix)
-		}
-	}
-	return nil
-}
-
-// next returns a channel closed by the next record whose message starts
-// with prefix: a test signal for asynchronous work that logs.
-func (s *logSink) next(prefix string) <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.waiters == nil {
-		s.waiters = map[string]chan struct{}{}
-	}
-	ch, ok := s.waiters[prefix]
-	if !ok {
-		ch = make(chan struct{})
-		s.waiters[prefix] = ch
-	}
-	return ch
-}
-
-// messages returns the logged messages at level or above.
-func (s *logSink) messages(level slog.Level) []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []string
-	for _, r := range s.records {
-		if r.Level >= level {
-			out = append(out, r.Message)
-		}
-	}
-	return out
-}
-
-// record returns the first record with msg.
-func (s *logSink) record(msg string) (slog.Record, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, r := range s.records {
-		if r.Message == msg {
-			return r, true
-		}
-	}
-	return slog.Record{}, false
 }
 
 // readConformance returns one of the conformance files: the repository's
@@ -228,61 +111,4 @@ func (e *env) common(c *Consumer[order], clk clock.Clock, h claimer.Handler) cla
 		ShutdownTimeout: func() time.Duration { return time.Second }, Clock: clk, Logger: slog.New(e.logs), DBNow: engine.DBNow(clk),
 		Stats: &claimer.Stats{},
 	}
-}
-
-// failures collects what goes wrong on goroutines other than the test's
-// own (handlers, workers): require there would call FailNow off the test's
-// goroutine and turn a failure into a hang or a timeout. check reports them
-// on the test's goroutine; a cleanup checks again at the end.
-type failures struct {
-	mu   sync.Mutex
-	list []string
-}
-
-func newFailures(t *testing.T) *failures {
-	f := &failures{}
-	t.Cleanup(func() { f.check(t) })
-	return f
-}
-
-func (f *failures) add(format string, args ...any) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.list = append(f.list, fmt.Sprintf(format, args...))
-}
-
-// check fails t with every failure reported so far (once each).
-func (f *failures) check(t *testing.T) {
-	t.Helper()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, m := range f.list {
-		t.Error(m)
-	}
-	f.list = nil
-}
-
-// recordsWith returns the messages of the records with the given code.
-func (s *logSink) recordsWith(code string) []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []string
-	for _, r := range s.records {
-		found := false
-		r.Attrs(func(a slog.Attr) bool {
-			found = a.Key == "code" && a.Value.String() == code
-			return !found
-		})
-		if found {
-			out = append(out, r.Message)
-		}
-	}
-	return out
-}
-
-// snapshotRecords returns every record so far.
-func (s *logSink) snapshotRecords() []slog.Record {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]slog.Record(nil), s.records...)
 }

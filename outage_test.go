@@ -255,7 +255,7 @@ func TestPermanentStoreErrorsEndConsume(t *testing.T) {
 				require.Contains(t, err.Error(), s)
 			}
 			require.False(t, ready.Ready())
-			for _, m := range e.logs.messages(slog.LevelWarn) {
+			for _, m := range e.logs.Messages(slog.LevelWarn) {
 				require.NotContains(t, m, "actor failed; restarting", "a permanent error is not retried by restarting actors")
 			}
 		})

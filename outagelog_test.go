@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/actortest"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/stretchr/testify/require"
@@ -48,10 +49,10 @@ func TestAnOutageIsLoggedTwiceASession(t *testing.T) {
 	_, err = s.ProduceBatch(ctx, items, nil)
 	require.NoError(t, err)
 
-	sinks := []*logSink{first.logs}
+	sinks := []*actortest.Logs{first.logs}
 	clients := []*Client{first.client}
 	for range 2 {
-		sink := newSink(t)
+		sink := actortest.NewLogs(t)
 		client, err := NewClient(ctx, first.pool, &ClientConfig{Schema: first.client.Schema(), Logger: slog.New(sink), Retry: retry})
 		require.NoError(t, err)
 		sinks, clients = append(sinks, sink), append(clients, client)
@@ -90,13 +91,11 @@ func TestAnOutageIsLoggedTwiceASession(t *testing.T) {
 
 	for i, sink := range sinks {
 		var lines []slog.Record
-		sink.mu.Lock()
-		for _, r := range sink.records {
+		for _, r := range sink.Records() {
 			if code(r) == codes.StoreOutage.ID {
 				lines = append(lines, r)
 			}
 		}
-		sink.mu.Unlock()
 		var msgs []string
 		for _, r := range lines {
 			msgs = append(msgs, r.Message)

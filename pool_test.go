@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/c1702965/sqlstreams/internal/actortest"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -120,7 +121,7 @@ func TestConfigurePoolKeepsAConnectionInStep(t *testing.T) {
 func TestConfigurePoolCarriesABurnDown(t *testing.T) {
 	ctx := context.Background()
 	pool, _, _ := configuredPool(t, 8, nil)
-	client, err := NewClient(ctx, pool, &ClientConfig{Schema: pgtest.Schema(t), Logger: slog.New(newSink(t))})
+	client, err := NewClient(ctx, pool, &ClientConfig{Schema: pgtest.Schema(t), Logger: slog.New(actortest.NewLogs(t))})
 	require.NoError(t, err)
 	s := Stream[order](client, "orders")
 	require.NoError(t, s.Register(ctx, nil))
@@ -137,18 +138,18 @@ func TestConfigurePoolCarriesABurnDown(t *testing.T) {
 	require.NoError(t, err)
 
 	col := newCollector(n)
-	bad := newFailures(t)
+	bad := actortest.NewFailures(t)
 	opts := fast()
 	opts.BatchLimit = 500
 	sess := consume(t, c, func(_ context.Context, o *order) error {
 		if !strings.HasSuffix(o.OrderID, pad) {
-			bad.add("message %d arrived with a payload of %d bytes", o.Amount, len(o.OrderID))
+			bad.Add("message %d arrived with a payload of %d bytes", o.Amount, len(o.OrderID))
 		}
 		col.add(o.OrderID)
 		return nil
 	}, opts)
 	within(t, col.done, "all messages")
 	require.NoError(t, sess.stop(t))
-	bad.check(t)
+	bad.Check(t)
 	require.Zero(t, col.duplicates())
 }

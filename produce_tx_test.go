@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/actortest"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -235,7 +236,7 @@ func TestSchemaRecreatedUnderAStaleHandleWritesNothing(t *testing.T) {
 func TestAProduceNewToItsConnectionPreparesNothing(t *testing.T) {
 	ctx := context.Background()
 	pool := poolOf(t, 1) // every call on the same connection
-	client, err := NewClient(ctx, pool, &ClientConfig{Schema: pgtest.Schema(t), Logger: slog.New(newSink(t))})
+	client, err := NewClient(ctx, pool, &ClientConfig{Schema: pgtest.Schema(t), Logger: slog.New(actortest.NewLogs(t))})
 	require.NoError(t, err)
 	s := Stream[order](client, "orders")
 	require.NoError(t, s.Register(ctx, nil))

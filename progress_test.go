@@ -2,7 +2,6 @@ package sqlstreams
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -10,185 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/c1702965/sqlstreams/internal/store"
-	"github.com/c1702965/sqlstreams/internal/store/storetest"
 	"github.com/stretchr/testify/require"
 )
-
-// A range's settled prefix is recorded on the flush tick: when the instance
-// dies with the range in flight, the instance that reclaims it delivers only
-// what had not settled, and the prefix's failures and delivery-log rows are
-// already written (the 30-minute chaos run delivered 31% of its messages
-// twice when a reclaimed range ran again whole).
-func TestAReclaimerStartsAfterTheSettledPrefix(t *testing.T) {
-	st, s := newStepper(t, &ConsumerConfig{DeliveryLog: DeliveryLogAll}, func(o *order, attempt int) error {
-		if o.OrderID == "m-2" {
-			return errors.New("transient")
-		}
-		return nil
-	})
-	ctx := context.Background()
-	st.e.produceN(s, "m", 10)
-	jobs, err := st.ranges.Claim(ctx)
-	require.NoError(t, err)
-	require.Len(t, jobs, 10)
-	for _, j := range jobs[:6] { // m-0 … m-5 settle (m-2 fails); m-6 … m-9 never run
-		more, err := st.ranges.Outcome(ctx, st.ranges.Run(ctx, j))
-		require.NoError(t, err)
-		require.Empty(t, more)
-	}
-	require.NoError(t, st.ranges.Flush(ctx))
-	require.EqualValues(t, 1, st.stats.ProgressRecorded.Load())
-	require.NoError(t, st.ranges.Flush(ctx))
-	require.EqualValues(t, 1, st.stats.ProgressRecorded.Load(), "nothing settled since: nothing written")
-
-	xs := st.states()
-	require.Len(t, xs, 1, "m-2's failure is written with the prefix")
-	require.Equal(t, "pending", xs[0].Status)
-	require.Len(t, st.deliveries(t), 6, "the prefix's delivery-log rows are written with it")
-
-	// The instance dies: its lease lapses and another instance reclaims.
-	_, err = st.e.pool.Exec(ctx, fmt.Sprintf("UPDATE %s.stream_%d_range SET expires_at = '-infinity'", st.e.client.Schema(), st.c.group.StreamID))
-	require.NoError(t, err)
-	var ran []string
-	other := newStepperFor(t, st.e, st.c, st.mock, st.c.adapt(func(_ context.Context, o *order) error {
-		ran = append(ran, o.OrderID)
-		return nil
-	}))
-	again, err := other.ranges.Claim(ctx)
-	require.NoError(t, err)
-	require.Len(t, again, 4, "only the unsettled suffix is delivered again")
-	for _, j := range again {
-		_, err := other.ranges.Outcome(ctx, other.ranges.Run(ctx, j))
-		require.NoError(t, err)
-	}
-	require.Equal(t, []string{"m-6", "m-7", "m-8", "m-9"}, ran)
-	require.Len(t, st.e.leases(st.c), 0, "the reclaimer committed the rest")
-	require.Len(t, st.deliveries(t), 10, "each message logged once")
-	require.Len(t, st.states(), 1, "m-2 still waits for its retry")
-
-	// The dead instance's late outcomes settle nothing.
-	for _, j := range jobs[6:] {
-		_, err := st.ranges.Outcome(ctx, st.ranges.Run(ctx, j))
-		require.NoError(t, err)
-	}
-	require.Len(t, st.deliveries(t), 10)
-}
-
-// A recorded prefix is never undone: a hand-back whose own prefix is shorter
-// (its first message still running) keeps the bound recorded.
-func TestAHandBackKeepsTheRecordedPrefix(t *testing.T) {
-	hold := map[string]bool{}
-	st, s := newStepper(t, nil, func(o *order, attempt int) error {
-		if hold[o.OrderID] {
-			return errors.New("held")
-		}
-		return nil
-	})
-	ctx := context.Background()
-	st.e.produceN(s, "m", 6)
-	jobs, err := st.ranges.Claim(ctx)
-	require.NoError(t, err)
-	require.Len(t, jobs, 6)
-	for _, j := range jobs[:3] {
-		_, err := st.ranges.Outcome(ctx, st.ranges.Run(ctx, j))
-		require.NoError(t, err)
-	}
-	require.NoError(t, st.ranges.Flush(ctx))
-	require.NoError(t, st.ranges.HandBack(ctx))
-	var ran []string
-	other := newStepperFor(t, st.e, st.c, st.mock, st.c.adapt(func(_ context.Context, o *order) error {
-		ran = append(ran, o.OrderID)
-		return nil
-	}))
-	again, err := other.ranges.Claim(ctx)
-	require.NoError(t, err)
-	for _, j := range again {
-		_, err := other.ranges.Outcome(ctx, other.ranges.Run(ctx, j))
-		require.NoError(t, err)
-	}
-	require.Equal(t, []string{"m-3", "m-4", "m-5"}, ran)
-}
-
-// Messages settled beyond the prefix (an earlier message still runs) are
-// recorded too: a reclaimer skips them, and a second reclaimer skips what
-// either earlier holder settled. Claimer restarts and dead instances left
-// whole stretches of a range settled behind one slow message, and the chaos
-// run delivered them again.
-func TestAReclaimerSkipsMessagesSettledBeyondThePrefix(t *testing.T) {
-	st, s := newStepper(t, &ConsumerConfig{DeliveryLog: DeliveryLogAll}, func(o *order, attempt int) error {
-		if o.OrderID == "m-3" {
-			return errors.New("transient")
-		}
-		return nil
-	})
-	ctx := context.Background()
-	st.e.produceN(s, "m", 10)
-	jobs, err := st.ranges.Claim(ctx)
-	require.NoError(t, err)
-	require.Len(t, jobs, 10)
-	for _, j := range jobs[1:6] { // m-1 … m-5 settle (m-3 fails) while m-0 runs; m-6 … m-9 never run
-		_, err := st.ranges.Outcome(ctx, st.ranges.Run(ctx, j))
-		require.NoError(t, err)
-	}
-	require.NoError(t, st.ranges.Flush(ctx))
-	require.EqualValues(t, 1, st.stats.ProgressRecorded.Load())
-	require.NoError(t, st.ranges.Flush(ctx))
-	require.EqualValues(t, 1, st.stats.ProgressRecorded.Load(), "nothing settled since: nothing written")
-	xs := st.states()
-	require.Len(t, xs, 1, "m-3's failure is written with the settled set")
-	require.Len(t, st.deliveries(t), 5, "the settled messages' delivery-log rows are written with them")
-
-	expire := func() {
-		t.Helper()
-		_, err := st.e.pool.Exec(ctx, fmt.Sprintf("UPDATE %s.stream_%d_range SET expires_at = '-infinity'", st.e.client.Schema(), st.c.group.StreamID))
-		require.NoError(t, err)
-	}
-	expire() // the instance dies
-	var ran []string
-	handler := st.c.adapt(func(_ context.Context, o *order) error {
-		ran = append(ran, o.OrderID)
-		return nil
-	})
-	second := newStepperFor(t, st.e, st.c, st.mock, handler)
-	again, err := second.ranges.Claim(ctx)
-	require.NoError(t, err)
-	ids := func(js []claimer.Job) []string {
-		var out []string
-		for _, j := range js {
-			var o order
-			require.NoError(t, json.Unmarshal(j.Delivery.Msg.Payload, &o))
-			out = append(out, o.OrderID)
-		}
-		return out
-	}
-	require.Equal(t, []string{"m-0", "m-6", "m-7", "m-8", "m-9"}, ids(again), "only what had not settled is delivered again")
-	_, err = second.ranges.Outcome(ctx, second.ranges.Run(ctx, again[2])) // m-7 settles; m-0 runs on
-	require.NoError(t, err)
-	require.NoError(t, second.ranges.Flush(ctx))
-	expire() // the second holder dies too
-
-	third := newStepperFor(t, st.e, st.c, st.mock, handler)
-	last, err := third.ranges.Claim(ctx)
-	require.NoError(t, err)
-	require.Equal(t, []string{"m-0", "m-6", "m-8", "m-9"}, ids(last), "what either holder settled is skipped")
-	for _, j := range last {
-		_, err := third.ranges.Outcome(ctx, third.ranges.Run(ctx, j))
-		require.NoError(t, err)
-	}
-	require.Equal(t, []string{"m-7", "m-0", "m-6", "m-8", "m-9"}, ran)
-	require.Len(t, st.e.leases(st.c), 0, "the third holder committed the rest")
-	require.Len(t, st.deliveries(t), 10, "each message logged once")
-	require.Len(t, st.states(), 1, "m-3 still waits for its retry")
-
-	// The first holder's late outcome of m-0 settles nothing.
-	_, err = st.ranges.Outcome(ctx, st.ranges.Run(ctx, jobs[0]))
-	require.NoError(t, err)
-	require.Len(t, st.deliveries(t), 10)
-}
 
 // A claimer that panics keeps what it has settled: the handlers already
 // running finish, their outcomes and those waiting are applied and recorded,
@@ -204,7 +29,7 @@ func TestAClaimerPanicKeepsWhatItSettled(t *testing.T) {
 	var mu sync.Mutex
 	runs := map[string]int{}
 	done := make(chan string, 64)
-	restarted := e.logs.next("actor panicked; restarting")
+	restarted := e.logs.Next("actor panicked; restarting")
 	h := func(ctx context.Context, o *order) error {
 		mu.Lock()
 		runs[o.OrderID]++
@@ -285,7 +110,7 @@ func TestALapsedIncarnationRecordsWhatItSettled(t *testing.T) {
 			// session has stopped that incarnation and registers again,
 			// its range lease is expired too, so the next incarnation
 			// reclaims the range.
-			lapsed := e.logs.next("instance lapsed")
+			lapsed := e.logs.Next("instance lapsed")
 			tag, err := e.pool.Exec(ctx, fmt.Sprintf(`UPDATE %[1]s.worker_instance w SET expires_at = '-infinity'
 FROM %[1]s.worker_config wc WHERE wc.id = w.worker_config_id AND wc.consumer_group_id = $1 AND wc.name = $2`, e.client.Schema()), c.group.ID, worker)
 			require.NoError(t, err)
@@ -372,7 +197,7 @@ func TestTheNextSessionWritesAnExceptionResultAStoppedSessionCouldNot(t *testing
 	require.Equal(t, 1, c.leftovers.Len(), "the row whose result could not be written is left to the next session")
 	start()
 
-	written := e.logs.next("wrote the exception rows an earlier session of this consumer could not hand back")
+	written := e.logs.Next("wrote the exception rows an earlier session of this consumer could not hand back")
 	second := consume(t, c, h, opts)
 	within(t, written, "the second session to write the result")
 	g, err := e.client.Group(context.Background(), "orders", "g")
@@ -417,14 +242,6 @@ func requireEachOnce(t *testing.T, mu *sync.Mutex, succeeded map[string]int, n i
 	for id, k := range succeeded {
 		require.Equal(t, 1, k, "%s succeeded %d times", id, k)
 	}
-}
-
-// deliveries returns the group's delivery-log rows.
-func (st *stepper) deliveries(t *testing.T) []storetest.Delivery {
-	t.Helper()
-	log, err := storetest.Deliveries(context.Background(), st.e.client.store, st.c.group.StreamID, st.c.group.ID, nil)
-	require.NoError(t, err)
-	return log
 }
 
 // A session that takes another session's leftovers while the database is

@@ -11,34 +11,26 @@ import (
 
 	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
+	"github.com/c1702965/sqlstreams/internal/actortest"
 	"github.com/c1702965/sqlstreams/internal/hooks"
-	"github.com/c1702965/sqlstreams/internal/incarnation"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
 // countingClient is a client whose pool counts the statements of each store
-// caller (callerCounter) until `until` has sent n.
-func countingClient(t *testing.T, until string, n int) (*Client, *callerCounter) {
+// caller (actortest.Counter) until `until` has sent n.
+func countingClient(t *testing.T, until string, n int) (*Client, *actortest.Counter) {
 	t.Helper()
 	return countingClientIn(t, pgtest.Schema(t), until, n)
 }
 
 // countingClientIn is countingClient on a given schema: a second client
 // (process) of the same schema.
-func countingClientIn(t *testing.T, schema, until string, n int) (*Client, *callerCounter) {
+func countingClientIn(t *testing.T, schema, until string, n int) (*Client, *actortest.Counter) {
 	t.Helper()
-	ctx := context.Background()
-	counter := newCallerCounter(until, n)
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
-	require.NoError(t, err)
-	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	client, err := NewClient(ctx, pool, &ClientConfig{Schema: schema})
+	pool, counter := actortest.CountingPool(t, until, n)
+	client, err := NewClient(context.Background(), pool, &ClientConfig{Schema: schema})
 	require.NoError(t, err)
 	return client, counter
 }
@@ -72,11 +64,11 @@ func TestAnIdleSessionIsQuietWhileItsListenerIsUp(t *testing.T) {
 	// two heartbeats, one statement each or one for both: heartbeat.Beats)
 	// the session is idle. Then sixteen more: four to eight seconds, at
 	// least one backstop.
-	within(t, counter.when("store.RenewInstances", 4), "four heartbeat statements")
-	before, from := counter.snapshot(), time.Now()
-	within(t, counter.when("store.RenewInstances", before["store.RenewInstances"]+16), "sixteen more")
+	within(t, counter.When("store.RenewInstances", 4), "four heartbeat statements")
+	before, from := counter.Snapshot(), time.Now()
+	within(t, counter.When("store.RenewInstances", before["store.RenewInstances"]+16), "sixteen more")
 	elapsed := time.Since(from)
-	got := counter.snapshot()
+	got := counter.Snapshot()
 	for k, v := range before {
 		got[k] -= v
 	}
@@ -96,11 +88,11 @@ func TestAnIdleSessionIsQuietWhileItsListenerIsUp(t *testing.T) {
 	require.Zero(t, got["store.RenewLeases"], "and the heartbeats renew no leases")
 
 	// Woken while quiet: delivered without waiting for a sweep.
-	before = counter.snapshot()
+	before = counter.Snapshot()
 	_, err = s.Produce(ctx, order{OrderID: "woken"}, nil)
 	require.NoError(t, err)
 	require.Equal(t, "woken", within(t, handled, "the produced message"))
-	after := counter.snapshot()
+	after := counter.Snapshot()
 	require.Equal(t, before["store.ForgetUnknownRanges"], after["store.ForgetUnknownRanges"],
 		"delivered before the next reconcile tick: the wake, not a sweep, claimed it")
 	cancel()
@@ -135,12 +127,12 @@ func TestAQuietSessionRunsARetryWhenItFallsDue(t *testing.T) {
 		}, &ConsumeOptions{ClaimPollRate: 50 * time.Millisecond})
 	}()
 	// The exception claimer's first probe found nothing due: it is quiet.
-	within(t, counter.when("store.ExceptionsDue", 1), "the exception claimer's first probe")
+	within(t, counter.When("store.ExceptionsDue", 1), "the exception claimer's first probe")
 	_, err = s.Produce(ctx, order{OrderID: "m"}, nil)
 	require.NoError(t, err)
 	require.Equal(t, int32(1), within(t, attempts, "the first attempt"))
 	require.Equal(t, int32(2), within(t, attempts, "the retry"))
-	got := counter.snapshot()
+	got := counter.Snapshot()
 	require.Zero(t, got["store.ForgetUnknownRuns"], "the retry ran before the first reconcile tick: not found by the sweep")
 	cancel()
 	require.NoError(t, within(t, done, "Consume to return"))
@@ -170,17 +162,17 @@ func TestAClientsHeartbeatsRenewTogether(t *testing.T) {
 				&ConsumeOptions{InstanceTTL: ttl, ConfigRefreshInterval: time.Second})
 		}()
 	}
-	within(t, counter.when("store.RenewInstances", 2), "the first beats")
-	before := counter.snapshot()
-	rowsBefore, groupsBefore := counter.itemsOf("store.RenewInstances"), counter.itemsOf("store.ReadGroupConfigs")
+	within(t, counter.When("store.RenewInstances", 2), "the first beats")
+	before := counter.Snapshot()
+	rowsBefore, groupsBefore := counter.ItemsOf("store.RenewInstances"), counter.ItemsOf("store.ReadGroupConfigs")
 	// Four more beats' worth: 4 × 24 heartbeats; as many refreshes.
-	within(t, counter.when("store.RenewInstances", before["store.RenewInstances"]+4), "four more heartbeat statements")
-	within(t, counter.when("store.ReadGroupConfigs", before["store.ReadGroupConfigs"]+4), "four more config reads")
-	got := counter.snapshot()
+	within(t, counter.When("store.RenewInstances", before["store.RenewInstances"]+4), "four more heartbeat statements")
+	within(t, counter.When("store.ReadGroupConfigs", before["store.ReadGroupConfigs"]+4), "four more config reads")
+	got := counter.Snapshot()
 	renewals := got["store.RenewInstances"] - before["store.RenewInstances"]
 	reads := got["store.ReadGroupConfigs"] - before["store.ReadGroupConfigs"]
-	rows := counter.itemsOf("store.RenewInstances") - rowsBefore
-	groups := counter.itemsOf("store.ReadGroupConfigs") - groupsBefore
+	rows := counter.ItemsOf("store.RenewInstances") - rowsBefore
+	groups := counter.ItemsOf("store.ReadGroupConfigs") - groupsBefore
 	t.Logf("%d sessions: %d heartbeat statements renewing %d rows, %d config reads of %d groups", sessions, renewals, rows, reads, groups)
 	// Together, a statement carries many sessions' rows: without the
 	// aligned ticks each heartbeat's request would come alone (one row a
@@ -208,7 +200,7 @@ func TestASessionThatBeginsTakesNoExpiredLeaseOverForTakeoverGrace(t *testing.T)
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			client, counter := countingClient(t, "", 0)
-			e := &env{t: t, client: client, logs: newSink(t)}
+			e := &env{t: t, client: client, logs: actortest.NewLogs(t)}
 			s := e.stream("orders")
 			c, err := s.Consumer("g").Register(ctx, nil)
 			require.NoError(t, err)
@@ -223,10 +215,7 @@ func TestASessionThatBeginsTakesNoExpiredLeaseOverForTakeoverGrace(t *testing.T)
 				pgx.Identifier{client.Schema()}.Sanitize(), c.group.StreamID))
 			require.NoError(t, err)
 
-			counter.mu.Lock() // the dead instance's own claim reclaimed nothing, but it asked
-			delete(counter.counts, "store.ReclaimRange")
-			delete(counter.first, "store.ReclaimRange")
-			counter.mu.Unlock()
+			counter.Forget("store.ReclaimRange") // the dead instance's own claim reclaimed nothing, but it asked
 
 			handled := make(chan string, 3)
 			cctx, cancel := context.WithCancel(ctx)
@@ -239,9 +228,7 @@ func TestASessionThatBeginsTakesNoExpiredLeaseOverForTakeoverGrace(t *testing.T)
 			for range 3 {
 				within(t, handled, "the dead instance's messages")
 			}
-			counter.mu.Lock()
-			reclaimed := counter.first["store.ReclaimRange"].Sub(started)
-			counter.mu.Unlock()
+			reclaimed := counter.First("store.ReclaimRange").Sub(started)
 			require.GreaterOrEqual(t, reclaimed, claimer.TakeoverGrace(DefaultInstanceTTL), "the first reclaim waits for TakeoverGrace")
 			cancel()
 			require.NoError(t, within(t, done, "Consume to return"))
@@ -331,8 +318,8 @@ func TestAWakeReachingAQuietSessionClaimsFirstAndSweepsWhenNothingIsNew(t *testi
 	handled, signals := quietSession(t, c, counter, ttl)
 
 	// A produce's wake: a claim, and no probe before it.
-	before := counter.snapshot()
-	claimed := counter.at("store.ClaimRange", before["store.ClaimRange"]+1)
+	before := counter.Snapshot()
+	claimed := counter.At("store.ClaimRange", before["store.ClaimRange"]+1)
 	_, err = s.Produce(ctx, order{OrderID: "new"}, nil)
 	require.NoError(t, err)
 	require.Equal(t, "new", within(t, handled, "the produced message"))
@@ -342,15 +329,15 @@ func TestAWakeReachingAQuietSessionClaimsFirstAndSweepsWhenNothingIsNew(t *testi
 	// (after the commit, or while the range was in flight). The quiet ticks
 	// signalled before the wake's claim are stale; none comes while the
 	// range is in flight.
-	within(t, counter.at("store.CommitRange", before["store.CommitRange"]+1), "the commit")
+	within(t, counter.At("store.CommitRange", before["store.CommitRange"]+1), "the commit")
 	quietRanges(t, signals)
 
 	// The peer stops: its hand-back wakes the stream, the claim finds no new
 	// position, and the sweep takes the range over.
-	before = counter.snapshot()
+	before = counter.Snapshot()
 	require.NoError(t, peer.stop(t))
 	require.Equal(t, "held", within(t, handled, "the handed-back message"))
-	after := counter.snapshot()
+	after := counter.Snapshot()
 	require.Greater(t, after["store.ReclaimRange"], before["store.ReclaimRange"], "taken over by the wake's sweep")
 }
 
@@ -370,10 +357,10 @@ func TestABurstsLastRangeLeavesNoClaimThatFindsNothing(t *testing.T) {
 	handled := make(chan string, 2*batch)
 	consume(t, c, func(_ context.Context, o *order) error { handled <- o.OrderID; return nil },
 		&ConsumeOptions{BatchLimit: batch, QueueSize: 10 * batch, ClaimPollRate: claimer.MinSweep, InstanceTTL: 1500 * time.Millisecond}) // every tick a sweep
-	within(t, counter.when("store.RenewInstances", 4), "four heartbeat statements: the session is quiet")
+	within(t, counter.When("store.RenewInstances", 4), "four heartbeat statements: the session is quiet")
 
 	// Two full ranges in one transaction; the produce's wake claims both.
-	before := counter.snapshot()
+	before := counter.Snapshot()
 	items := make([]BatchItem[order], 2*batch)
 	for i := range items {
 		items[i].Msg = order{OrderID: fmt.Sprint(i)}
@@ -384,52 +371,9 @@ func TestABurstsLastRangeLeavesNoClaimThatFindsNothing(t *testing.T) {
 		within(t, handled, "the burst's messages")
 	}
 	// The sweep that follows the burst: what ran before its probe.
-	at := within(t, counter.at("store.GateProbe", before["store.GateProbe"]+1), "the sweep's probe after the burst")
+	at := within(t, counter.At("store.GateProbe", before["store.GateProbe"]+1), "the sweep's probe after the burst")
 	require.Equal(t, 2, at["store.ClaimRange"]-before["store.ClaimRange"],
 		"two claims, each of a full range, and none that found nothing")
-}
-
-// A wake that reaches a quiet claimer while its incarnation is not provably
-// live (its last renewal is older than the TTL allows, as when a loaded
-// machine runs the heartbeat late) cannot claim. The claimer must not stay
-// quiet: it polls until a claim runs, so the produce the wake announced is
-// delivered once the incarnation is valid again, without another wake.
-// Quiet, it skipped its poll ticks and left the message for the backstop
-// sweep (ten minutes at this Lease).
-func TestAWakeThatFindsTheIncarnationNotValidIsNotLost(t *testing.T) {
-	ctx := context.Background()
-	client, _ := countingClient(t, "", 0)
-	e := &env{t: t, client: client, logs: newSink(t)}
-	s := e.stream("orders")
-	c, err := s.Consumer("g").Register(ctx, nil)
-	require.NoError(t, err)
-
-	lives := clock.NewMock() // the incarnation's validity alone runs on it
-	live := incarnation.NewLiveness(lives, time.Minute)
-	live.Start(lives.Now())
-	handled := make(chan int64, 4)
-	cfg := e.common(c, clock.New(), func(_ context.Context, d *claimer.Delivery) error { handled <- d.Msg.ID; return nil })
-	cfg.PollRate, cfg.Liveness = 10*time.Millisecond, live
-	cfg.Listening = func() bool { return true }
-	cfg.Alarm = make(chan struct{}) // alarms come: the reconcile ticks' sweeps are skipped too
-	cfg.Hooks = &hooks.Hooks{}
-	cfg.Hooks.QuietTick.Init()
-	cfg.Hooks.NotValid.Init()
-	wake := make(chan struct{}) // unbuffered: a send returns once the claimer took it
-	a := claimer.New(claimer.Config{Common: cfg, BatchLimit: 10, QueueSize: 20, StallAfter: time.Hour, Wake: wake})
-	sctx, stop := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() { served <- a.Serve(sctx) }()
-	t.Cleanup(func() { stop(); within(t, served, "the claimer to stop") })
-
-	within(t, cfg.Hooks.QuietTick.C(), "a quiet poll tick: the begin's probe found nothing")
-	lives.Add(time.Minute) // no renewal for a TTL: not valid
-	e.produceN(s, "m", 1)
-	wake <- struct{}{}
-	within(t, cfg.Hooks.NotValid.C(), "the wake's claim, refused: the incarnation is not valid")
-	live.Start(lives.Now()) // renewed
-
-	within(t, handled, "the produced message, claimed at a poll tick once the incarnation is valid")
 }
 
 // quietRanges drains the stale quiet ticks, then waits for the range
@@ -481,7 +425,7 @@ func TestAHandBackThatReleasedARangeWakesEvenWhenItFailsAfter(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "keyed", within(t, handled, "the keyed message"))
 	within(t, stuck, "the held message's handler")
-	within(t, counter.when("store.CommitRange", 1), "the keyed message's range committed, its key kept")
+	within(t, counter.When("store.CommitRange", 1), "the keyed message's range committed, its key kept")
 
 	// A quiet peer, with no backstop sweep within reach.
 	peerHandled, signals := quietSession(t, pc, peerCounter, ttl)
@@ -490,16 +434,16 @@ func TestAHandBackThatReleasedARangeWakesEvenWhenItFailsAfter(t *testing.T) {
 	// The first session stops: its hand-back releases "held"'s range, then
 	// fails to give its key gate up (a gate is given up to a second
 	// session at a flush tick once a KeyHold, a minute here).
-	counter.failNext("store.ReleaseKeyGate")
+	counter.FailNext("store.ReleaseKeyGate")
 	require.NoError(t, first.stop(t))
-	require.Positive(t, counter.snapshot()["store.ReleaseKeyGate"], "the gate's release was tried (and failed)")
+	require.Positive(t, counter.Snapshot()["store.ReleaseKeyGate"], "the gate's release was tried (and failed)")
 	require.Equal(t, "held", within(t, peerHandled, "the handed-back message, taken over on the hand-back's wake"))
 }
 
 // processes is one stream's group "g" (StartBeginning) as two processes
 // see it: each its own counting client on the same schema.
 type processes struct {
-	counter, peerCounter *callerCounter
+	counter, peerCounter *actortest.Counter
 	s                    *StreamHandle[order]
 	c, peerConsumer      *Consumer[order]
 }
@@ -528,13 +472,13 @@ func twoProcesses(t *testing.T) processes {
 // statements of c's client (counter): past the session's start, the wake
 // its listener gave every session on coming up has been answered, its
 // TakeoverGrace is over, and it is quiet.
-func quietSession(t *testing.T, c *Consumer[order], counter *callerCounter, ttl time.Duration) (<-chan string, *hooks.Hooks) {
+func quietSession(t *testing.T, c *Consumer[order], counter *actortest.Counter, ttl time.Duration) (<-chan string, *hooks.Hooks) {
 	t.Helper()
 	handled := make(chan string, 16)
 	signals := &hooks.Hooks{QuietSweeps: 1 << 20}
 	signals.QuietTick.Init()
 	consume(t, c, func(_ context.Context, o *order) error { handled <- o.OrderID; return nil },
 		&ConsumeOptions{ClaimPollRate: 10 * time.Millisecond, InstanceTTL: ttl, test: signals})
-	within(t, counter.when("store.RenewInstances", 4), "four heartbeat statements: the session is quiet")
+	within(t, counter.When("store.RenewInstances", 4), "four heartbeat statements: the session is quiet")
 	return handled, signals
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/actortest"
 	"github.com/c1702965/sqlstreams/internal/pgcluster"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
@@ -203,7 +204,7 @@ func TestReadPoolOnAStandbyReportsItsLag(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(readPool.Close)
 
-	client, err := NewClient(ctx, pool, &ClientConfig{Schema: "readpool", ReadPool: readPool, Logger: slog.New(newSink(t))})
+	client, err := NewClient(ctx, pool, &ClientConfig{Schema: "readpool", ReadPool: readPool, Logger: slog.New(actortest.NewLogs(t))})
 	require.NoError(t, err)
 	s := Stream[order](client, "orders")
 	require.NoError(t, s.Register(ctx, nil))

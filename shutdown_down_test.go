@@ -65,12 +65,12 @@ func TestAStopWithTheDatabaseDownEndsWhenTheHandlersDo(t *testing.T) {
 	mu.Unlock()
 	t.Logf("cancelled; the last handler ended %s later, Consume returned %s later",
 		last.Sub(cancelled).Round(time.Millisecond), returned.Sub(cancelled).Round(time.Millisecond))
-	for _, r := range e.logs.snapshotRecords() {
+	for _, r := range e.logs.Records() {
 		t.Logf("%s %s %s", r.Time.Sub(cancelled).Round(time.Millisecond), r.Level, r.Message)
 	}
 	require.LessOrEqual(t, returned.Sub(last), 2*time.Second, "Consume returns within 2 s of its last handler's end")
-	for _, r := range e.logs.recordsWith(codes.ShutdownTimeout.ID) {
+	for _, r := range e.logs.RecordsWith(codes.ShutdownTimeout.ID) {
 		t.Errorf("logged %q while no handler was running", r)
 	}
-	require.Contains(t, strings.Join(e.logs.messages(slog.LevelWarn), "\n"), "could not hand", "the log says what is left for the next session")
+	require.Contains(t, strings.Join(e.logs.Messages(slog.LevelWarn), "\n"), "could not hand", "the log says what is left for the next session")
 }

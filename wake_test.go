@@ -41,7 +41,7 @@ func TestProduceWakesIdleConsumerAndListenerReconnects(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "second", within(t, got, "a message produced while the claimer idles"))
 
-	lost := e.logs.next("notification listener lost its connection")
+	lost := e.logs.Next("notification listener lost its connection")
 	var killed bool
 	require.NoError(t, e.pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", int32(pid)).Scan(&killed))
 	require.True(t, killed)
@@ -115,7 +115,7 @@ func TestAListenerThatHearsNothingIsReplaced(t *testing.T) {
 	require.NotEqual(t, first, second, "a new connection")
 	hk.Deaf.Store(false)
 	within(t, woken, "every session woken after the reconnect")
-	require.Contains(t, strings.Join(e.logs.messages(slog.LevelWarn), "\n"), "notification listener lost")
+	require.Contains(t, strings.Join(e.logs.Messages(slog.LevelWarn), "\n"), "notification listener lost")
 }
 
 // A listener that comes up wakes every session subscribed by then, the

@@ -1,4 +1,4 @@
-package sqlstreams
+package claimer_test
 
 import (
 	"context"
@@ -8,10 +8,15 @@ import (
 	"time"
 
 	"github.com/c1702965/sqlstreams/actors/claimer"
-	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/actortest"
+	"github.com/c1702965/sqlstreams/internal/groupconfig"
+	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/stretchr/testify/require"
 )
+
+// exclusive is the options of an exclusive keyed message.
+var exclusive = policy.Options{Concurrency: policy.Exclusive}
 
 // Decision 0045: an exclusive key whose last range settled stays leased to
 // the instance for KeyHold, so the next range that brings the key runs it
@@ -42,9 +47,8 @@ func (st *stepper) drainRanges() {
 // leaseTokens returns the group's key leases: key -> token.
 func (st *stepper) leaseTokens() map[string]string {
 	st.t.Helper()
-	rows, err := st.e.pool.Query(context.Background(), fmt.Sprintf(
-		"SELECT message_key, token::text FROM %s.stream_%d_key_lease WHERE group_id = $1 AND message_key <> ''",
-		st.e.client.Schema(), st.c.group.StreamID), st.c.group.ID)
+	rows, err := st.e.Pool.Query(context.Background(),
+		"SELECT message_key, token::text FROM "+st.s.Table("key_lease")+" WHERE group_id = $1 AND message_key <> ''", st.g.ID())
 	require.NoError(st.t, err)
 	defer rows.Close()
 	out := map[string]string{}
@@ -57,30 +61,13 @@ func (st *stepper) leaseTokens() map[string]string {
 	return out
 }
 
-// runAll runs jobs and the jobs their outcomes release, to the end.
-func (st *stepper) runAll(jobs []claimer.Job) int {
-	st.t.Helper()
-	ctx := context.Background()
-	n := 0
-	for len(jobs) > 0 {
-		j := jobs[0]
-		jobs = jobs[1:]
-		more, err := st.ranges.Outcome(ctx, st.ranges.Run(ctx, j))
-		require.NoError(st.t, err)
-		jobs = append(jobs, more...)
-		n++
-	}
-	return n
-}
-
 // twoRangesOfTenKeys produces 40 exclusive messages over 20 keys (key
 // i%20) and claims two ranges of 10: k0..k9 and k10..k19.
 func twoRangesOfTenKeys(t *testing.T, h func(*order, int) error) (*stepper, []claimer.Job, []claimer.Job) {
 	t.Helper()
-	st, s := newStepper(t, &ConsumerConfig{ExceptionInitialBackoff: time.Millisecond}, h)
+	st := newStepper(t, groupconfig.Declared{ExceptionInitialBackoff: time.Millisecond}, h)
 	ctx := context.Background()
-	_, err := s.ProduceBatch(ctx, keyedBatch(40, 20), &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}})
-	require.NoError(t, err)
+	st.s.Produce(actortest.Keyed(40, 20, exclusive)...)
 	first, err := st.ranges.Claim(ctx)
 	require.NoError(t, err)
 	require.Len(t, first, 10, "ten keys, one message each")
@@ -126,7 +113,7 @@ func TestAnExclusiveKeyIsKeptForTheInstancesNextRange(t *testing.T) {
 	require.Len(t, st.leaseTokens(), 20, "the last range's keys are kept, too")
 	st.claimNothing()
 	require.Empty(t, st.leaseTokens(), "a claim that finds nothing with nothing in flight lets every kept key go")
-	require.Zero(t, st.e.exceptions(st.c))
+	require.Zero(t, st.exceptions())
 	require.Zero(t, st.stats.Deferred.Load())
 }
 
@@ -169,21 +156,20 @@ func TestAKeyWhoseMessageFailedIsNotKept(t *testing.T) {
 	require.Equal(t, 10, st.runAll(second))
 	st.drainRanges()
 	require.Empty(t, st.leaseTokens())
-	require.Zero(t, st.e.exceptions(st.c))
+	require.Zero(t, st.exceptions())
 }
 
 func TestAClaimerThatMeetsABusyKeyKeepsNone(t *testing.T) {
-	st, s := newStepper(t, nil, func(*order, int) error { return nil })
+	st := newStepper(t, groupconfig.Declared{}, func(*order, int) error { return nil })
 	ctx := context.Background()
 	// Another live instance holds k5.
-	other := engine.NewID()
-	require.NoError(t, st.e.client.store.InsertInstance(ctx, store.InsertInstanceParams{ID: other, WorkerConfigID: st.c.group.Workers[store.WorkerMessageConsumer], DeclaredBy: "test", TTL: time.Hour, Now: st.now()}))
-	_, err := st.e.pool.Exec(ctx, fmt.Sprintf(
-		"INSERT INTO %s.stream_%d_key_lease (group_id, message_key, token, owner, expires_at) VALUES ($1, 'k5', $2, $3, now() + interval '1 hour')",
-		st.e.client.Schema(), st.c.group.StreamID), st.c.group.ID, engine.NewID(), other)
+	other := store.NewID()
+	require.NoError(t, st.e.Store.InsertInstance(ctx, store.InsertInstanceParams{ID: other, WorkerConfigID: st.g.Worker(store.WorkerMessageConsumer), DeclaredBy: "test", TTL: time.Hour, Now: st.now()}))
+	_, err := st.e.Pool.Exec(ctx,
+		"INSERT INTO "+st.s.Table("key_lease")+" (group_id, message_key, token, owner, expires_at) VALUES ($1, 'k5', $2, $3, now() + interval '1 hour')",
+		st.g.ID(), store.NewID(), other)
 	require.NoError(t, err)
-	_, err = s.ProduceBatch(ctx, keyedBatch(40, 20), &BatchOptions{Message: &MessageOptions{Concurrency: Exclusive}})
-	require.NoError(t, err)
+	st.s.Produce(actortest.Keyed(40, 20, exclusive)...)
 
 	first, err := st.ranges.Claim(ctx)
 	require.NoError(t, err)
@@ -197,8 +183,7 @@ func TestAClaimerThatMeetsABusyKeyKeepsNone(t *testing.T) {
 
 	// The other instance lets k5 go; KeyHold after the contention, keys
 	// are kept again.
-	_, err = st.e.pool.Exec(ctx, fmt.Sprintf("DELETE FROM %s.stream_%d_key_lease WHERE owner = $1",
-		st.e.client.Schema(), st.c.group.StreamID), other)
+	_, err = st.e.Pool.Exec(ctx, "DELETE FROM "+st.s.Table("key_lease")+" WHERE owner = $1", other)
 	require.NoError(t, err)
 	st.mock.Add(claimer.DefaultKeyHold)
 	third, err := st.ranges.Claim(ctx)
