@@ -136,7 +136,7 @@ func TestATransactionalHandlersWritesCommitOnceWithItsSettlement(t *testing.T) {
 	case err := <-done:
 		t.Fatalf("ConsumeTx returned: %v", err)
 	case <-time.After(20 * time.Second):
-		t.Logf("effects: %d distinct; logs: %q", len(fx.counts()), e.logs.messages(slog.LevelInfo))
+		t.Logf("effects: %d distinct; logs: %q", len(fx.counts()), e.logs.Messages(slog.LevelInfo))
 		t.FailNow()
 	}
 	fx.requireOnce(want)
