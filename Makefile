@@ -51,9 +51,13 @@ demo: check-postgres
 	$(GO) run ./cmd/sqlstreams demo
 
 ## chaos: the chaos run for DURATION at RATE msg/s offered (make chaos DURATION=30m; RATE=0 is
-## unthrottled); make test runs a 45 s one
+## unthrottled), then the exactly-once run of transactional handlers over EXACTLY_ONCE messages (20,000)
+## under kills, freezes, terminated backends and PostgreSQL restarts; make test runs a 45 s chaos run
+## and 2,000 messages
+EXACTLY_ONCE ?= 20000
 chaos: check-postgres
 	SQLSTREAMS_CHAOS=$(DURATION) SQLSTREAMS_CHAOS_RATE=$(RATE) $(GO) test -race -count=1 -run '^TestChaos$$' -v -timeout 0 .
+	SQLSTREAMS_EXACTLY_ONCE=$(EXACTLY_ONCE) $(GO) test -race -count=1 -run '^TestExactlyOnceUnderFaults$$' -v -timeout 0 .
 
 ## failover: the synchronous-failover test REPEAT times in a row (issue 23's acceptance is 10; make test
 ## runs it once); the automated failover with pg_auto_failover (skipped where postgresql-15-auto-failover

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -141,4 +144,90 @@ func TestATransactionalHandlersWritesCommitOnceWithItsSettlement(t *testing.T) {
 	}
 	fx.requireOnce(want)
 	require.Zero(t, col.duplicates(), "each derived message produced once")
+}
+
+// consumeTx is consume for a transactional handler.
+func consumeTx[T any](t *testing.T, c *Consumer[T], h TxHandler[T], opts *ConsumeOptions) *session {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &session{cancel: cancel, done: make(chan error, 1), id: make(chan string, 1)}
+	var o ConsumeOptions
+	if opts != nil {
+		o = *opts
+	}
+	h2 := hooks.Hooks{}
+	if o.test != nil {
+		h2 = *o.test
+	}
+	h2.OnStart = func(id string) {
+		select {
+		case s.id <- id:
+		default:
+		}
+	}
+	o.test = &h2
+	go func() { s.done <- c.ConsumeTx(ctx, h, &o) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-s.done:
+		case <-time.After(60 * time.Second):
+			t.Errorf("ConsumeTx did not return after cancel")
+		}
+	})
+	return s
+}
+
+// A transaction whose lease lapsed while its handler ran commits nothing:
+// a handler holds its message past its range's lease; the range is
+// reclaimed (here by the same session's sweep: any reclaimer does) under a
+// new token, and the message runs again and commits its effect; when the
+// first handler returns, its settlement finds its token gone and its
+// transaction, with its write, rolls back. The message's effect commits
+// once.
+func TestATransactionWhoseLeaseLapsedCommitsNothing(t *testing.T) {
+	ctx := context.Background()
+	e, s, _ := setup(t, nil, "g", 0)
+	fx := newEffects(t, e)
+	c, err := s.Consumer("tx").Register(ctx, nil)
+	require.NoError(t, err)
+	e.produceN(s, "m", 1)
+
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	var calls atomic.Int32
+	handler := func(ctx context.Context, tx pgx.Tx, o *order) error {
+		n := calls.Add(1)
+		if err := fx.write(ctx, tx, o.OrderID+"/"+strconv.Itoa(int(n))); err != nil {
+			return err
+		}
+		if n == 1 { // held past its lease
+			entered <- struct{}{}
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	}
+	recorded, lost := make(chan int64, 4), make(chan int64, 4)
+	a := consumeTx(t, c, handler, &ConsumeOptions{ClaimPollRate: 20 * time.Millisecond, DisableManager: true,
+		test: &hooks.Hooks{Trace: func(kind hooks.TraceKind, ids []int64) {
+			switch kind {
+			case hooks.TraceRecorded:
+				recorded <- ids[0]
+			case hooks.TraceLost:
+				lost <- ids[0]
+			}
+		}}})
+	id := within(t, a.id, "the session's instance")
+	within(t, entered, "the first run holding the message")
+	_, err = e.pool.Exec(ctx, fmt.Sprintf("UPDATE %s SET expires_at = now() - interval '1 second' WHERE owner = $1::uuid",
+		e.client.store.StreamTable(c.group.StreamID, "range")), id)
+	require.NoError(t, err)
+	within(t, recorded, "the reclaimed message's run, committed")
+	require.Equal(t, map[string]int{"m-0/2": 1}, fx.counts(), "the second run's effect")
+	close(release)
+	within(t, lost, "the first run's transaction finding its lease gone")
+	require.Equal(t, map[string]int{"m-0/2": 1}, fx.counts(), "the first run's write rolled back with its transaction")
 }
