@@ -14,7 +14,8 @@ import (
 // times in the database are the database's now(), except under a mock
 // clock made by ClockOf(clock.NewMock()), whose time every time-dependent
 // statement uses instead, so that a test moving the mock moves leases,
-// retries and schedules too.
+// retries and schedules too. A Clock of your own is taken for a real one:
+// the database's now() decides.
 type Clock interface {
 	// Now returns the current time.
 	Now() time.Time
