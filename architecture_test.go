@@ -116,11 +116,12 @@ const module = "github.com/c1702965/sqlstreams"
 // moduleImports parses (go/parser, ImportsOnly) every production Go file
 // under root and returns, per package directory relative to root ("" for
 // the root package; the optional modules' directories too), the packages of
-// this module it imports, as directories. Test files are not read: tests
-// drive actors' steps directly and wire them as the engine does (DESIGN §3).
-func moduleImports(t *testing.T, root string) map[string][]string {
+// this module it imports, as directories; and the files (relative to root)
+// that import archivedClock. Test files are not read: tests drive actors'
+// steps directly and wire them as the engine does (DESIGN §3).
+func moduleImports(t *testing.T, root string) (imports map[string][]string, clockFiles []string) {
 	t.Helper()
-	imports := map[string][]string{}
+	imports = map[string][]string{}
 	fset := token.NewFileSet()
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -152,6 +153,9 @@ func moduleImports(t *testing.T, root string) map[string][]string {
 		}
 		for _, imp := range f.Imports {
 			p := strings.Trim(imp.Path.Value, `"`)
+			if p == archivedClock {
+				clockFiles = append(clockFiles, filepath.ToSlash(filepath.Join(rel, filepath.Base(path))))
+			}
 			if p != module && !strings.HasPrefix(p, module+"/") {
 				continue
 			}
@@ -163,8 +167,16 @@ func moduleImports(t *testing.T, root string) map[string][]string {
 		return nil
 	})
 	require.NoError(t, err)
-	return imports
+	return imports, clockFiles
 }
+
+// archivedClock is archived upstream: it stays behind internal/clocks, so
+// that a maintained clock can replace it there (decision 0088).
+const archivedClock = "github.com/benbjohnson/clock"
+
+// clockHomes are the production files that may import archivedClock: the
+// adapter, and the root's clock.go, whose ClockOf names it in its signature.
+var clockHomes = []string{"internal/clocks/adapt.go", "clock.go"}
 
 // The tools users touch: the CLI, the console, sqlstreamstest, the examples
 // and the optional modules (the benchmark harness included).
@@ -201,12 +213,19 @@ const (
 	ruleActors = "no actor imports another actor's package (what two actors exchange is a type in a small package below both, in internal/)"
 	ruleEngine = "only engine/ (and the simulator, sim/) reach the actors: the root package goes through engine/"
 	ruleTools  = "a tool reaches the engine only through the public API (no internal/store, actors/, engine/ or supervisor/)"
-	ruleStore  = "internal/store imports nothing above it: only packages that import nothing of the module"
+	ruleStore  = "internal/store imports nothing above it: only packages that import nothing of the module but internal/clocks"
+	ruleClock  = "only internal/clocks' adapter (and the root's ClockOf) import " + archivedClock + ": every other package takes an internal/clocks.Clock"
 )
 
-// importViolations checks imports (moduleImports) against the rules.
-func importViolations(imports map[string][]string) []importViolation {
+// importViolations checks imports and the files importing archivedClock
+// (moduleImports) against the rules.
+func importViolations(imports map[string][]string, clockFiles []string) []importViolation {
 	var out []importViolation
+	for _, f := range clockFiles {
+		if !slices.Contains(clockHomes, f) {
+			out = append(out, importViolation{from: f, to: archivedClock, rule: ruleClock})
+		}
+	}
 	for from, tos := range imports {
 		for _, to := range tos {
 			bad := func(rule string) { out = append(out, importViolation{from: from, to: to, rule: rule}) }
@@ -221,7 +240,9 @@ func importViolations(imports map[string][]string) []importViolation {
 				(under(to, "internal/store") || under(to, "actors") || under(to, "engine") || under(to, "supervisor")) {
 				bad(ruleTools)
 			}
-			if from == "internal/store" && len(imports[to]) > 0 {
+			// internal/clocks imports nothing of the module either: it stands
+			// where the third-party clock it wraps stood.
+			if from == "internal/store" && slices.ContainsFunc(imports[to], func(p string) bool { return p != "internal/clocks" }) {
 				bad(ruleStore)
 			}
 		}
@@ -260,10 +281,14 @@ func TestTheImportRulesCatchBadImports(t *testing.T) {
 		t.Helper()
 		src := "package " + pkg + "\n"
 		for _, imp := range imports {
-			if imp != "" {
-				imp = "/" + imp
+			switch imp {
+			case archivedClock: // not of this module
+			case "":
+				imp = module
+			default:
+				imp = module + "/" + imp
 			}
-			src += "import _ \"" + module + imp + "\"\n"
+			src += "import _ \"" + imp + "\"\n"
 		}
 		require.NoError(t, os.MkdirAll(filepath.Join(root, filepath.Dir(path)), 0o755))
 		require.NoError(t, os.WriteFile(filepath.Join(root, path), []byte(src), 0o644))
@@ -275,10 +300,17 @@ func TestTheImportRulesCatchBadImports(t *testing.T) {
 	write("actors/b/b.go", "b", "internal/exchange")
 	write("engine/engine.go", "engine", "actors/a", "actors/b")
 	write("sim/sim.go", "sim", "actors/a", "engine")
-	write("client.go", "sqlstreams", "engine", "actors/b")                                    // bad: the root reaches an actor
-	write("internal/store/store.go", "store", "internal/leaf", "engine", "internal/exchange") // bad twice: not leaves
-	write("cmd/tool/main.go", "main", "", "internal/store")                                   // bad: a tool reaches the store
-	write("prometheus/collector.go", "prometheus", "", "engine")                              // bad: an optional module reaches the engine
+	write("client.go", "sqlstreams", "engine", "actors/b") // bad: the root reaches an actor
+	write("internal/timed/timed.go", "timed", "internal/clocks")
+	write("internal/store/store.go", "store", "internal/leaf", "internal/timed", "engine", "internal/exchange") // bad twice: not leaves
+	write("cmd/tool/main.go", "main", "", "internal/store")                                                     // bad: a tool reaches the store
+	write("prometheus/collector.go", "prometheus", "", "engine")                                                // bad: an optional module reaches the engine
+	write("internal/clocks/adapt.go", "clocks", archivedClock)                                                  // the adapter may
+	write("internal/clocks/mock.go", "clocks", archivedClock)                                                   // bad: the rest of clocks may not
+	write("clock.go", "sqlstreams", archivedClock)                                                              // ClockOf may
+	write("config.go", "sqlstreams", archivedClock)                                                             // bad: no other file of the root
+	write("actors/b/wait.go", "b", archivedClock)                                                               // bad: an actor takes a clocks.Clock
+	write("actors/b/wait_test.go", "b", archivedClock)                                                          // a test may
 
 	var got []string
 	for _, v := range importViolations(moduleImports(t, root)) {
@@ -286,7 +318,10 @@ func TestTheImportRulesCatchBadImports(t *testing.T) {
 	}
 	require.Equal(t, []string{
 		"actors/a imports actors/b: " + ruleActors,
+		"actors/b/wait.go imports " + archivedClock + ": " + ruleClock,
 		"cmd/tool imports internal/store: " + ruleTools,
+		"config.go imports " + archivedClock + ": " + ruleClock,
+		"internal/clocks/mock.go imports " + archivedClock + ": " + ruleClock,
 		"internal/store imports engine: " + ruleStore,
 		"internal/store imports internal/exchange: " + ruleStore,
 		"prometheus imports engine: " + ruleTools,

@@ -13,13 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	alertactor "github.com/c1702965/sqlstreams/actors/alerts"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/actors/registrar"
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/alert"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/c1702965/sqlstreams/internal/store/storetest"
 	"github.com/c1702965/sqlstreams/internal/topic"
@@ -37,12 +37,12 @@ type incumbent struct {
 	id  string
 }
 
-func (e *env) incumbent(t *testing.T, c *Consumer[order], clk clock.Clock, patterns []string) (*incumbent, store.BindingResult) {
+func (e *env) incumbent(t *testing.T, c *Consumer[order], clk clocks.Clock, patterns []string) (*incumbent, store.BindingResult) {
 	t.Helper()
 	return e.incumbentTTL(t, c, clk, patterns, 30*time.Second)
 }
 
-func (e *env) incumbentTTL(t *testing.T, c *Consumer[order], clk clock.Clock, patterns []string, ttl time.Duration) (*incumbent, store.BindingResult) {
+func (e *env) incumbentTTL(t *testing.T, c *Consumer[order], clk clocks.Clock, patterns []string, ttl time.Duration) (*incumbent, store.BindingResult) {
 	t.Helper()
 	set, rx := compileBindings(patterns)
 	id := engine.NewID()
@@ -127,7 +127,7 @@ func TestFirstInstallAndSameSetJoin(t *testing.T) {
 // row, is not ready; when the incumbent's heartbeat lapses it swaps S2 in and
 // consumes only what S2 routes; a rollback to S1 waits for it in turn.
 func TestChangedSetWaitsForLiveIncumbentsThenSwapsAndRollsBack(t *testing.T) {
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	mock.Set(time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC))
 	e := newEnv(t, &ClientConfig{Clock: mock})
 	ctx := context.Background()
@@ -214,7 +214,7 @@ func TestChangedSetWaitsForLiveIncumbentsThenSwapsAndRollsBack(t *testing.T) {
 // and as stale once it stopped (the registrar's side of two divergent apps:
 // TestDivergentAppsFirstWinsUntouched, in actors/registrar).
 func TestABindingWaiterThatStoppedRetryingIsListedStale(t *testing.T) {
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	e := newEnv(t, &ClientConfig{Clock: mock})
 	s := e.stream("orders")
 	c, err := s.Consumer("g").Register(context.Background(), &ConsumerConfig{Bindings: []string{"a.#"}})
@@ -370,7 +370,7 @@ func TestSQLMatchingPassesConformance(t *testing.T) {
 }
 
 func TestSystemProducesAlerts(t *testing.T) {
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	e := newEnv(t, &ClientConfig{Clock: mock})
 	ctx := context.Background()
 	require.NoError(t, e.client.System().Register(ctx))
@@ -487,7 +487,7 @@ func noneToEmpty(key string) string {
 // declared_at is Register's when it waited (seed 000), so the row that ends
 // the wait records the whole wait, not the part since Consume began.
 func TestDeclaredAtCarriesFromRegisterIntoConsume(t *testing.T) {
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	mock.Set(time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC))
 	e := newEnv(t, &ClientConfig{Clock: mock})
 	ctx := context.Background()
@@ -550,7 +550,7 @@ func TestSystemRegisterKeepsAnAlertGroupsConfig(t *testing.T) {
 // interval): a Timeout redeclared during a two-hour wait applies to the
 // first message, though the next periodic refresh is an hour away.
 func TestTheConfigIsReadAgainWhenABindingWaitEnds(t *testing.T) {
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	mock.Set(time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC))
 	e := newEnv(t, &ClientConfig{Clock: mock})
 	ctx := context.Background()

@@ -12,9 +12,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/backoff"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/store"
@@ -33,10 +33,11 @@ type ClientConfig struct {
 	// steady state nothing is logged; every WARN and ERROR line carries a
 	// stable code attribute (code=SQLnnnn, docs/codes.md).
 	Logger *slog.Logger
-	// Clock drives every Go-side interval. Default the real clock. A
-	// *clock.Mock also becomes the database's now() for every time-dependent
-	// statement, which is how tests and the simulator control leases.
-	Clock clock.Clock
+	// Clock drives every Go-side interval. Default RealClock(). A mock
+	// (ClockOf(clock.NewMock())) also becomes the database's now() for every
+	// time-dependent statement, which is how tests and the simulator
+	// control leases.
+	Clock Clock
 	// Retry is how the client's actors retry their own store calls after a
 	// transient failure (a lost connection, a restarting server, a
 	// serialization failure): each waits Retry's backoff before its next
@@ -225,7 +226,7 @@ func (c *ClientConfig) withDefaults() ClientConfig {
 		out.Logger = slog.Default()
 	}
 	if out.Clock == nil {
-		out.Clock = clock.New()
+		out.Clock = clocks.Real()
 	}
 	out.Retry = out.Retry.withDefaults()
 	if out.Decoder == nil {
@@ -315,7 +316,7 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg *ClientConfig) (*Cli
 	// The wake-up hold-off paces database transactions in real time, not
 	// on cfg.Clock: a mock clock that a test moves by hand would hold a
 	// produce until it moved (decision 0044).
-	cl.wakes.Clock, cl.wakes.PerMessage = clock.New(), wakeup.DefaultPerMessage
+	cl.wakes.Clock, cl.wakes.PerMessage = clocks.Real(), wakeup.DefaultPerMessage
 	return cl, nil
 }
 
@@ -363,7 +364,7 @@ func (c *Client) redeclared(ctx context.Context, kind, name string, changes []gr
 }
 
 func (c *Client) dbNow() store.Now {
-	if m, ok := c.cfg.Clock.(*clock.Mock); ok {
+	if m, ok := c.cfg.Clock.(*clocks.Mock); ok {
 		t := m.Now()
 		return &t
 	}

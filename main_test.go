@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/engine"
 	"github.com/c1702965/sqlstreams/internal/actortest"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	conformancecases "github.com/c1702965/sqlstreams/internal/conformance"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/c1702965/sqlstreams/internal/policy"
@@ -102,7 +102,7 @@ func setup(t *testing.T, cfg *ClientConfig, group string, n int) (*env, *StreamH
 
 // common is an actor config for driving the claimers' step functions
 // directly against c's group, with the group config cfg.
-func (e *env) common(c *Consumer[order], clk clock.Clock, h claimer.Handler) claimer.Common {
+func (e *env) common(c *Consumer[order], clk clocks.Clock, h claimer.Handler) claimer.Common {
 	group := c.cfg.policyGroup()
 	return claimer.Common{
 		Store: e.client.store, StreamID: c.group.StreamID, GroupID: c.group.ID, InstanceID: engine.NewID(),

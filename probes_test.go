@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/stretchr/testify/require"
@@ -61,7 +61,7 @@ func TestSeveralSessionsAreReadyWhenAllAre(t *testing.T) {
 	ctx := context.Background()
 	b, err := s.Consumer("b").Register(ctx, &ConsumerConfig{Bindings: []string{"orders.eu"}})
 	require.NoError(t, err)
-	e.incumbent(t, b, clock.New(), []string{"orders.eu"})
+	e.incumbent(t, b, clocks.Real(), []string{"orders.eu"})
 	waiting, err := s.Consumer("b").Register(ctx, &ConsumerConfig{Bindings: []string{"orders.us"}})
 	require.NoError(t, err)
 
@@ -80,7 +80,7 @@ func TestSeveralSessionsAreReadyWhenAllAre(t *testing.T) {
 // A claim loop busy in one step for longer than WedgedAfter is wedged; one
 // that waits for its next event is not, however long.
 func TestAWedgedLoopFailsLiveness(t *testing.T) {
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	h := outage.NewHealth(mock, time.Second)
 	r := NewReadiness()
 	defer r.attach(h)()

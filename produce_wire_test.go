@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/stretchr/testify/require"
 )
 
@@ -16,7 +16,7 @@ import (
 // reach it: the pool, a caller's transaction, and a batch mixing idempotent
 // messages (which pgx encodes).
 func TestProduceWritesEveryColumnAsGiven(t *testing.T) {
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	at := time.Date(2026, 11, 30, 12, 34, 56, 123456000, time.UTC)
 	mock.Set(at)
 	e := newEnv(t, &ClientConfig{Clock: mock})

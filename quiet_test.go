@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/internal/actortest"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
@@ -206,7 +206,7 @@ func TestASessionThatBeginsTakesNoExpiredLeaseOverForTakeoverGrace(t *testing.T)
 			require.NoError(t, err)
 			// A dead instance's range of three messages, its lease lapsed.
 			e.produceN(s, "m", 3)
-			dead := claimer.New(claimer.Config{Common: e.common(c, clock.New(), func(context.Context, *claimer.Delivery) error { return nil }),
+			dead := claimer.New(claimer.Config{Common: e.common(c, clocks.Real(), func(context.Context, *claimer.Delivery) error { return nil }),
 				BatchLimit: 10, QueueSize: 20, StallAfter: time.Hour})
 			jobs, err := dead.Claim(ctx)
 			require.NoError(t, err)

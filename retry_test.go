@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/store"
 	"github.com/stretchr/testify/require"
 )
@@ -19,7 +19,7 @@ type stepper struct {
 	t      *testing.T
 	e      *env
 	c      *Consumer[order]
-	mock   *clock.Mock
+	mock   *clocks.Mock
 	ranges *claimer.Actor
 	exc    *claimer.ExceptionActor
 	common claimer.Common
@@ -35,7 +35,7 @@ type call struct {
 
 func newStepper(t *testing.T, cfg *ConsumerConfig, h func(o *order, attempt int) error) (*stepper, *StreamHandle[order]) {
 	t.Helper()
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	mock.Set(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
 	e := newEnv(t, &ClientConfig{Clock: mock})
 	s := e.stream("orders")
@@ -52,7 +52,7 @@ func newStepper(t *testing.T, cfg *ConsumerConfig, h func(o *order, attempt int)
 
 // newStepperFor drives c's claimers with handler h, under the group config
 // c was registered with.
-func newStepperFor(t *testing.T, e *env, c *Consumer[order], mock *clock.Mock, h claimer.Handler) *stepper {
+func newStepperFor(t *testing.T, e *env, c *Consumer[order], mock *clocks.Mock, h claimer.Handler) *stepper {
 	t.Helper()
 	st := &stepper{t: t, e: e, c: c, mock: mock}
 	common := e.common(c, mock, h)

@@ -250,7 +250,7 @@ func (b *bench) capacityWindow(ctx context.Context, prefix string, sc capacitySc
 		return run, fmt.Errorf("warm-up: %w", err)
 	}
 	if sc.idle && sc.settle > 0 {
-		wall.Sleep(sc.settle)
+		sleep(sc.settle)
 	}
 	b.checkpoint(ctx)
 	lsn0, sync0, err := b.walPosition(ctx)
@@ -266,7 +266,7 @@ func (b *bench) capacityWindow(ctx context.Context, prefix string, sc capacitySc
 		if err := b.windowStart(ctx, false); err != nil { // what the idle window itself runs
 			return run, err
 		}
-		wall.Sleep(window) // the measurement is the window itself: nothing is produced
+		sleep(window) // the measurement is the window itself: nothing is produced
 		if err := b.windowEnd(ctx, fmt.Sprintf("the idle window's statements (%s)", window)); err != nil {
 			return run, err
 		}
@@ -324,7 +324,7 @@ func produceAtRate(ctx context.Context, streams []*sqlstreams.StreamHandle[Order
 	start := wall.Now()
 	err := eachCall(calls, func(c int) error {
 		if d := start.Add(time.Duration(c) * every).Sub(wall.Now()); d > 0 {
-			wall.Sleep(d) // paced: the offered rate, not the producers' maximum
+			sleep(d) // paced: the offered rate, not the producers' maximum
 		}
 		s := c % len(streams)
 		var err error
@@ -370,7 +370,7 @@ func waitHandled(ctx context.Context, counts [][]atomic.Int64, want []int64, lim
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-wall.After(10 * time.Millisecond):
+		case <-after(10 * time.Millisecond):
 		}
 	}
 }

@@ -223,7 +223,7 @@ func (b *bench) selective(ctx context.Context, newStream func(string) (*sqlstrea
 			}
 			consume(c)
 		}
-		wall.Sleep(time.Second) // the group's instance comes up outside the window
+		sleep(time.Second) // the group's instance comes up outside the window
 		before, _, ok := b.serverCPU(ctx)
 		if !ok {
 			cancel()
@@ -235,7 +235,7 @@ func (b *bench) selective(ctx context.Context, newStream func(string) (*sqlstrea
 		start := wall.Now()
 		for i := range total {
 			if w := time.Until(start.Add(time.Duration(i) * interval)); w > 0 {
-				wall.Sleep(w)
+				sleep(w)
 			}
 			rk := "orders.miss"
 			if i%100 == 0 {

@@ -233,7 +233,7 @@ func keysBurn(ctx context.Context, s *sqlstreams.StreamHandle[Order], group stri
 		elapsed = wall.Since(start)
 	case err := <-errs:
 		returned, failed = true, fmt.Errorf("the instance returned early: %v", err)
-	case <-wall.After(burnTimeout):
+	case <-after(burnTimeout):
 		failed = fmt.Errorf("timed out after %s with %d of %d succeeded", burnTimeout, count.Load(), n)
 	case <-ctx.Done():
 		failed = ctx.Err()

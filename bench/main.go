@@ -30,7 +30,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -366,7 +365,7 @@ func progress(label, unit string, total int64, done *atomic.Int64) (stop func())
 			select {
 			case <-quit:
 				return
-			case now := <-t.C:
+			case now := <-t.C():
 				d := done.Load()
 				fmt.Printf("  %-34s %5.1fs  %8d/%d %s  %8.0f %s/s now\n", label, now.Sub(start).Seconds(), d, total, unit,
 					float64(d-last)/now.Sub(lastAt).Seconds(), unit)
@@ -450,7 +449,13 @@ func mustJSON(v any) []byte {
 
 // wall is the harness's clock: a benchmark measures real elapsed time, and
 // this is the one place it is read from.
-var wall = clock.New()
+var wall = sqlstreams.RealClock()
+
+// sleep waits d on the wall clock.
+func sleep(d time.Duration) { <-after(d) }
+
+// after delivers the time once d has passed on the wall clock.
+func after(d time.Duration) <-chan time.Time { return wall.Timer(d).C() }
 
 // topStatements prints the statements that took the most server time since
 // the run began, named by their first line (sqlstreams' statements start with

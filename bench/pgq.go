@@ -168,7 +168,7 @@ func (b *bench) pgqTicker(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-t.C():
 		}
 		if _, err := b.pool.Exec(ctx, "SELECT pgq.ticker($1)", pgqQueue); err != nil && ctx.Err() == nil {
 			return fmt.Errorf("pgq ticker: %w", err)

@@ -72,7 +72,7 @@ func (b *bench) natsRef(ctx context.Context) error {
 		}
 		select {
 		case <-js.PublishAsyncComplete():
-		case <-wall.After(burnTimeout):
+		case <-after(burnTimeout):
 			stop()
 			return errors.New("nats: publishes not acknowledged in time")
 		}
@@ -204,7 +204,7 @@ func (b *bench) rabbitRef(ctx context.Context) error {
 			return err
 		}
 		var o Order
-		timeout := wall.After(burnTimeout)
+		timeout := after(burnTimeout)
 	consume:
 		for got.Load() < int64(n) {
 			select {

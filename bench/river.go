@@ -160,7 +160,7 @@ func (b *bench) riverBurnDown(ctx context.Context, driver *riverpgxv5.Driver, la
 	}
 	var elapsed time.Duration
 	var failed error
-	timeout := wall.After(burnTimeout)
+	timeout := after(burnTimeout)
 wait:
 	for {
 		select {

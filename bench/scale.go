@@ -358,7 +358,7 @@ func (b *bench) spread(ctx context.Context, prefix string, streams, sessions int
 	var failed error
 	select {
 	case <-done:
-	case <-wall.After(burnTimeout):
+	case <-after(burnTimeout):
 		failed = fmt.Errorf("timed out after %s with %d of %d handled", burnTimeout, handled.Load(), total)
 	case <-ctx.Done():
 		failed = ctx.Err()
@@ -454,7 +454,7 @@ func (b *bench) spreadAgain(ctx context.Context, handles []*sqlstreams.StreamHan
 		cpu.after, ok = b.cpuNow(ctx)
 		cpu.ok = cpu.ok && ok
 		return took, cpu, b.windowEnd(ctx, label+", the running round's statements")
-	case <-wall.After(burnTimeout):
+	case <-after(burnTimeout):
 		return 0, cpu, fmt.Errorf("%s, running sessions: timed out after %s with %d of %d handled", label, burnTimeout, handled.Load()-total, total)
 	case <-ctx.Done():
 		return 0, cpu, ctx.Err()

@@ -441,7 +441,7 @@ func awaitRun(ctx context.Context, start time.Time, all <-chan struct{}, errs <-
 		elapsed = wall.Since(start)
 	case err := <-errs: // an instance stopped before the work was done
 		returned, failed = 1, fmt.Errorf("an instance returned early: %v", err)
-	case <-wall.After(burnTimeout):
+	case <-after(burnTimeout):
 		failed = fmt.Errorf("timed out after %s with %d of %d %s", burnTimeout, count.Load(), total, done)
 	case <-ctx.Done():
 		failed = ctx.Err()
@@ -482,7 +482,7 @@ func latency(ctx context.Context, s *sqlstreams.StreamHandle[Order], poll time.D
 			return nil
 		}, &sqlstreams.ConsumeOptions{ClaimPollRate: poll})
 	}()
-	wall.Sleep(time.Second) // let the instance come up before the clock starts
+	sleep(time.Second) // let the instance come up before the clock starts
 
 	stop := progress(label, "msgs", int64(total), &handled)
 	defer stop()
@@ -514,7 +514,7 @@ func latency(ctx context.Context, s *sqlstreams.StreamHandle[Order], poll time.D
 	start := wall.Now()
 	for i := range total {
 		if w := time.Until(start.Add(time.Duration(i) * interval)); w > 0 {
-			wall.Sleep(w)
+			sleep(w)
 		}
 		due <- struct{}{}
 	}
@@ -527,7 +527,7 @@ func latency(ctx context.Context, s *sqlstreams.StreamHandle[Order], poll time.D
 	}
 	deadline := wall.Now().Add(30 * time.Second)
 	for handled.Load() < int64(total) && wall.Now().Before(deadline) && ctx.Err() == nil {
-		wall.Sleep(5 * time.Millisecond)
+		sleep(5 * time.Millisecond)
 	}
 	cancel()
 	if err := <-consumed; err != nil && !errors.Is(err, context.Canceled) {

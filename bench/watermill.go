@@ -129,7 +129,7 @@ func (b *bench) watermillBurnDown(ctx context.Context, db wsql.Beginner, logger 
 	}
 	var elapsed time.Duration
 	var failed error
-	timeout := wall.After(burnTimeout)
+	timeout := after(burnTimeout)
 	var o Order
 wait:
 	for {
@@ -204,6 +204,6 @@ func (b *bench) watermillCommitted(ctx context.Context, group string, n int, lim
 		if ctx.Err() != nil {
 			return time.Time{}, ctx.Err()
 		}
-		wall.Sleep(time.Millisecond)
+		sleep(time.Millisecond)
 	}
 }

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams"
 	"github.com/c1702965/sqlstreams/console"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/stretchr/testify/require"
 )
@@ -204,7 +204,7 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 // an hour (issue 60: "4m39.652s").
 func TestPagesRoundAges(t *testing.T) {
 	ctx := context.Background()
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	mock.Set(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
 	client, err := sqlstreams.NewClient(ctx, pgtest.Pool(t), &sqlstreams.ClientConfig{Schema: pgtest.Schema(t), Clock: mock})
 	require.NoError(t, err)

@@ -32,7 +32,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/alerts"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
@@ -40,6 +39,7 @@ import (
 	"github.com/c1702965/sqlstreams/actors/registrar"
 	"github.com/c1702965/sqlstreams/internal/alert"
 	"github.com/c1702965/sqlstreams/internal/backoff"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/hooks"
@@ -148,7 +148,7 @@ type Config struct {
 	EndSession func(ctx context.Context)
 	// Retry is the backoff of the actors' store calls after a failure.
 	Retry  backoff.Policy
-	Clock  clock.Clock
+	Clock  clocks.Clock
 	Logger *slog.Logger
 	Stats  *claimer.Stats
 	// Manager, if set, makes the fleet's maintenance workers' actor for
@@ -158,8 +158,8 @@ type Config struct {
 
 // DBNow returns the explicit database time for statements: nil under a real
 // clock (the database's now() decides), the mock's time under a mock clock.
-func DBNow(c clock.Clock) func() store.Now {
-	if _, ok := c.(*clock.Mock); !ok {
+func DBNow(c clocks.Clock) func() store.Now {
+	if _, ok := c.(*clocks.Mock); !ok {
 		return func() store.Now { return nil }
 	}
 	return func() store.Now { t := c.Now(); return &t }
@@ -425,7 +425,7 @@ wait:
 				}
 			case err := <-done:
 				return false, errors.Join(cause, fmt.Errorf("consume %s: %w", cfg.GroupName, err))
-			case <-claimersBy.C: // a claimer still restarting or stuck: stop the tree anyway
+			case <-claimersBy.C(): // a claimer still restarting or stuck: stop the tree anyway
 				break drain
 			}
 		}
@@ -484,7 +484,7 @@ func (s *session) waitTree(ctx context.Context, done <-chan error, logger *slog.
 	defer final.Stop()
 	select {
 	case <-done:
-	case <-final.C:
+	case <-final.C():
 		codes.StopOverran.Log(ctx, logger, "session did not stop within ShutdownTimeout plus the shutdown grace; returning anyway",
 			"grace", shutdown.Grace.String())
 	}
@@ -494,7 +494,7 @@ func (s *session) waitTree(ctx context.Context, done <-chan error, logger *slog.
 // with backoff (at least every poll) while the database is unreachable (a
 // restart during a deploy must not fail Consume). It returns the error when
 // retrying cannot fix it, and ctx's error when ctx ends.
-func firstRefresh(ctx context.Context, ref *refresher.Actor, clk clock.Clock, every time.Duration) error {
+func firstRefresh(ctx context.Context, ref *refresher.Actor, clk clocks.Clock, every time.Duration) error {
 	rep := ref.Reporter()
 	for {
 		_, err := ref.Step(ctx)
@@ -510,7 +510,7 @@ func firstRefresh(ctx context.Context, ref *refresher.Actor, clk clock.Clock, ev
 		case <-ctx.Done():
 			t.Stop()
 			return ctx.Err()
-		case <-t.C:
+		case <-t.C():
 		}
 	}
 }

@@ -4,11 +4,11 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/actors/manager"
 	"github.com/c1702965/sqlstreams/actors/refresher"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/observe"
 	"github.com/c1702965/sqlstreams/internal/store"
@@ -62,7 +62,7 @@ type Shared struct {
 
 // NewShared returns a client's shared parts; nothing runs until a session
 // uses them.
-func NewShared(st *store.Store, clk clock.Clock, logger *slog.Logger, obs observe.Observer) *Shared {
+func NewShared(st *store.Store, clk clocks.Clock, logger *slog.Logger, obs observe.Observer) *Shared {
 	return &Shared{
 		hub:   NewHub(st, clk, logger, obs),
 		beats: heartbeat.NewBeats(st, clk, DBNow(clk)),

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/observe"
@@ -28,7 +28,7 @@ import (
 // waited for, by the last unsubscribe.
 type Hub struct {
 	store    *store.Store
-	clock    clock.Clock
+	clock    clocks.Clock
 	logger   *slog.Logger
 	observer observe.Observer // counts reconnects
 	retry    time.Duration
@@ -51,7 +51,7 @@ type Hub struct {
 func (h *Hub) SetHooks(hk *hooks.Hub) { h.hooks.Store(hk) }
 
 // NewHub returns a hub; nothing runs until Subscribe.
-func NewHub(st *store.Store, clk clock.Clock, logger *slog.Logger, obs observe.Observer) *Hub {
+func NewHub(st *store.Store, clk clocks.Clock, logger *slog.Logger, obs observe.Observer) *Hub {
 	return &Hub{store: st, clock: clk, logger: logger, observer: observe.Or(obs), retry: time.Second, subs: map[int64]map[chan struct{}]*sub{}}
 }
 
@@ -200,7 +200,7 @@ func (h *Hub) run(ctx context.Context, done chan struct{}) {
 		case <-ctx.Done():
 			t.Stop()
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 	}
 }
@@ -263,7 +263,7 @@ func (h *Hub) watch(ctx context.Context, heard *atomic.Uint64) (dead bool) {
 		select {
 		case <-ctx.Done():
 			return false
-		case <-t.C:
+		case <-t.C():
 		}
 		if n := heard.Load(); n != last {
 			last, unheardSince = n, nil

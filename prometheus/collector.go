@@ -25,7 +25,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -37,8 +36,8 @@ type Options struct {
 	CacheFor time.Duration
 	// ReadTimeout bounds one scrape's database reads. Default 5s.
 	ReadTimeout time.Duration
-	// Clock drives the cache. Default the real clock.
-	Clock clock.Clock
+	// Clock drives the cache. Default sqlstreams.RealClock().
+	Clock sqlstreams.Clock
 }
 
 // Collector is a sqlstreams.Observer and a prometheus.Collector.
@@ -78,7 +77,7 @@ func New(opts *Options) *Collector {
 		o.ReadTimeout = 5 * time.Second
 	}
 	if o.Clock == nil {
-		o.Clock = clock.New()
+		o.Clock = sqlstreams.RealClock()
 	}
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help}, labels)

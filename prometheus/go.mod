@@ -3,12 +3,12 @@ module github.com/c1702965/sqlstreams/prometheus
 go 1.26.0
 
 require (
-	github.com/benbjohnson/clock v1.3.5
 	github.com/c1702965/sqlstreams v0.0.0
 	github.com/stretchr/testify v1.12.1
 )
 
 require (
+	github.com/benbjohnson/clock v1.3.5 // indirect
 	github.com/goccy/go-json v0.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 )

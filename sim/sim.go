@@ -11,12 +11,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/actors/refresher"
 	"github.com/c1702965/sqlstreams/actors/registrar"
 	"github.com/c1702965/sqlstreams/engine"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/policy"
@@ -100,7 +100,7 @@ type World struct {
 
 	st       *store.Store
 	opts     Options
-	clock    *clock.Mock
+	clock    *clocks.Mock
 	rng      *rand.Rand
 	logger   *slog.Logger
 	streamID int64
@@ -169,7 +169,7 @@ type instance struct {
 // "g", declared with cfg.
 func New(ctx context.Context, st *store.Store, seed uint64, opts Options, cfg groupconfig.Declared) (*World, error) {
 	opts.defaults()
-	w := &World{seed: seed, st: st, opts: opts, clock: clock.NewMock(), rng: rand.New(rand.NewPCG(seed, seed^0x2545f4914f6cdd1d)),
+	w := &World{seed: seed, st: st, opts: opts, clock: clocks.NewMock(), rng: rand.New(rand.NewPCG(seed, seed^0x2545f4914f6cdd1d)),
 		logger: slog.New(slog.NewTextHandler(io.Discard, nil)), byID: map[int64]*message{}, inFlight: map[string]int{},
 		ledger: map[int64]string{}}
 	w.clock.Set(Epoch)

@@ -22,7 +22,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams"
 	"github.com/jackc/pgx/v5"
 )
@@ -135,7 +134,7 @@ func DrainWith[T any](ctx context.Context, t testing.TB, consumer *sqlstreams.Co
 	defer stop()
 	done := make(chan error, 1)
 	go func() { done <- consumer.Consume(cctx, handler, &co) }()
-	tick := clock.New().Ticker(o.PollInterval)
+	tick := sqlstreams.RealClock().Ticker(o.PollInterval)
 	defer tick.Stop()
 	var last *sqlstreams.GroupStatus
 	for {
@@ -147,7 +146,7 @@ func DrainWith[T any](ctx context.Context, t testing.TB, consumer *sqlstreams.Co
 			last = s
 		}
 		select {
-		case <-tick.C:
+		case <-tick.C():
 			continue
 		case err := <-done:
 			t.Fatalf("sqlstreamstest: Drain: Consume of %q returned before the backlog was empty: %v", consumer.Name(), err)
@@ -155,7 +154,7 @@ func DrainWith[T any](ctx context.Context, t testing.TB, consumer *sqlstreams.Co
 		case <-ctx.Done():
 		}
 		if last == nil { // ended before a read came back: read one now, so the failure says how far it got
-			sctx, cancel := clock.New().WithTimeout(context.WithoutCancel(ctx), finalStatusBound)
+			sctx, cancel := sqlstreams.RealClock().WithTimeout(context.WithoutCancel(ctx), finalStatusBound)
 			if s, err := consumer.Status(sctx); err == nil {
 				last = s
 			}

@@ -6,9 +6,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/internal/actortest"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/settings"
 	"github.com/c1702965/sqlstreams/internal/topic"
@@ -19,7 +19,7 @@ import (
 // exactly one declared set, and every delivered message matches the set of
 // the claim that handed it out.
 func TestEveryClaimUsesExactlyOneDeclaredSet(t *testing.T) {
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	e := actortest.New(t, &actortest.Options{Clock: mock})
 	ctx := context.Background()
 	s := e.Stream("orders", settings.Stream{})

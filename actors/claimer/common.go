@@ -7,9 +7,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/alert"
 	"github.com/c1702965/sqlstreams/internal/backoff"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/incarnation"
 	"github.com/c1702965/sqlstreams/internal/observe"
@@ -84,7 +84,7 @@ type Common struct {
 	// handlers that ignore their context outside a drain (a drain's bound is
 	// the shutdown plan's).
 	ShutdownTimeout func() time.Duration
-	Clock           clock.Clock
+	Clock           clocks.Clock
 	Logger          *slog.Logger
 	DBNow           func() store.Now
 	Stats           *Stats

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/internal/actortest"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/settings"
@@ -20,7 +20,7 @@ import (
 // A producer transaction left open stalls delivery; the stall is logged with
 // the blocking session and counted, and nothing is lost when it commits.
 func TestOpenTransactionStallIsVisible(t *testing.T) {
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	mock.Set(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	e := actortest.New(t, &actortest.Options{Clock: mock})
 	s := e.Stream("orders", settings.Stream{})

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
@@ -17,7 +17,7 @@ import (
 func TestThePoolStartsWorkersOnDemand(t *testing.T) {
 	release := make(chan struct{})
 	running := make(chan struct{}, 16)
-	r := &runner{clock: clock.New(), grace: time.Second, stats: &Stats{},
+	r := &runner{clock: clocks.Real(), grace: time.Second, stats: &Stats{},
 		handler: func(ctx context.Context, d *Delivery) error {
 			running <- struct{}{}
 			select {

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/internal/actortest"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/incarnation"
@@ -36,15 +36,15 @@ func within[T any](t *testing.T, ch <-chan T, what string) T {
 // sweep (ten minutes at this Lease).
 func TestAWakeThatFindsTheIncarnationNotValidIsNotLost(t *testing.T) {
 	ctx := context.Background()
-	e := actortest.New(t, &actortest.Options{Clock: clock.New()})
+	e := actortest.New(t, &actortest.Options{Clock: clocks.Real()})
 	s := e.Stream("orders", settings.Stream{})
 	g := s.Group("g", groupconfig.Declared{})
 
-	lives := clock.NewMock() // the incarnation's validity alone runs on it
+	lives := clocks.NewMock() // the incarnation's validity alone runs on it
 	live := incarnation.NewLiveness(lives, time.Minute)
 	live.Start(lives.Now())
 	handled := make(chan int64, 4)
-	cfg := common(e, g, clock.New(), func(_ context.Context, d *claimer.Delivery) error { handled <- d.Msg.ID; return nil })
+	cfg := common(e, g, clocks.Real(), func(_ context.Context, d *claimer.Delivery) error { handled <- d.Msg.ID; return nil })
 	cfg.PollRate, cfg.Liveness = 10*time.Millisecond, live
 	cfg.Listening = func() bool { return true }
 	cfg.Alarm = make(chan struct{}) // alarms come: the reconcile ticks' sweeps are skipped too

@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/handlerctx"
 	"github.com/c1702965/sqlstreams/internal/policy"
@@ -76,7 +76,7 @@ var errNotLive = errors.New("not started: the instance's incarnation was lost")
 // context past the grace period abandoned (counted) so the worker goes on.
 type runner struct {
 	handler Handler
-	clock   clock.Clock
+	clock   clocks.Clock
 	grace   time.Duration
 	stats   *Stats
 	// gate, if set, is waited on before each handler starts: false (the
@@ -125,7 +125,7 @@ type executor struct {
 	// every call (a timer per message cost more than the handler's
 	// bookkeeping around it). Only the pool worker that owns the executor
 	// touches it.
-	timer *clock.Timer
+	timer clocks.Timer
 }
 
 // expiredAlready is the deadline channel of a call whose deadline had
@@ -138,7 +138,7 @@ var expiredAlready = func() chan time.Time {
 
 // arm sets the executor's timer to the call's deadline and returns the
 // channel that says it passed.
-func (ex *executor) arm(clk clock.Clock, now time.Time, hctx *handlerctx.Ctx) <-chan time.Time {
+func (ex *executor) arm(clk clocks.Clock, now time.Time, hctx *handlerctx.Ctx) <-chan time.Time {
 	deadline, _ := hctx.Deadline()
 	wait := deadline.Sub(now)
 	if wait <= 0 {
@@ -149,7 +149,7 @@ func (ex *executor) arm(clk clock.Clock, now time.Time, hctx *handlerctx.Ctx) <-
 	} else {
 		ex.timer.Reset(wait)
 	}
-	return ex.timer.C
+	return ex.timer.C()
 }
 
 // disarm stops the timer and drops a tick it may have sent meanwhile, so
@@ -157,7 +157,7 @@ func (ex *executor) arm(clk clock.Clock, now time.Time, hctx *handlerctx.Ctx) <-
 func (ex *executor) disarm() {
 	if ex.timer != nil && !ex.timer.Stop() {
 		select {
-		case <-ex.timer.C:
+		case <-ex.timer.C():
 		default:
 		}
 	}
@@ -255,7 +255,7 @@ func (r *runner) runJob(ctx context.Context, j Job, slot **executor) Outcome {
 	select {
 	case err := <-ex.done:
 		return timed(r.outcome(ctx, hctx, j, err))
-	case <-grace.C:
+	case <-grace.C():
 		if slot != nil { // the handler still runs on it: never hand it another
 			close(ex.calls)
 			*slot = nil
@@ -388,7 +388,7 @@ func (p *pool) stop() {
 // handler contexts are left alone: a handler that overruns its Timeout is
 // abandoned by its worker as usual, so the wait is bounded by the longest
 // Timeout plus TimeoutGrace as well.
-func (p *pool) quiesce(clk clock.Clock, deadline time.Time) bool {
+func (p *pool) quiesce(clk clocks.Clock, deadline time.Time) bool {
 	p.skip.Store(true)
 	p.closeJobs.Do(func() { close(p.jobs) })
 	done := make(chan struct{})
@@ -398,7 +398,7 @@ func (p *pool) quiesce(clk clock.Clock, deadline time.Time) bool {
 	select {
 	case <-done:
 		return true
-	case <-t.C:
+	case <-t.C():
 		return false
 	}
 }
@@ -415,7 +415,7 @@ func (r *runner) waitHandlers(until time.Time) int64 {
 	select {
 	case <-done:
 		return 0
-	case <-t.C:
+	case <-t.C():
 		return r.live.Load()
 	}
 }

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/shutdown"
@@ -143,7 +143,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 	timer := func(d time.Duration) <-chan time.Time {
 		t := c.Clock.Timer(d)
 		timers = append(timers, t.Stop)
-		return t.C
+		return t.C()
 	}
 	report := func(err error) {
 		if wait := rep.Report(ctx, err); wait > 0 && holdoff == nil {
@@ -226,7 +226,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 	var (
 		dueC    <-chan time.Time
 		dueAt   time.Time
-		dueTime *clock.Timer
+		dueTime clocks.Timer
 	)
 	defer func() {
 		if dueTime != nil {
@@ -245,7 +245,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		}
 		if !at.IsZero() {
 			dueTime = c.Clock.Timer(shutdown.Until(c.Clock, at))
-			dueC = dueTime.C
+			dueC = dueTime.C()
 		}
 	}
 	busy := c.Health.Busy(l.what()) // the liveness probe's mark of this loop
@@ -284,7 +284,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			// claim.
 			flushNow, tick := recovered, !recovered
 			select {
-			case <-poll.C:
+			case <-poll.C():
 				flushNow = true
 			default:
 			}
@@ -372,7 +372,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 			dueC, dueTime, dueAt = nil, nil, time.Time{}
 			l.woken()
 			due = true
-		case <-poll.C:
+		case <-poll.C():
 			busy.Working()
 			if begun && holdoff == nil && !draining && c.listening() && l.quiet() {
 				c.Hooks.QuietTicked(l.what())
@@ -385,7 +385,7 @@ func serve(ctx context.Context, l loop, rep *outage.Reporter, r *runner, workers
 		case <-c.Alarm: // a peer lapsed: its leases are there to be taken over
 			l.alarmed()
 			due = true
-		case <-reconcile.C:
+		case <-reconcile.C():
 			busy.Working()
 			if begun && !draining && holdoff == nil && l.skipTick() {
 				break
@@ -487,7 +487,7 @@ func retryStore(ctx context.Context, c *Common, stop <-chan struct{}, f func(con
 		}
 		t := c.Clock.Timer(wait)
 		select {
-		case <-t.C:
+		case <-t.C():
 		case <-ctx.Done():
 			t.Stop()
 			return err
@@ -541,7 +541,7 @@ func retryHandBack(ctx context.Context, c *Common, what string, hand func(contex
 		}
 		t := c.Clock.Timer(wait)
 		select {
-		case <-t.C:
+		case <-t.C():
 		case <-ctx.Done():
 			t.Stop()
 		}

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/internal/actortest"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/c1702965/sqlstreams/internal/policy"
@@ -54,8 +54,8 @@ func orderOf(t *testing.T, j claimer.Job) order {
 
 // dbNow is the time clk sends the database, as the engine's DBNow: a mock's
 // time, or nil (now()) for a real clock.
-func dbNow(clk clock.Clock) func() store.Now {
-	if _, ok := clk.(*clock.Mock); !ok {
+func dbNow(clk clocks.Clock) func() store.Now {
+	if _, ok := clk.(*clocks.Mock); !ok {
 		return func() store.Now { return nil }
 	}
 	return func() store.Now { t := clk.Now(); return &t }
@@ -63,7 +63,7 @@ func dbNow(clk clock.Clock) func() store.Now {
 
 // common is an actor config for driving the claimers' step functions
 // directly against g, under the group config g was declared with.
-func common(e *actortest.Env, g *actortest.Group, clk clock.Clock, h claimer.Handler) claimer.Common {
+func common(e *actortest.Env, g *actortest.Group, clk clocks.Clock, h claimer.Handler) claimer.Common {
 	group := g.Policy()
 	return claimer.Common{
 		Store: e.Store, StreamID: g.StreamID(), GroupID: g.ID(), InstanceID: store.NewID(),
@@ -81,7 +81,7 @@ type stepper struct {
 	e      *actortest.Env
 	s      *actortest.Stream
 	g      *actortest.Group
-	mock   *clock.Mock
+	mock   *clocks.Mock
 	ranges *claimer.Actor
 	exc    *claimer.ExceptionActor
 	common claimer.Common

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/internal/actortest"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/settings"
@@ -109,12 +109,12 @@ func withID(c claimer.Common, id string) claimer.Common {
 func TestABusyClaimersSweepLooksBeforeItReclaims(t *testing.T) {
 	ctx := context.Background()
 	pool, counter := actortest.CountingPool(t, "", 0)
-	e := actortest.New(t, &actortest.Options{Clock: clock.New(), Pool: pool})
+	e := actortest.New(t, &actortest.Options{Clock: clocks.Real(), Pool: pool})
 	s := e.Stream("orders", settings.Stream{})
 	g := s.Group("g", groupconfig.Declared{})
 	s.Produce(actortest.Orders("m", 30)...)
 	handler := func(context.Context, *claimer.Delivery) error { return nil }
-	cfgA := common(e, g, clock.New(), handler)
+	cfgA := common(e, g, clocks.Real(), handler)
 	a := claimer.New(claimer.Config{Common: cfgA, BatchLimit: 10, QueueSize: 100, StallAfter: time.Hour})
 
 	for i := range 2 {
@@ -129,7 +129,7 @@ func TestABusyClaimersSweepLooksBeforeItReclaims(t *testing.T) {
 
 	// A's leases lapse: B's sweep finds one and takes it over.
 	require.NoError(t, storetest.ExpireInstanceLeases(ctx, e.Store, cfgA.InstanceID, g.StreamID()))
-	cfgB := common(e, g, clock.New(), handler)
+	cfgB := common(e, g, clocks.Real(), handler)
 	b := claimer.New(claimer.Config{Common: cfgB, BatchLimit: 10, QueueSize: 100, StallAfter: time.Hour})
 	jobs, err := b.Claim(ctx)
 	require.NoError(t, err)

@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/batch"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
 
@@ -35,7 +35,7 @@ type ask struct {
 
 // NewBeats returns a client's beats; nothing runs until Join. now is the
 // statements' database time (engine.DBNow).
-func NewBeats(st *store.Store, clk clock.Clock, now func() store.Now) *Beats {
+func NewBeats(st *store.Store, clk clocks.Clock, now func() store.Now) *Beats {
 	renew := func(ctx context.Context, asks []ask) ([]Renewal, error) {
 		rows := make([]store.InstanceRenewal, len(asks))
 		var watch []int64

@@ -18,9 +18,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/batch"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/incarnation"
 	"github.com/c1702965/sqlstreams/internal/outage"
@@ -36,7 +36,7 @@ type Config struct {
 	InstanceID     string
 	DeclaredBy     string
 	TTL            time.Duration
-	Clock          clock.Clock
+	Clock          clocks.Clock
 	Logger         *slog.Logger
 	// DBNow returns the explicit database time for a statement (nil in
 	// production, the mock clock's time in simulations).
@@ -187,13 +187,13 @@ func (a *Actor) Serve(ctx context.Context) error {
 	rearm := func() {}
 	t := a.cfg.Clock.Ticker(a.Interval())
 	defer t.Stop()
-	tick = t.C
+	tick = t.C()
 	if a.cfg.Beats != nil {
 		leave := a.cfg.Beats.Join()
 		defer leave()
 		aligned := a.cfg.Clock.Timer(batch.Aligned(a.cfg.Clock, a.Interval()))
 		defer aligned.Stop()
-		tick, leaseTick = aligned.C, t.C
+		tick, leaseTick = aligned.C(), t.C()
 		rearm = func() { aligned.Reset(batch.Aligned(a.cfg.Clock, a.Interval())) }
 	}
 	var retry <-chan time.Time
@@ -209,7 +209,7 @@ func (a *Actor) Serve(ctx context.Context) error {
 				stopRetry()
 			}
 			r := a.cfg.Clock.Timer(wait)
-			retry, stopRetry = r.C, r.Stop
+			retry, stopRetry = r.C(), r.Stop
 		}
 	}
 	for {

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/internal/actortest"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/incarnation"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
@@ -27,7 +27,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // renewal's send time + TTL - TTL/10, and refuses to renew a row that has
 // lapsed: the incarnation is lost, and nothing is renewed or inserted again.
 func TestHeartbeatStepRenewsLeasesAndReportsLoss(t *testing.T) {
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	mock.Set(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	e := actortest.New(t, &actortest.Options{Clock: mock})
 	s := e.Stream("orders", settings.Stream{})
@@ -109,7 +109,7 @@ func TestHeartbeatStepRenewsLeasesAndReportsLoss(t *testing.T) {
 // the lapse about half the time under -race. A locked row is skipped; the
 // next renewal, a third of the TTL later, takes it.
 func TestALeaseRenewalSkipsLockedRows(t *testing.T) {
-	e := actortest.New(t, &actortest.Options{Clock: clock.New()})
+	e := actortest.New(t, &actortest.Options{Clock: clocks.Real()})
 	s := e.Stream("orders", settings.Stream{})
 	c := s.Group("g", groupconfig.Declared{})
 	ctx := context.Background()

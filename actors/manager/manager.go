@@ -24,7 +24,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/settings"
@@ -53,7 +53,7 @@ type Config struct {
 	// attempts) run every TTL/3.
 	TTL    time.Duration
 	NewID  func() string
-	Clock  clock.Clock
+	Clock  clocks.Clock
 	Logger *slog.Logger
 	DBNow  func() store.Now
 	// Stop, if set, bounds the give-back of the slots at a stop (the
@@ -258,7 +258,7 @@ func (a *Actor) Serve(ctx context.Context) error {
 				codes.ManagerGiveBackFailed.Log(ctx, a.cfg.Logger, "manager could not give its worker slots back; they lapse after the TTL", "error", err)
 			}
 			return ctx.Err()
-		case <-t.C:
+		case <-t.C():
 		}
 	}
 }

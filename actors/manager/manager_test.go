@@ -7,11 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/actors/manager"
 	"github.com/c1702965/sqlstreams/actors/registrar"
 	"github.com/c1702965/sqlstreams/internal/actortest"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/schedule"
@@ -195,7 +195,7 @@ func TestWorkerKnobsFollowRedeclaration(t *testing.T) {
 // listing and the wait's start stay correct; old config snapshots are
 // pruned to the declared count.
 func TestLedgersStayBoundedWhileAnInstanceWaitsForDays(t *testing.T) {
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	mock.Set(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	e := actortest.New(t, &actortest.Options{Clock: mock})
 	c := e.Stream("orders", settings.Stream{}).Group("g", groupconfig.Declared{})
@@ -274,7 +274,7 @@ JOIN %[1]s.worker_config w ON w.id = l.worker_config_id WHERE w.name = 'prune' A
 // prune round with default knobs drops no config snapshot, however many a
 // group has; ConfigLogKeep bounds them only when set.
 func TestPruneKeepsEveryConfigDocumentByDefault(t *testing.T) {
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	mock.Set(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	e := actortest.New(t, &actortest.Options{Clock: mock})
 	ctx := context.Background()
@@ -314,14 +314,14 @@ WHERE g.name = $1 AND w.name = 'message_consumer'`, e.Schema()), group).Scan(&n)
 func TestAManagerKeepsTrackOfAProvisionWhoseOutcomeItDidNotSee(t *testing.T) {
 	ctx := context.Background()
 	pool, counter := actortest.CountingPool(t, "", 0)
-	e := actortest.New(t, &actortest.Options{Clock: clock.New(), Pool: pool})
+	e := actortest.New(t, &actortest.Options{Clock: clocks.Real(), Pool: pool})
 	var ids []string
 	mgr := manager.Standard(manager.Config{Store: e.Store, DeclaredBy: "test", TTL: 30 * time.Second,
 		NewID: func() string {
 			ids = append(ids, store.NewID())
 			return ids[len(ids)-1]
 		},
-		Clock: clock.New(), DBNow: e.DBNow()})
+		Clock: clocks.Real(), DBNow: e.DBNow()})
 	rows := func(worker string) (n int) {
 		t.Helper()
 		require.NoError(t, e.Pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s.worker_instance i
@@ -354,7 +354,7 @@ SELECT $1::uuid, w.id, 'test', now(), now(), now() + interval '30 seconds' FROM 
 			ids = append(ids, store.NewID())
 			return ids[len(ids)-1]
 		},
-		Clock: clock.New(), DBNow: e.DBNow()})
+		Clock: clocks.Real(), DBNow: e.DBNow()})
 	counter.FailNext("store.ProvisionSlot")
 	require.Error(t, mgr2.Step(ctx))
 	_, err = e.Pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.worker_instance (id, worker_config_id, declared_by, started_at, heartbeat_at, expires_at)

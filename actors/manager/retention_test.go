@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/actors/manager"
 	"github.com/c1702965/sqlstreams/internal/actortest"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/c1702965/sqlstreams/internal/policy"
@@ -54,7 +54,7 @@ type stepper struct {
 	e      *actortest.Env
 	s      *actortest.Stream
 	g      *actortest.Group
-	mock   *clock.Mock
+	mock   *clocks.Mock
 	ranges *claimer.Actor
 	exc    *claimer.ExceptionActor
 	calls  []string // the orders handled, in order

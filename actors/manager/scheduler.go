@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/schedule"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
@@ -16,7 +16,7 @@ import (
 // transaction that moves the schedule on.
 type Scheduler struct {
 	Store *store.Store
-	Clock clock.Clock
+	Clock clocks.Clock
 	DBNow func() store.Now
 	// Produced counts the runs produced (tests and stats).
 	Produced atomic.Int64

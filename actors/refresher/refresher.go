@@ -13,9 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/backoff"
 	"github.com/c1702965/sqlstreams/internal/batch"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/outage"
 	"github.com/c1702965/sqlstreams/internal/store"
@@ -27,7 +27,7 @@ type Config struct {
 	GroupID  int64
 	Interval time.Duration
 	Snapshot *groupconfig.Snapshot
-	Clock    clock.Clock
+	Clock    clocks.Clock
 	Logger   *slog.Logger
 	// Health, if set, is the session's readiness and permanent-error sink.
 	Health *outage.Health
@@ -51,7 +51,7 @@ const MaxReadBatch = 5000
 
 // NewReads returns a client's batched reads; nothing runs until Join. A
 // statement may take bound.
-func NewReads(st *store.Store, clk clock.Clock, bound time.Duration) *Reads {
+func NewReads(st *store.Store, clk clocks.Clock, bound time.Duration) *Reads {
 	read := func(ctx context.Context, ids []int64) ([]map[string][]byte, error) {
 		docs, err := st.ReadGroupConfigs(ctx, ids)
 		if err != nil {
@@ -110,7 +110,7 @@ func (a *Actor) Step(ctx context.Context) (bool, error) {
 func (a *Actor) Serve(ctx context.Context) error {
 	t := a.cfg.Clock.Ticker(a.cfg.Interval)
 	defer t.Stop()
-	tick, rearm := t.C, func() {}
+	tick, rearm := t.C(), func() {}
 	if a.cfg.Reads != nil {
 		leave := a.cfg.Reads.Join()
 		defer leave()
@@ -118,7 +118,7 @@ func (a *Actor) Serve(ctx context.Context) error {
 		defer a.batched.Store(false)
 		aligned := a.cfg.Clock.Timer(batch.Aligned(a.cfg.Clock, a.cfg.Interval))
 		defer aligned.Stop()
-		tick, rearm = aligned.C, func() { aligned.Reset(batch.Aligned(a.cfg.Clock, a.cfg.Interval)) }
+		tick, rearm = aligned.C(), func() { aligned.Reset(batch.Aligned(a.cfg.Clock, a.cfg.Interval)) }
 	}
 	var retry <-chan time.Time
 	var stopRetry func() bool
@@ -142,7 +142,7 @@ func (a *Actor) Serve(ctx context.Context) error {
 				stopRetry()
 			}
 			r := a.cfg.Clock.Timer(wait)
-			retry, stopRetry = r.C, r.Stop
+			retry, stopRetry = r.C(), r.Stop
 		}
 		if changed {
 			a.cfg.Logger.Info("group config changed; new claims and exception writes use it", "group_id", a.cfg.GroupID)

@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/claimer"
 	"github.com/c1702965/sqlstreams/actors/refresher"
 	"github.com/c1702965/sqlstreams/internal/actortest"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/c1702965/sqlstreams/internal/policy"
@@ -39,7 +39,7 @@ type instance struct {
 // newInstance starts an instance of group g on e with handler h: its
 // refresher's first step done, its claimers under the snapshot it keeps,
 // with the claimer settings the root package's step tests use.
-func newInstance(t *testing.T, e *actortest.Env, g *actortest.Group, clk clock.Clock, h claimer.Handler) *instance {
+func newInstance(t *testing.T, e *actortest.Env, g *actortest.Group, clk clocks.Clock, h claimer.Handler) *instance {
 	t.Helper()
 	in := &instance{snap: groupconfig.NewSnapshot(groupconfig.Declared{})}
 	in.ref = refresher.New(refresher.Config{Store: e.Store, GroupID: g.ID(), Interval: 30 * time.Second,
@@ -78,7 +78,7 @@ func (in *instance) retry(t *testing.T) int {
 // MaxRetries 5; within one refresh interval every instance uses 5 and the
 // message gets retries 4 and 5 before it is dead.
 func TestRedeclaredMaxRetriesReachesEveryInstanceWithinOneRefresh(t *testing.T) {
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	mock.Set(time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC))
 	e := actortest.New(t, &actortest.Options{Clock: mock})
 	ctx := context.Background()
@@ -133,7 +133,7 @@ func TestRedeclaredMaxRetriesReachesEveryInstanceWithinOneRefresh(t *testing.T) 
 // A refresh that flips ConcurrencyOverride does not change the policy of a
 // message already claimed.
 func TestOverrideIsPinnedAtClaimAcrossARefresh(t *testing.T) {
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	e := actortest.New(t, &actortest.Options{Clock: mock})
 	s := e.Stream("orders", settings.Stream{})
 	c := s.Group("g", groupconfig.Declared{})
@@ -178,7 +178,7 @@ func TestClaimPathNeverReadsConfigFromTheDatabase(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	e := actortest.New(t, &actortest.Options{Clock: mock, Pool: pool})
 	s := e.Stream("orders", settings.Stream{})
 	c := s.Group("g", groupconfig.Declared{Message: policy.Options{MaxRetries: 1}})

@@ -17,9 +17,9 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/alert"
 	"github.com/c1702965/sqlstreams/internal/backoff"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/hooks"
 	"github.com/c1702965/sqlstreams/internal/observe"
@@ -38,7 +38,7 @@ type Config struct {
 	DeclaredBy string
 	Instances  []store.InstanceInsert
 	Interval   time.Duration
-	Clock      clock.Clock
+	Clock      clocks.Clock
 	Logger     *slog.Logger
 	DBNow      func() store.Now
 	// Alerts, if set, is told of every waiting attempt (the alerts actor
@@ -143,7 +143,7 @@ func (a *Actor) Run(ctx context.Context) (store.BindingResult, error) {
 		case err != nil:
 			if wait := rep.Report(ctx, err); wait < a.cfg.Interval {
 				r := a.cfg.Clock.Timer(wait)
-				retry, stopRetry = r.C, r.Stop
+				retry, stopRetry = r.C(), r.Stop
 			}
 		case res.Outcome != store.BindingWaiting:
 			rep.Report(ctx, nil)
@@ -161,7 +161,7 @@ func (a *Actor) Run(ctx context.Context) (store.BindingResult, error) {
 		select {
 		case <-ctx.Done():
 			return res, ctx.Err()
-		case <-t.C:
+		case <-t.C():
 		case <-retry:
 		}
 	}

@@ -5,10 +5,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/actors/heartbeat"
 	"github.com/c1702965/sqlstreams/actors/registrar"
 	"github.com/c1702965/sqlstreams/internal/actortest"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/groupconfig"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/c1702965/sqlstreams/internal/settings"
@@ -75,7 +75,7 @@ func ledger(t *testing.T, e *actortest.Env, g *actortest.Group) (installed []str
 // shows the waiter, waiting and then stale:
 // TestABindingWaiterThatStoppedRetryingIsListedStale, in the root package.)
 func TestDivergentAppsFirstWinsUntouched(t *testing.T) {
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	e := actortest.New(t, &actortest.Options{Clock: mock})
 	ctx := context.Background()
 	s := e.Stream("orders", settings.Stream{})

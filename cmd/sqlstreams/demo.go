@@ -19,7 +19,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams"
 	"github.com/c1702965/sqlstreams/console"
 	"github.com/c1702965/sqlstreams/internal/pgcluster"
@@ -271,7 +270,7 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 	exe, _ := os.Executable()
 	fmt.Fprintf(out, "watch it from another terminal while it runs:\n  SQLSTREAMS_DATABASE_URL='%s' %s groups describe orders.placed -schema %s\n",
 		redactURL(url), selfCommand(exe, os.Args[0]), schema)
-	clk := clock.New()
+	clk := sqlstreams.RealClock()
 	client, err := sqlstreams.NewClient(ctx, pool, &sqlstreams.ClientConfig{Schema: schema, Logger: logger, Clock: clk})
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
@@ -349,7 +348,7 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 			return fmt.Errorf("demo interrupted: %w", ctx.Err())
 		case <-producerDone:
 			producerDone = nil
-		case now := <-tick.C:
+		case now := <-tick.C():
 			p, c := produced.Load(), consumed.Load()
 			rate := float64(c-lastConsumed) / now.Sub(lastAt).Seconds()
 			lastConsumed, lastAt = c, now
@@ -377,7 +376,7 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 					// other verbs can see the final state (lag 0) meanwhile.
 					fmt.Fprintf(out, "keeping schema %s for %s so that other verbs can look at it (Ctrl-C ends it)\n", schema, o.linger)
 					select {
-					case <-clk.After(o.linger):
+					case <-clk.Timer(o.linger).C():
 					case <-ctx.Done():
 					}
 				}
@@ -391,7 +390,7 @@ func demo(ctx context.Context, out io.Writer, logger *slog.Logger, o demoOptions
 // closed. Each batch runs to its end under ctx (not under stop): a call cut
 // off mid-flight may or may not have committed, and the count must be
 // exact.
-func produce(ctx context.Context, stop <-chan struct{}, clk clock.Clock, s *sqlstreams.StreamHandle[OrderPlaced], rate int, produced *atomic.Int64) error {
+func produce(ctx context.Context, stop <-chan struct{}, clk sqlstreams.Clock, s *sqlstreams.StreamHandle[OrderPlaced], rate int, produced *atomic.Int64) error {
 	tick := clk.Ticker(50 * time.Millisecond)
 	defer tick.Stop()
 	start := clk.Now()
@@ -402,7 +401,7 @@ func produce(ctx context.Context, stop <-chan struct{}, clk clock.Clock, s *sqls
 			return nil
 		case <-ctx.Done():
 			return nil
-		case now := <-tick.C:
+		case now := <-tick.C():
 			due := int64(now.Sub(start).Seconds()*float64(rate)) - id
 			if due <= 0 {
 				continue

@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/c1702965/sqlstreams/internal/policy"
 	"github.com/c1702965/sqlstreams/internal/settings"
@@ -39,9 +39,9 @@ const DeclaredBy = "actortest"
 // Options shape an Env; nil is the defaults.
 type Options struct {
 	// Clock is the Env's clock. nil: a mock set to Epoch. A real clock
-	// (clock.New()) sends no time to the database: its statements use
+	// (clocks.Real()) sends no time to the database: its statements use
 	// now().
-	Clock clock.Clock
+	Clock clocks.Clock
 	// Pool is the pool the store runs on (one with a Counter as its
 	// tracer, say). nil: a new pool on the tests' database.
 	Pool *pgxpool.Pool
@@ -55,9 +55,9 @@ type Env struct {
 	T     testing.TB
 	Pool  *pgxpool.Pool
 	Store *store.Store
-	Clock clock.Clock
+	Clock clocks.Clock
 	// Mock is Clock when it is a mock, else nil.
-	Mock *clock.Mock
+	Mock *clocks.Mock
 	// Logs receives what Logger logs.
 	Logs   *Logs
 	Logger *slog.Logger
@@ -72,7 +72,7 @@ func New(t testing.TB, opts *Options) *Env {
 		o = *opts
 	}
 	if o.Clock == nil {
-		m := clock.NewMock()
+		m := clocks.NewMock()
 		m.Set(Epoch)
 		o.Clock = m
 	}
@@ -89,7 +89,7 @@ func New(t testing.TB, opts *Options) *Env {
 	require.NoError(t, err)
 	logs := NewLogs(t)
 	e := &Env{T: t, Pool: o.Pool, Store: st, Clock: o.Clock, Logs: logs, Logger: slog.New(logs)}
-	e.Mock, _ = o.Clock.(*clock.Mock)
+	e.Mock, _ = o.Clock.(*clocks.Mock)
 	return e
 }
 

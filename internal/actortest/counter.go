@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -149,7 +150,7 @@ func (c *Counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQ
 		}
 	}
 	if c.counts[name] == 1 {
-		c.first[name] = time.Now()
+		c.first[name] = clocks.Real().Now()
 	}
 	if name == c.until && c.counts[name] == c.n {
 		close(c.reached)

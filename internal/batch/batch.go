@@ -12,14 +12,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 )
 
 // Batcher batches requests of type Q into calls of Do, answering each with
 // its A. Its goroutine is started by the first Join and stopped, and waited
 // for, by the last leave.
 type Batcher[Q, A any] struct {
-	clock clock.Clock
+	clock clocks.Clock
 	max   int
 	do    func(ctx context.Context, qs []Q) ([]A, error)
 	bound func(qs []Q) time.Duration
@@ -44,7 +44,7 @@ type answer[A any] struct {
 // New returns a batcher of at most max requests a call. do answers a
 // batch (one answer per request, in order, or an error for all of them);
 // bound is how long one call of do may take (its context's timeout).
-func New[Q, A any](clk clock.Clock, max int, do func(ctx context.Context, qs []Q) ([]A, error), bound func(qs []Q) time.Duration) *Batcher[Q, A] {
+func New[Q, A any](clk clocks.Clock, max int, do func(ctx context.Context, qs []Q) ([]A, error), bound func(qs []Q) time.Duration) *Batcher[Q, A] {
 	return &Batcher[Q, A]{clock: clk, max: max, do: do, bound: bound}
 }
 
@@ -147,7 +147,7 @@ func (b *Batcher[Q, A]) run(ctx context.Context, asks <-chan ask[Q, A], done cha
 
 // Aligned is how long until the next multiple of every on the clock (at
 // least a tenth of every): actors that tick then meet in one batch.
-func Aligned(clk clock.Clock, every time.Duration) time.Duration {
+func Aligned(clk clocks.Clock, every time.Duration) time.Duration {
 	now := clk.Now()
 	d := now.Truncate(every).Add(every).Sub(now)
 	if d < every/10 {

@@ -21,7 +21,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 )
 
 // Ctx is a handler's context. It behaves as context.WithDeadline's does:
@@ -33,13 +33,13 @@ import (
 // parent's cause, not this context's deadline.
 type Ctx struct {
 	parent   context.Context
-	clock    clock.Clock
+	clock    clocks.Clock
 	deadline time.Time
 
 	mu     sync.Mutex
 	err    error         // why it ended; nil while it has not
 	done   chan struct{} // built by Done or AfterFunc
-	timer  *clock.Timer  // closes done at the deadline, once built
+	timer  clocks.Timer  // closes done at the deadline, once built
 	unlink func() bool   // stops the link to the parent, once built
 	funcs  map[*afterFunc]struct{}
 }
@@ -48,7 +48,7 @@ type afterFunc struct{ f func() }
 
 // New returns a context that ends timeout after now (on clk), or at the
 // parent's deadline if that is sooner.
-func New(parent context.Context, clk clock.Clock, now time.Time, timeout time.Duration) *Ctx {
+func New(parent context.Context, clk clocks.Clock, now time.Time, timeout time.Duration) *Ctx {
 	deadline := now.Add(timeout)
 	if d, ok := parent.Deadline(); ok && d.Before(deadline) {
 		deadline = d

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/stretchr/testify/require"
 )
 
@@ -31,8 +31,8 @@ func open(t *testing.T, ch <-chan struct{}, what string) {
 	}
 }
 
-func newMock() *clock.Mock {
-	m := clock.NewMock()
+func newMock() *clocks.Mock {
+	m := clocks.NewMock()
 	m.Set(time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC))
 	return m
 }

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 )
 
 // SafetyMargin is the share of the TTL an instance gives up at the end of
@@ -34,7 +34,7 @@ const SafetyMargin = 10
 // and nobody waits on it while holding anything else.
 type Liveness struct {
 	ttl    time.Duration
-	clock  clock.Clock
+	clock  clocks.Clock
 	signal chan struct{} // the engine's: something changed
 
 	mu         sync.Mutex
@@ -46,7 +46,7 @@ type Liveness struct {
 
 // NewLiveness returns the liveness of an incarnation whose rows last ttl;
 // it is not valid until Start.
-func NewLiveness(clk clock.Clock, ttl time.Duration) *Liveness {
+func NewLiveness(clk clocks.Clock, ttl time.Duration) *Liveness {
 	return &Liveness{ttl: ttl, clock: clk, signal: make(chan struct{}, 1), changed: make(chan struct{})}
 }
 

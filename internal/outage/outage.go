@@ -23,8 +23,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/backoff"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/c1702965/sqlstreams/internal/codes"
 	"github.com/c1702965/sqlstreams/internal/store"
 )
@@ -120,14 +120,14 @@ func (r *Reporter) Failing() bool { return r.failing }
 // Health is a session's readiness and its first permanent store error. A
 // nil *Health ignores everything.
 type Health struct {
-	clock clock.Clock
+	clock clocks.Clock
 	ttl   time.Duration
 	fatal chan error
 
 	mu        sync.Mutex
 	consuming bool
 	failing   map[*Reporter]time.Time
-	timers    map[*Reporter]*clock.Timer
+	timers    map[*Reporter]clocks.Timer
 	watchers  map[int]func()
 	nextWatch int
 	closed    bool
@@ -163,9 +163,9 @@ type Health struct {
 // NewHealth returns the health of a session whose instance lapses ttl after
 // its last heartbeat: it is not ready while any of its actors has been
 // failing for ttl or longer.
-func NewHealth(clk clock.Clock, ttl time.Duration) *Health {
+func NewHealth(clk clocks.Clock, ttl time.Duration) *Health {
 	h := &Health{clock: clk, ttl: ttl, fatal: make(chan error, 1), log: Log{clock: clk},
-		failing: map[*Reporter]time.Time{}, timers: map[*Reporter]*clock.Timer{}, watchers: map[int]func(){}}
+		failing: map[*Reporter]time.Time{}, timers: map[*Reporter]clocks.Timer{}, watchers: map[int]func(){}}
 	h.lastOK.Store(noSuccess)
 	return h
 }
@@ -432,7 +432,7 @@ func (r *Reporter) log() *Log {
 // recovers in between is not. The zero value needs its clock (a Health's
 // is set up by NewHealth).
 type Log struct {
-	clock clock.Clock
+	clock clocks.Clock
 	mu    sync.Mutex
 	// out: an actor failed to reach the database since the last store
 	// call of any of them that did; since: when the outage began.
@@ -516,7 +516,7 @@ func (h *Health) permanent(err error) {
 // next event. An actor takes its mark once (Health.Busy) and sets it on
 // every turn of its loop with two atomic stores, no lock.
 type Busy struct {
-	clock clock.Clock
+	clock clocks.Clock
 	since atomic.Int64 // unix nanoseconds busy since; notBusy while waiting
 }
 

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/c1702965/sqlstreams/internal/backoff"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 )
@@ -72,7 +72,7 @@ func TestAnUnreachableServerIsRetriedSoon(t *testing.T) {
 // with it) and is not logged: Consume returns it.
 func TestPermanentErrorsReachTheSessionNotTheLog(t *testing.T) {
 	s := &sink{}
-	h := NewHealth(clock.NewMock(), time.Second)
+	h := NewHealth(clocks.NewMock(), time.Second)
 	r := &Reporter{Logger: slog.New(s), What: "claim", Health: h}
 	missing := &pgconn.PgError{Code: "42P01", Message: `relation "x.stream_1_range" does not exist`}
 	r.Report(context.Background(), missing)
@@ -97,7 +97,7 @@ func TestPermanentErrorsReachTheSessionNotTheLog(t *testing.T) {
 // Health is ready while consuming and no reporter has failed for its TTL or
 // longer; its watchers hear of each change, the TTL boundary included.
 func TestHealthIsALevel(t *testing.T) {
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	h := NewHealth(mock, 10*time.Second)
 	defer h.Close()
 	changes := make(chan struct{}, 16)
@@ -147,7 +147,7 @@ func TestHealthIsALevel(t *testing.T) {
 // succeeds, once per wait: an actor backing off after an outage waits on it
 // and retries as soon as the database answers someone.
 func TestReachedClosesAtTheNextSuccess(t *testing.T) {
-	h := NewHealth(clock.NewMock(), time.Minute)
+	h := NewHealth(clocks.NewMock(), time.Minute)
 	defer h.Close()
 	ctx := context.Background()
 	down := &pgconn.PgError{Code: "57P01", Message: "terminating connection due to administrator command"}
@@ -184,7 +184,7 @@ func TestReachedClosesAtTheNextSuccess(t *testing.T) {
 func TestASessionLogsAnOutageTwice(t *testing.T) {
 	ctx := context.Background()
 	s := &sink{}
-	clk := clock.NewMock()
+	clk := clocks.NewMock()
 	h := NewHealth(clk, time.Minute)
 	var claims, beats atomic.Uint64
 	claimer := &Reporter{Logger: slog.New(s), What: "claimer store call", Retry: "with backoff", Health: h, Reached: claims.Load}
@@ -220,7 +220,7 @@ func TestASessionLogsAnOutageTwice(t *testing.T) {
 // the first failure can come that long into an outage (issue 60: not
 // ready 6–12 s into an outage with an InstanceTTL of 5 s).
 func TestHealthTurnsWithinTheTTLOfTheLastSuccess(t *testing.T) {
-	mock := clock.NewMock()
+	mock := clocks.NewMock()
 	mock.Set(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
 	h := NewHealth(mock, 5*time.Second)
 	defer h.Close()

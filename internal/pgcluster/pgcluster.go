@@ -29,7 +29,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 )
 
 // ErrNoBinaries is wrapped by FindBinaries so callers can tell "PostgreSQL is
@@ -39,7 +39,7 @@ var ErrNoBinaries = errors.New("PostgreSQL server binaries (initdb, pg_ctl) not 
 
 // wall is the clock for the few waits a process supervisor cannot avoid; it
 // is injected like every other clock in the project.
-var wall clock.Clock = clock.New()
+var wall clocks.Clock = clocks.Real()
 
 // libGlob is where Debian and Ubuntu install the server binaries, which they
 // deliberately keep off PATH. It is a variable only so tests can point it at
@@ -499,7 +499,7 @@ func (x *executor) shutdown(dir, mode string) error {
 		if !alive(pid) {
 			return nil
 		}
-		wall.Sleep(50 * time.Millisecond)
+		<-wall.Timer(50 * time.Millisecond).C()
 	}
 	return errors.Join(append(errs, fmt.Errorf("postmaster %d survived SIGKILL", pid))...)
 }

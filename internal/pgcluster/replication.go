@@ -326,7 +326,7 @@ func poll(ctx context.Context, check func(context.Context) (bool, error)) error 
 				return fmt.Errorf("%w (last error: %v)", ctx.Err(), last)
 			}
 			return ctx.Err()
-		case <-t.C:
+		case <-t.C():
 		}
 	}
 }

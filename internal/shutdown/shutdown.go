@@ -20,7 +20,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 )
 
 // Grace is the fixed time a stopping session has after ShutdownTimeout: to
@@ -40,7 +40,7 @@ const (
 // Plan is one session's shutdown. A nil *Plan never begins, and its
 // Context bounds calls by Grace from the moment it is asked.
 type Plan struct {
-	clock   clock.Clock
+	clock   clocks.Clock
 	started chan struct{}
 
 	mu       sync.Mutex
@@ -52,7 +52,7 @@ type Plan struct {
 }
 
 // New returns a plan that has not begun.
-func New(clk clock.Clock) *Plan { return &Plan{clock: clk, started: make(chan struct{})} }
+func New(clk clocks.Clock) *Plan { return &Plan{clock: clk, started: make(chan struct{})} }
 
 // Begin starts the shutdown now, giving handlers budget. Later calls change
 // nothing.
@@ -130,7 +130,7 @@ func (p *Plan) Deadline() time.Time {
 // at the plan's hand-back deadline, or at its release deadline when release
 // is set (the rows actors give back as the tree stops); before the plan
 // begins (an abrupt stop), or without one, Grace from now.
-func (p *Plan) Context(ctx context.Context, clk clock.Clock, release bool) (context.Context, context.CancelFunc) {
+func (p *Plan) Context(ctx context.Context, clk clocks.Clock, release bool) (context.Context, context.CancelFunc) {
 	var until time.Time
 	if p.Begun() {
 		if release {
@@ -149,7 +149,7 @@ func (p *Plan) Context(ctx context.Context, clk clock.Clock, release bool) (cont
 // graceful stop, so the session still returns by then), and is done already
 // otherwise (an abrupt stop or an error: nothing more is asked of the
 // database).
-func (p *Plan) EndContext(ctx context.Context, clk clock.Clock) (context.Context, context.CancelFunc) {
+func (p *Plan) EndContext(ctx context.Context, clk clocks.Clock) (context.Context, context.CancelFunc) {
 	if !p.Begun() {
 		ended, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		cancel()
@@ -159,4 +159,4 @@ func (p *Plan) EndContext(ctx context.Context, clk clock.Clock) (context.Context
 }
 
 // Until returns how long from now until t (at least 0).
-func Until(clk clock.Clock, t time.Time) time.Duration { return max(t.Sub(clk.Now()), 0) }
+func Until(clk clocks.Clock, t time.Time) time.Duration { return max(t.Sub(clk.Now()), 0) }

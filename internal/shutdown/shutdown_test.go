@@ -5,14 +5,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/stretchr/testify/require"
 )
 
 // What a session does last runs until the plan's deadline after a graceful
 // stop, and not at all after an abrupt one.
 func TestEndContextEndsAtThePlansDeadline(t *testing.T) {
-	clk := clock.NewMock()
+	clk := clocks.NewMock()
 	p := New(clk)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // the session's own context has ended: the end context ignores that

@@ -28,7 +28,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 )
 
 // MaxKeysBytes bounds the routing keys one stream's wake-up lists (each key
@@ -84,7 +84,7 @@ type Combiner struct {
 	// (0: none).
 	PerMessage time.Duration
 	// Clock times the hold-off; it must be set when PerMessage is.
-	Clock clock.Clock
+	Clock clocks.Clock
 
 	mu       sync.Mutex
 	pending  map[int64]*Keys // carried by the next round
@@ -175,7 +175,7 @@ func (c *Combiner) holdOff() func(ctx context.Context) error {
 		inflight = c.inflight
 	} else if c.PerMessage > 0 && c.until.After(c.Clock.Now()) {
 		t := c.Clock.Timer(c.until.Sub(c.Clock.Now()))
-		fired, stop = t.C, t.Stop
+		fired, stop = t.C(), t.Stop
 	} else {
 		return nil
 	}

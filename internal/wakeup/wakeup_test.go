@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
+	"github.com/c1702965/sqlstreams/internal/clocks"
 	"github.com/stretchr/testify/require"
 )
 
@@ -172,7 +172,7 @@ func TestACancelledWaitLeavesItsWakeUpsToTheCallInFlight(t *testing.T) {
 // once. The calls that arrive meanwhile ride one round.
 func TestARoundHoldsTheNextOneOffPerMessage(t *testing.T) {
 	ctx := context.Background()
-	clk := clock.NewMock()
+	clk := clocks.NewMock()
 	c := Combiner{Clock: clk, PerMessage: 100 * time.Microsecond}
 	var mu sync.Mutex
 	var rounds [][]string
