@@ -35,7 +35,7 @@ func (f *Failures) Check(t testing.TB) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, m := range f.list {
-		t.Error(m)
+		t.Errorf("%s", m)
 	}
 	f.list = nil
 }
