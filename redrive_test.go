@@ -91,3 +91,37 @@ func TestADelayRunsWhenItsTimeComes(t *testing.T) {
 	require.Less(t, second.Sub(first), delay+100*time.Millisecond+DefaultClaimPollRate/10,
 		"the delayed attempt starts when its time comes, not at a poll tick after it")
 }
+
+// After a seek, the next session reads from the new position at once: with
+// default options, every message a seek to the beginning puts back is
+// handled again within a second of Consume starting (the seek is refused
+// while an instance is live, so no running claimer can miss it).
+func TestASeekIsReadAtOnceByTheNextSession(t *testing.T) {
+	ctx := context.Background()
+	const n = 5
+	e, _, c := setup(t, nil, "g", n)
+	seen := make(chan string, 2*n)
+	handle := func(_ context.Context, o *order) error { seen <- o.OrderID; return nil }
+	first := consume(t, c, handle, nil)
+	for range n {
+		within(t, seen, "a first run")
+	}
+	require.NoError(t, first.stop(t))
+
+	g, err := e.client.Group(ctx, "orders", "g")
+	require.NoError(t, err)
+	res, err := g.Seek(ctx, SeekBeginning(), nil)
+	require.NoError(t, err)
+	require.Zero(t, res.After.ID, "before message 1")
+	start := time.Now()
+	consume(t, c, handle, nil)
+	var again []string
+	for range n {
+		again = append(again, within(t, seen, "a run after the seek"))
+	}
+	took := time.Since(start)
+	t.Logf("%d messages read again %s after Consume started", n, took.Round(time.Millisecond))
+	slices.Sort(again)
+	require.Equal(t, ids("m", n), again, "every message the seek put back, once")
+	require.LessOrEqual(t, took, time.Second, "the next session reads from the new position at once")
+}
