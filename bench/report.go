@@ -365,6 +365,7 @@ func (r *report) finish() {
 	add("burn-down 4 instances / RabbitMQ consume (reference)", "burndown_4", "rabbitmq_consume", 0)
 	add("burn-down 4 instances, json.RawMessage handler / raw keyset drain", "burndown_raw_4", "raw_drain", 0)
 	add("burn-down 4 instances, json.RawMessage handler / typed", "burndown_raw_4", "burndown_4", 0)
+	add("transactional burn-down 4 instances / typed burn-down 4 instances", "burndown_tx_4", "burndown_4", 0.50)
 	for _, peer := range []struct {
 		key, name string
 		floor     float64
@@ -420,6 +421,9 @@ func (r *report) print(w io.Writer) {
 	}
 	for _, l := range r.Latency {
 		fmt.Fprintf(w, "  %-72s p50 %.1f ms  p99 %.1f ms  p99.9 %.1f ms  max %.1f ms\n", l.Name, l.P50ms, l.P99ms, l.P999ms, l.MaxMs)
+	}
+	for _, c := range r.latencyAgainstFloor() {
+		fmt.Fprintf(w, "  %-72s %s\n", c.name, c.verdict)
 	}
 	for _, p := range r.Peers {
 		fmt.Fprintf(w, "  peer %s (%s): %s\n", p.Name, p.versions(), p.Config)
@@ -485,6 +489,13 @@ func (r *report) markdown() string {
 				cpu = fmt.Sprintf("%.1f / %.1f µs", t.ServerCPUMedian, t.ClientCPUMedian)
 			}
 			p("| %s | %.0f | %s | %s | %s |\n", t.Name, t.Median, t.Unit, strings.Join(runs, ", "), cpu)
+		}
+		p("\n")
+	}
+	if cs := r.latencyAgainstFloor(); len(cs) > 0 {
+		p("| latency against the floor | verdict |\n|---|---|\n")
+		for _, c := range cs {
+			p("| %s | %s |\n", c.name, c.verdict)
 		}
 		p("\n")
 	}
@@ -603,4 +614,47 @@ func (x *scaleResult) table(p func(string, ...any)) {
 		x.IdleSessions, x.IdleSeconds, 100*x.IdleServerCore, x.IdleServerPerSess)
 	p("| idle: client CPU, all processes | %.1f%% of one core | |\n", 100*x.IdleClientCore)
 	p("| idle: connections a process | %.1f | |\n\n", x.IdleConnsPerProc)
+}
+
+type floorComparison struct{ name, verdict string }
+
+// latencyAgainstFloor compares each load's latency with the floor's at the
+// same load (issue 64's targets): p99 within 1.5× of the floor's; where the
+// floor's p99 is under 6 ms, also p99 ≤ 10 ms and p99.9 ≤ 20 ms; at 90%
+// load, p99 ≤ 25 ms.
+func (r *report) latencyAgainstFloor() []floorComparison {
+	var out []floorComparison
+	for _, l := range r.Latency {
+		pct, ok := strings.CutPrefix(l.Key, "latency_")
+		if !ok || strings.HasPrefix(pct, "floor_") {
+			continue
+		}
+		var f *latencyResult
+		for _, x := range r.Latency {
+			if x.Key == "latency_floor_"+pct {
+				f = x
+			}
+		}
+		if f == nil || f.P99ms == 0 {
+			continue
+		}
+		q := l.P99ms / f.P99ms
+		met := q <= 1.5
+		target := "p99 ≤ 1.5× the floor's"
+		if f.P99ms < 6 {
+			met = met && l.P99ms <= 10 && l.P999ms <= 20
+			target += ", ≤ 10 ms, p99.9 ≤ 20 ms"
+		}
+		if pct == "90" {
+			met, target = l.P99ms <= 25, "p99 ≤ 25 ms"
+		}
+		verdict := "met"
+		if !met {
+			verdict = "MISSED"
+		}
+		out = append(out, floorComparison{
+			name:    fmt.Sprintf("latency at %s%% load: p99 %.1f ms / floor p99 %.1f ms", pct, l.P99ms, f.P99ms),
+			verdict: fmt.Sprintf("%.2f× (p99.9 %.1f / %.1f ms); target %s: %s", q, l.P999ms, f.P999ms, target, verdict)})
+	}
+	return out
 }

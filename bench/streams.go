@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -208,15 +207,24 @@ func (b *bench) streams(ctx context.Context) error {
 			}
 		}
 		lat := make([]*latencyResult, len(loads))
+		floor := make([]*latencyResult, len(loads))
 		for i, l := range loads {
 			name := fmt.Sprintf("end-to-end latency, 1 instance, %d msg/s offered", l.rate)
 			if l.pct > 0 {
 				name = fmt.Sprintf("end-to-end latency, 1 instance, %d%% of max single produce (%d msg/s)", l.pct, l.rate)
 			}
 			lat[i] = b.rep.latency(fmt.Sprintf("latency_%d", l.pct), name, sqlstreams.DefaultClaimPollRate, l.rate, b.c.latencyFor)
+			floor[i] = b.rep.latency(fmt.Sprintf("latency_floor_%d", l.pct),
+				fmt.Sprintf("floor: INSERT + NOTIFY, read by a LISTENing connection, %d msg/s", l.rate), 0, l.rate, b.c.latencyFor)
 		}
 		for r := 1; r <= b.c.runs; r++ {
 			for i, l := range loads {
+				b.checkpoint(ctx)
+				frun, err := b.latencyFloor(ctx, l.rate, b.c.latencyFor, fmt.Sprintf("floor %d msg/s run %d/%d", l.rate, r, b.c.runs))
+				if err != nil {
+					return err
+				}
+				floor[i].Runs = append(floor[i].Runs, frun)
 				s, err := newStream(fmt.Sprintf("bench.latency.%d.%d", l.pct, r))
 				if err != nil {
 					return err
@@ -456,6 +464,13 @@ func awaitRun(ctx context.Context, start time.Time, all <-chan struct{}, errs <-
 	return elapsed, failed
 }
 
+// latencySenders is how many goroutines share the latency workloads'
+// schedule. More do not raise the achieved rate on two cores, and they
+// lengthen the latency: with 32, p50 at 50% load went from 8.5 to 28 ms, as
+// notifying commits serialize and more produce transactions hold the claim
+// gate's xmin back (BENCHMARKS.md at 0b447e5).
+const latencySenders = 8
+
 // latency produces single messages at rate per second for dur to a fresh
 // stream that one instance consumes, each message carrying the time its
 // Produce call started, and reports the spread of time-to-handler.
@@ -486,43 +501,13 @@ func latency(ctx context.Context, s *sqlstreams.StreamHandle[Order], poll time.D
 
 	stop := progress(label, "msgs", int64(total), &handled)
 	defer stop()
-	// A scheduler releases one message every 1/rate; a few senders share
-	// them so that one slow commit does not hold the schedule up. More
-	// senders do not raise the achieved rate on two cores, and they lengthen
-	// the latency: with 32, p50 at 50% load went from 8.5 to 28 ms, as
-	// notifying commits serialize and more produce transactions hold the
-	// claim gate's xmin back (BENCHMARKS.md at 0b447e5).
-	due := make(chan struct{}, total)
-	var wg sync.WaitGroup
-	const senders = 8
-	perr := make(chan error, senders)
-	for range senders {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range due {
-				o := baseOrder
-				o.SentAt = wall.Now().UnixNano()
-				if _, err := s.Produce(ctx, o, nil); err != nil {
-					perr <- err
-					return
-				}
-			}
-		}()
-	}
-	interval := time.Second / time.Duration(rate)
-	start := wall.Now()
-	for i := range total {
-		if w := time.Until(start.Add(time.Duration(i) * interval)); w > 0 {
-			sleep(w)
-		}
-		due <- struct{}{}
-	}
-	close(due)
-	wg.Wait()
-	produceFor := wall.Since(start)
-	close(perr)
-	if err := <-perr; err != nil {
+	produceFor, err := paced(ctx, rate, total, func() error {
+		o := baseOrder
+		o.SentAt = wall.Now().UnixNano()
+		_, err := s.Produce(ctx, o, nil)
+		return err
+	})
+	if err != nil {
 		return latencyRun{}, err
 	}
 	deadline := wall.Now().Add(30 * time.Second)
@@ -538,11 +523,5 @@ func latency(ctx context.Context, s *sqlstreams.StreamHandle[Order], poll time.D
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	slices.Sort(samples)
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	pct := func(p float64) time.Duration { return samples[int(p*float64(len(samples)-1)+0.5)] }
-	r := latencyRun{Label: label, Messages: len(samples), ProducedPerSec: float64(total) / produceFor.Seconds(),
-		P50ms: ms(pct(0.50)), P99ms: ms(pct(0.99)), P999ms: ms(pct(0.999)), MaxMs: ms(samples[len(samples)-1])}
-	fmt.Printf("  %-34s %d msgs at %.0f msg/s: p50 %.1f ms, p99 %.1f ms, p99.9 %.1f ms, max %.1f ms\n", label, r.Messages, r.ProducedPerSec, r.P50ms, r.P99ms, r.P999ms, r.MaxMs)
-	return r, nil
+	return summarize(label, samples, float64(total)/produceFor.Seconds()), nil
 }
