@@ -40,6 +40,8 @@ func (StandardJSON) Unmarshal(data []byte, v any) error { return json.Unmarshal(
 //     float32s as a float64 may round the other way;
 //   - a float field with the string option takes "NaN", "Inf" and
 //     "Infinity", which encoding/json rejects;
+//   - a number field with the string option takes a leading plus ("+1"),
+//     which encoding/json rejects;
 //   - a string field with the string option refuses \' inside its quoted
 //     string, which encoding/json takes as an apostrophe (json.Marshal never
 //     writes it);

@@ -274,6 +274,9 @@ func fuzzDiverges(tg fuzzTarget, data []byte) (diff, known string) {
 //     the same payload decodes alike into fzFloat64s, the float64 twin.
 //   - "string-nan": a float field with the string option takes "NaN", "Inf"
 //     and the like, which encoding/json rejects as not a JSON number.
+//   - "string-plus-sign": a number field with the string option takes a
+//     leading plus sign ("+0"), which encoding/json rejects as not a JSON
+//     number; json.Marshal never writes one.
 //   - "string-quote-escape": a string field with the string option holds a
 //     quoted string whose escapes encoding/json unquotes without its
 //     scanner, so it takes \' (an apostrophe) there, which go-json and
@@ -298,6 +301,11 @@ func fuzzKnown(tg fuzzTarget, data []byte, wantErr, gotErr error) string {
 		if err == nil && perr == nil && (math.IsNaN(f) || math.IsInf(f, 0)) && strings.HasPrefix(into, "float") &&
 			!strings.ContainsAny(s, "0123456789") {
 			return "string-nan"
+		}
+		if err == nil && strings.HasPrefix(s, "+") {
+			if _, perr := strconv.ParseFloat(s[1:], 64); perr == nil && !strings.HasPrefix(s[1:], "-") {
+				return "string-plus-sign"
+			}
 		}
 	}
 	return ""
@@ -570,6 +578,17 @@ func TestFastJSONDecodeDivergences(t *testing.T) {
 	}
 	if err := (FastJSON{}).Unmarshal([]byte(quoteEscape), new(fzOrder)); err == nil {
 		t.Errorf("FastJSON decoded %s: the divergence is gone; update decision 0086 and fuzzKnown", quoteEscape)
+	}
+
+	// A number field with the string option: go-json takes a leading plus.
+	const plus = `{"s8":"+7"}`
+	nums := fuzzTarget{"fzNumbers", func() any { return new(fzNumbers) }}
+	if diff, known := fuzzDiverges(nums, []byte(plus)); diff == "" || known != "string-plus-sign" {
+		t.Errorf("payload %s: divergence %q, known as %q, want known as string-plus-sign", plus, diff, known)
+	}
+	var withPlus fzNumbers
+	if err := (FastJSON{}).Unmarshal([]byte(plus), &withPlus); err != nil || withPlus.S8 != 7 {
+		t.Errorf("FastJSON: s8 %d (error %v), want 7: the divergence is gone; update decision 0086 and fuzzKnown", withPlus.S8, err)
 	}
 
 	// A dead letter names the field of a type mismatch; FastJSON names a
