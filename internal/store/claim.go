@@ -305,9 +305,19 @@ WHERE backend_xid IS NOT NULL AND backend_xid::text::bigint = ($1::bigint & 4294
 // a claimable position follows the range (beyond), so that a claimer that
 // took the last one probes before it claims again (Range.Drained). A second
 // scan from the upper bound would open every chunk of the log once more.
+//
+// The claim commits without waiting for its WAL to reach the disk
+// (synchronous_commit off for this statement's transaction, decision 0090):
+// it is on every message's path from produce to handler, and losing it in a
+// crash only delivers its messages again. The range's settlement commits
+// durably, which makes the claim before it durable too (the WAL is flushed
+// in order); key leases are taken by statements of their own, durably.
 var claimSQL = perStream(`-- store.ClaimRange
 WITH cur AS (
-    SELECT head_xid, head_id FROM {s}.{t}_cursor WHERE group_id = $1 FOR UPDATE
+    SELECT head_xid, head_id FROM {s}.{t}_cursor
+    WHERE group_id = $1
+      AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL -- this transaction's commit only
+    FOR UPDATE
 ), ahead AS (
     -- The next positions, one more than a range holds: that one only says
     -- whether a claimable position follows the range (beyond).
