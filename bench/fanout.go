@@ -234,7 +234,7 @@ func (b *bench) selective(ctx context.Context, newStream func(string) (*sqlstrea
 		interval := time.Second / time.Duration(rate)
 		start := wall.Now()
 		for i := range total {
-			if w := time.Until(start.Add(time.Duration(i) * interval)); w > 0 {
+			if w := start.Add(time.Duration(i) * interval).Sub(wall.Now()); w > 0 {
 				sleep(w)
 			}
 			rk := "orders.miss"

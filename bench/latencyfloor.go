@@ -124,7 +124,7 @@ func paced(ctx context.Context, rate, total int, send func() error) (time.Durati
 	interval := time.Second / time.Duration(rate)
 	start := wall.Now()
 	for i := range total {
-		if w := time.Until(start.Add(time.Duration(i) * interval)); w > 0 {
+		if w := start.Add(time.Duration(i) * interval).Sub(wall.Now()); w > 0 {
 			sleep(w)
 		}
 		if ctx.Err() != nil {
