@@ -86,14 +86,14 @@ SELECT pg_notify('bench_floor', id::text) FROM i`, wall.Now().UnixNano(), payloa
 	if err != nil {
 		return latencyRun{}, err
 	}
-	timeout := time.NewTimer(30 * time.Second)
+	timeout := wall.Timer(30 * time.Second)
 	defer timeout.Stop()
 	select {
 	case err := <-listened:
 		if err != nil {
 			return latencyRun{}, fmt.Errorf("%s: %w", label, err)
 		}
-	case <-timeout.C:
+	case <-timeout.C():
 		stopListening()
 		<-listened
 		return latencyRun{}, fmt.Errorf("%s: %d of %d rows read 30s after the last insert", label, read.Load(), total)
