@@ -372,30 +372,10 @@ func runBurn[T any](ctx context.Context, cons *sqlstreams.Consumer[T], instances
 		}
 		return nil
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errs := make(chan error, instances)
-	stop := progress(label, "msgs", int64(n), &count)
-	start := wall.Now()
-	for range instances {
-		go func() {
-			opts := burnOptions
-			errs <- cons.Consume(cctx, handler, &opts)
-		}()
-	}
-	elapsed, err := awaitRun(ctx, start, all, errs, instances, &count, int64(n), "handled", stop, cancel)
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", label, err)
-	}
-	st := cons.Stats()
-	if st.Failed > 0 {
-		return 0, fmt.Errorf("%s: %d handler failures", label, st.Failed)
-	}
-	rate := report1(label, "msgs", n, elapsed)
-	if extra := count.Load() - int64(n); extra > 0 {
-		fmt.Printf("  %-34s note: %d messages delivered more than once\n", "", extra)
-	}
-	return rate, nil
+	return burnWith(ctx, cons, instances, n, label, &count, all, func(ctx context.Context) error {
+		opts := burnOptions
+		return cons.Consume(ctx, handler, &opts)
+	})
 }
 
 // runBurnTx runs instances transactional sessions of cons until n messages
@@ -415,26 +395,36 @@ func runBurnTx(ctx context.Context, cons *sqlstreams.Consumer[Order], instances,
 		}
 		return nil
 	}
+	return burnWith(ctx, cons, instances, n, label, &count, all, func(ctx context.Context) error {
+		opts := burnOptions
+		opts.MessageConcurrency = 4 // each worker holds a connection for its transaction
+		return cons.ConsumeTx(ctx, handler, &opts)
+	})
+}
+
+// burnWith runs consume as instances sessions of cons until all is closed
+// (count reached n), and reports the rate; a handler failure fails the run.
+func burnWith[T any](ctx context.Context, cons *sqlstreams.Consumer[T], instances, n int, label string, count *atomic.Int64, all <-chan struct{}, consume func(context.Context) error) (float64, error) {
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, instances)
-	stop := progress(label, "msgs", int64(n), &count)
+	stop := progress(label, "msgs", int64(n), count)
 	start := wall.Now()
 	for range instances {
-		go func() {
-			opts := burnOptions
-			opts.MessageConcurrency = 4 // each worker holds a connection for its transaction
-			errs <- cons.ConsumeTx(cctx, handler, &opts)
-		}()
+		go func() { errs <- consume(cctx) }()
 	}
-	elapsed, err := awaitRun(ctx, start, all, errs, instances, &count, int64(n), "handled", stop, cancel)
+	elapsed, err := awaitRun(ctx, start, all, errs, instances, count, int64(n), "handled", stop, cancel)
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", label, err)
 	}
 	if st := cons.Stats(); st.Failed > 0 {
 		return 0, fmt.Errorf("%s: %d handler failures", label, st.Failed)
 	}
-	return report1(label, "msgs", n, elapsed), nil
+	rate := report1(label, "msgs", n, elapsed)
+	if extra := count.Load() - int64(n); extra > 0 {
+		fmt.Printf("  %-34s note: %d messages delivered more than once\n", "", extra)
+	}
+	return rate, nil
 }
 
 // awaitRun waits until all is closed (the run's work is done), an instance
