@@ -309,9 +309,10 @@ WHERE backend_xid IS NOT NULL AND backend_xid::text::bigint = ($1::bigint & 4294
 // The claim commits without waiting for its WAL to reach the disk
 // (synchronous_commit off for this statement's transaction, decision 0090):
 // it is on every message's path from produce to handler, and losing it in a
-// crash only delivers its messages again. The range's settlement commits
-// durably, which makes the claim before it durable too (the WAL is flushed
-// in order); key leases are taken by statements of their own, durably.
+// crash or a failover only delivers its messages again. The range's
+// settlement commits durably, which makes the claim before it durable too
+// (the WAL is flushed and replicated in order); key leases are taken by
+// statements of their own, durably.
 var claimSQL = perStream(`-- store.ClaimRange
 WITH cur AS (
     SELECT head_xid, head_id FROM {s}.{t}_cursor

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -232,51 +231,4 @@ func TestTheClaimAloneCommitsAsynchronously(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&after))
 	require.Equal(t, "off", inside, "the claim's transaction commits without waiting for the disk")
 	require.Equal(t, "on", after, "the connection's next transaction commits durably")
-}
-
-// A range whose messages all succeeded, with no key lease to release, is
-// settled without waiting for the disk (decision 0090); a settlement that
-// writes exception rows, or runs in a caller's transaction, stays durable,
-// and none changes the connection.
-func TestAPlainSettlementAloneCommitsAsynchronously(t *testing.T) {
-	ctx := context.Background()
-	pool := ownPool(t, func(c *pgxpool.Config) { c.MaxConns = 1 })
-	st, streamID, groupID := planSetupOn(t, pool)
-	g := st.Group(streamID, groupID)
-	_, err := pool.Exec(ctx, fmt.Sprintf("INSERT INTO %s.%s_log (produced_at, version, payload) VALUES (now(), 1, '{}'), (now(), 1, '{}'), (now(), 1, '{}')", st.s, tablePrefix(streamID)))
-	require.NoError(t, err)
-	owner := "00000000-0000-4000-8000-000000000001"
-	_, err = pool.Exec(ctx, "SET synchronous_commit = on") // the test cluster's default is off; a durable server's is on
-	require.NoError(t, err)
-
-	settle := func(commit func(tx pgx.Tx, r Range) error) string {
-		r, ok, err := g.ClaimRange(ctx, ClaimParams{Owner: owner, Limit: 1, Lease: time.Minute})
-		require.NoError(t, err)
-		require.True(t, ok)
-		tx, err := pool.Begin(ctx)
-		require.NoError(t, err)
-		require.NoError(t, commit(tx, r))
-		var inside string
-		require.NoError(t, tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&inside))
-		require.NoError(t, tx.Commit(ctx))
-		var after string
-		require.NoError(t, pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&after))
-		require.Equal(t, "on", after, "the connection's next transaction commits durably")
-		return inside
-	}
-	plain := settle(func(tx pgx.Tx, r Range) error {
-		var deleted int
-		var exists bool
-		return tx.QueryRow(ctx, g.sql(commitPlainSQL), r.ID, r.Token).Scan(&deleted, &exists)
-	})
-	require.Equal(t, "off", plain, "a plain settlement commits without waiting for the disk")
-	inCallers := settle(func(tx pgx.Tx, r Range) error {
-		return g.InTx(tx).CommitRange(ctx, RangeCommit{RangeID: r.ID, Token: r.Token})
-	})
-	require.Equal(t, "on", inCallers, "a settlement inside a caller's transaction keeps its durability")
-	withRows := settle(func(tx pgx.Tx, r Range) error {
-		return g.InTx(tx).CommitRange(ctx, RangeCommit{RangeID: r.ID, Token: r.Token,
-			Exceptions: []ExceptionWrite{{Position: r.Messages[0].Position, Concurrency: "parallel", Status: "retrying", Attempts: 1, Error: "failed"}}})
-	})
-	require.Equal(t, "on", withRows, "a settlement that writes exception rows is durable")
 }

@@ -75,9 +75,7 @@ func (g Group) CommitRange(ctx context.Context, s RangeCommit) error {
 	var deleted int
 	var exists bool
 	var row pgx.Row
-	// The plain form commits without waiting for the disk (decision 0090):
-	// never inside a caller's transaction, whose durability is its own.
-	if len(s.Exceptions) == 0 && len(s.Deliveries) == 0 && len(s.Keys) == 0 && g.tx == nil {
+	if len(s.Exceptions) == 0 && len(s.Deliveries) == 0 && len(s.Keys) == 0 {
 		row = g.db().QueryRow(ctx, g.sql(commitPlainSQL), s.RangeID, s.Token)
 	} else {
 		xs := exceptionColumns(s.Exceptions)
@@ -255,9 +253,7 @@ SELECT (SELECT count(*) FROM d), EXISTS (SELECT 1 FROM {s}.{t}_range WHERE id = 
 // (decision 0042).
 var commitPlainSQL = perStream(`-- store.CommitRange
 WITH d AS (
-    DELETE FROM {s}.{t}_range WHERE id = $1 AND token = $2::uuid
-      AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL -- this transaction's commit only
-    RETURNING 1
+    DELETE FROM {s}.{t}_range WHERE id = $1 AND token = $2::uuid RETURNING 1
 )
 SELECT (SELECT count(*) FROM d), EXISTS (SELECT 1 FROM {s}.{t}_range WHERE id = $1)`)
 
